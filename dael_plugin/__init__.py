@@ -1,0 +1,27 @@
+"""dael-plugin: Domain Adaptive Ensemble Learning for Dassl.pytorch.
+
+``import dael_plugin`` registers the DAEL trainer (as ``DAEL`` and
+``DAELDG``), the plugin's datasets and backbones into Dassl's registries
+when Dassl is importable. Without Dassl, the algorithm core and the built-in
+engine still work.
+"""
+from __future__ import annotations
+
+from .config import add_dael_config
+from .errors import DAELConfigError
+
+__version__ = "0.1.0"
+
+try:
+    import dassl  # noqa: F401
+
+    HAS_DASSL = True
+except ImportError:
+    HAS_DASSL = False
+
+if HAS_DASSL:
+    from .dassl_adapter import register as _register
+
+    _register()
+
+__all__ = ["DAELConfigError", "HAS_DASSL", "add_dael_config", "__version__"]

@@ -1,0 +1,33 @@
+"""Backbones usable by both engines: the plugin's own and any timm model."""
+from __future__ import annotations
+
+from torch import nn
+
+from ..errors import DAELConfigError
+from .small_cnn import SmallCNN
+from .timm_backbone import PREFIX as TIMM_PREFIX
+from .timm_backbone import TimmBackbone, timm_model_name
+
+# The plugin's own architectures, by registered name.
+OWN_BACKBONES = {"dael_small_cnn": SmallCNN}
+
+# Dassl names whose architecture timm builds identically (the built-in engine
+# maps them; under Dassl, Dassl's own builders are used).
+TIMM_ALIASES = {f"resnet{d}": f"resnet{d}" for d in (18, 34, 50, 101, 152)}
+
+
+def build_backbone(name: str, pretrained: bool = False, weights_file: str = "") -> nn.Module:
+    """Build a backbone by name without Dassl; it exposes ``out_features``."""
+    if name in OWN_BACKBONES:
+        return OWN_BACKBONES[name]()
+    if name.startswith(TIMM_PREFIX):
+        return TimmBackbone(timm_model_name(name), pretrained=pretrained, weights_file=weights_file)
+    if name in TIMM_ALIASES:
+        return TimmBackbone(TIMM_ALIASES[name], pretrained=pretrained, weights_file=weights_file)
+    raise DAELConfigError(
+        f"MODEL.BACKBONE.NAME={name!r} is not available without Dassl; use one of "
+        f"{sorted(OWN_BACKBONES) + sorted(TIMM_ALIASES)} or timm_<any timm model>, or run with --engine dassl"
+    )
+
+
+__all__ = ["OWN_BACKBONES", "SmallCNN", "TIMM_PREFIX", "TimmBackbone", "build_backbone", "timm_model_name"]

@@ -1,0 +1,115 @@
+"""Default config of the built-in engine: the subset of Dassl's keys it honours.
+
+Values equal Dassl's defaults (dassl/config/defaults.py), so one YAML file
+gives the same run on both engines. A key outside this tree is refused by
+yacs when merged, and the CLI reports it as unsupported by this engine.
+"""
+from __future__ import annotations
+
+from yacs.config import CfgNode as CN
+
+from ..config import add_dael_config
+
+
+def get_builtin_cfg() -> CN:
+    _C = CN()
+    _C.VERSION = 1
+    _C.OUTPUT_DIR = "./output"
+    _C.RESUME = ""
+    _C.SEED = -1
+    _C.USE_CUDA = True
+    _C.VERBOSE = True
+
+    _C.INPUT = CN()
+    _C.INPUT.SIZE = (224, 224)
+    _C.INPUT.INTERPOLATION = "bilinear"
+    _C.INPUT.TRANSFORMS = ()
+    _C.INPUT.PIXEL_MEAN = [0.485, 0.456, 0.406]
+    _C.INPUT.PIXEL_STD = [0.229, 0.224, 0.225]
+    _C.INPUT.CROP_PADDING = 4
+    _C.INPUT.RRCROP_SCALE = (0.08, 1.0)
+    _C.INPUT.CUTOUT_N = 1
+    _C.INPUT.CUTOUT_LEN = 16
+    _C.INPUT.GN_MEAN = 0.0
+    _C.INPUT.GN_STD = 0.15
+    _C.INPUT.RANDAUGMENT_N = 2
+    _C.INPUT.RANDAUGMENT_M = 10
+    _C.INPUT.COLORJITTER_B = 0.4
+    _C.INPUT.COLORJITTER_C = 0.4
+    _C.INPUT.COLORJITTER_S = 0.4
+    _C.INPUT.COLORJITTER_H = 0.1
+    _C.INPUT.RGS_P = 0.2
+    _C.INPUT.GB_P = 0.5
+    _C.INPUT.GB_K = 21
+
+    _C.DATASET = CN()
+    _C.DATASET.ROOT = ""
+    _C.DATASET.NAME = ""
+    _C.DATASET.SOURCE_DOMAINS = ()
+    _C.DATASET.TARGET_DOMAINS = ()
+
+    _C.DATALOADER = CN()
+    _C.DATALOADER.NUM_WORKERS = 4
+    _C.DATALOADER.TRAIN_X = CN()
+    _C.DATALOADER.TRAIN_X.SAMPLER = "RandomSampler"
+    _C.DATALOADER.TRAIN_X.BATCH_SIZE = 32
+    _C.DATALOADER.TRAIN_X.N_DOMAIN = 0
+    _C.DATALOADER.TRAIN_U = CN()
+    _C.DATALOADER.TRAIN_U.SAME_AS_X = True
+    _C.DATALOADER.TRAIN_U.SAMPLER = "RandomSampler"
+    _C.DATALOADER.TRAIN_U.BATCH_SIZE = 32
+    _C.DATALOADER.TEST = CN()
+    _C.DATALOADER.TEST.SAMPLER = "SequentialSampler"
+    _C.DATALOADER.TEST.BATCH_SIZE = 32
+
+    _C.MODEL = CN()
+    _C.MODEL.BACKBONE = CN()
+    _C.MODEL.BACKBONE.NAME = ""
+    _C.MODEL.BACKBONE.PRETRAINED = True
+
+    _C.OPTIM = CN()
+    _C.OPTIM.NAME = "adam"
+    _C.OPTIM.LR = 0.0003
+    _C.OPTIM.WEIGHT_DECAY = 5e-4
+    _C.OPTIM.MOMENTUM = 0.9
+    _C.OPTIM.SGD_DAMPNING = 0
+    _C.OPTIM.SGD_NESTEROV = False
+    _C.OPTIM.ADAM_BETA1 = 0.9
+    _C.OPTIM.ADAM_BETA2 = 0.999
+    _C.OPTIM.LR_SCHEDULER = "single_step"
+    _C.OPTIM.STEPSIZE = (-1,)
+    _C.OPTIM.GAMMA = 0.1
+    _C.OPTIM.MAX_EPOCH = 10
+
+    _C.TRAIN = CN()
+    _C.TRAIN.CHECKPOINT_FREQ = 0
+    _C.TRAIN.PRINT_FREQ = 10
+    _C.TRAIN.COUNT_ITER = "train_x"
+
+    _C.TEST = CN()
+    _C.TEST.EVALUATOR = "Classification"
+    _C.TEST.SPLIT = "test"
+    _C.TEST.FINAL_MODEL = "last_step"
+    _C.TEST.NO_TEST = False
+
+    _C.TRAINER = CN()
+    _C.TRAINER.NAME = ""
+    for node in ("DAEL", "DAELDG"):
+        _C.TRAINER[node] = CN()
+        _C.TRAINER[node].WEIGHT_U = 0.5
+        _C.TRAINER[node].CONF_THRE = 0.95
+        _C.TRAINER[node].STRONG_TRANSFORMS = ()
+    return add_dael_config(_C)
+
+
+# Values of supported keys that the built-in engine cannot honour.
+SUPPORTED_VALUES = {
+    "DATALOADER.TRAIN_X.SAMPLER": ("RandomSampler", "RandomDomainSampler", "SeqDomainSampler"),
+    "DATALOADER.TRAIN_U.SAMPLER": ("RandomSampler",),
+    "DATALOADER.TEST.SAMPLER": ("SequentialSampler",),
+    "OPTIM.NAME": ("sgd", "adam", "adamw"),
+    "OPTIM.LR_SCHEDULER": ("cosine", "single_step", "multi_step"),
+    "TRAIN.COUNT_ITER": ("train_x",),
+    "TEST.EVALUATOR": ("Classification",),
+    "TEST.FINAL_MODEL": ("last_step",),
+}

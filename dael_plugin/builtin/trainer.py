@@ -1,0 +1,340 @@
+"""The built-in engine: DAEL and SourceOnly on plain torch, torchvision and tqdm.
+
+It serves the main job until Dassl is installed, with the same CLI, config
+keys, algorithm core and results.json schema. It is glue, not a toolbox:
+data come from ``dael_plugin.data.folders``, the model from
+``dael_plugin.backbones`` and the losses from ``dael_plugin.core``.
+"""
+from __future__ import annotations
+
+import math
+import os
+import random
+from typing import Dict, List, Optional
+
+import numpy as np
+import torch
+from torch import nn
+from torch.nn import functional as F
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from ..augment import build_test_transform, build_train_transform, build_views, check_names
+from ..backbones import build_backbone
+from ..config import check_dael_cfg, hparams_from_cfg, trainer_node
+from ..core import DAEL, build_heads
+from ..data.folders import load_splits
+from ..errors import DAELConfigError
+from . import data as bdata
+
+CKPT = "checkpoint.pth.tar"
+
+
+def set_random_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+class BuiltinTrainer:
+    """Epoch loop, evaluation, checkpoints and logs shared by the built-in trainers."""
+
+    def __init__(self, cfg, eval_each_epoch: bool = False) -> None:
+        self.cfg = cfg
+        self.eval_each_epoch = eval_each_epoch
+        self.device = torch.device("cuda" if (torch.cuda.is_available() and cfg.USE_CUDA) else "cpu")
+        self.pin = self.device.type == "cuda"
+        self.sources = list(cfg.DATASET.SOURCE_DOMAINS)
+        self.check_cfg()
+        self.splits = load_splits(cfg.DATASET.NAME, cfg.DATASET.ROOT, self.sources, cfg.DATASET.TARGET_DOMAINS)
+        self.classnames: List[str] = self.splits["classnames"]
+        self.num_classes = len(self.classnames)
+        self.is_da = self.splits["train_u"] is not None
+        self.seed = max(int(cfg.SEED), 0)
+        self.build_loaders()
+        self.modules = nn.ModuleDict(self.build_model()).to(self.device)
+        self.optim = self._build_optim(self.modules.parameters())
+        self.sched = self._build_sched(self.optim)
+        self.start_epoch = 0
+        self.epoch = 0
+        self.expert_accuracy: List[float] = []
+        self.writer: Optional[SummaryWriter] = None
+        self._summary()
+
+    # -- to override ----------------------------------------------------
+    def check_cfg(self) -> None:
+        check_names(self.cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS", dassl=False)
+
+    def build_loaders(self) -> None:
+        raise NotImplementedError
+
+    def build_model(self) -> Dict[str, nn.Module]:
+        raise NotImplementedError
+
+    def forward_backward(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, K, C)`` class probabilities of each expert (K=1 for a single classifier)."""
+        raise NotImplementedError
+
+    # -- shared machinery ------------------------------------------------
+    def _test_loader(self, items):
+        c = self.cfg.DATALOADER
+        return bdata.test_loader(items, build_test_transform(self.cfg), c.TEST.BATCH_SIZE, c.NUM_WORKERS, self.pin)
+
+    def _u_loader(self, transforms):
+        c = self.cfg.DATALOADER
+        bs = c.TRAIN_X.BATCH_SIZE if c.TRAIN_U.SAME_AS_X else c.TRAIN_U.BATCH_SIZE
+        g = torch.Generator().manual_seed(self.seed + 1)
+        return bdata.train_loader(self.splits["train_u"], transforms, bs, c.NUM_WORKERS, self.pin,
+                                  self.seed, domain_balanced=False, generator=g)
+
+    def _build_optim(self, params):
+        o = self.cfg.OPTIM
+        if o.NAME == "sgd":
+            return torch.optim.SGD(params, lr=o.LR, momentum=o.MOMENTUM, weight_decay=o.WEIGHT_DECAY,
+                                   dampening=o.SGD_DAMPNING, nesterov=o.SGD_NESTEROV)
+        cls = torch.optim.Adam if o.NAME == "adam" else torch.optim.AdamW
+        return cls(params, lr=o.LR, weight_decay=o.WEIGHT_DECAY, betas=(o.ADAM_BETA1, o.ADAM_BETA2))
+
+    def _build_sched(self, optim):
+        o = self.cfg.OPTIM
+        if o.LR_SCHEDULER == "cosine":
+            return torch.optim.lr_scheduler.CosineAnnealingLR(optim, float(o.MAX_EPOCH))
+        steps = list(o.STEPSIZE) if isinstance(o.STEPSIZE, (list, tuple)) else [o.STEPSIZE]
+        if o.LR_SCHEDULER == "single_step":
+            step = steps[-1] if steps[-1] > 0 else o.MAX_EPOCH
+            return torch.optim.lr_scheduler.StepLR(optim, step_size=step, gamma=o.GAMMA)
+        return torch.optim.lr_scheduler.MultiStepLR(optim, milestones=steps, gamma=o.GAMMA)
+
+    def _summary(self) -> None:
+        s = self.splits
+        print(f"Dataset: {self.cfg.DATASET.NAME} | source {self.sources} | target {list(self.cfg.DATASET.TARGET_DOMAINS)}")
+        print(f"# classes {self.num_classes} | # train_x {len(s['train_x']):,} | "
+              f"# train_u {len(s['train_u']) if s['train_u'] else 0:,} | # test {len(s['test']):,} | "
+              f"setting {'DA' if self.is_da else 'DG'} | device {self.device}")
+        n_params = sum(p.numel() for p in self.modules.parameters())
+        print(f"Model: {self.cfg.MODEL.BACKBONE.NAME} | # params {n_params:,}")
+
+    def save(self, epoch: int) -> None:
+        out = self.cfg.OUTPUT_DIR
+        os.makedirs(out, exist_ok=True)
+        state = {"epoch": epoch + 1, "model": self.modules.state_dict(), "optim": self.optim.state_dict(),
+                 "sched": self.sched.state_dict(), "trainer": self.cfg.TRAINER.NAME}
+        torch.save(state, os.path.join(out, CKPT + ".tmp"))
+        os.replace(os.path.join(out, CKPT + ".tmp"), os.path.join(out, CKPT))
+        freq = self.cfg.TRAIN.CHECKPOINT_FREQ
+        if (freq > 0 and (epoch + 1) % freq == 0) or epoch + 1 == self.cfg.OPTIM.MAX_EPOCH:
+            torch.save(state, os.path.join(out, f"model.pth.tar-{epoch + 1}"))
+
+    def resume_if_exists(self) -> int:
+        directory = self.cfg.RESUME or self.cfg.OUTPUT_DIR
+        path = os.path.join(directory, CKPT)
+        if not os.path.isfile(path):
+            if self.cfg.RESUME:
+                raise DAELConfigError(f"--resume {directory}: no {CKPT} there; give the OUTPUT_DIR of an earlier run")
+            print("No checkpoint found, train from scratch")
+            return 0
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        self.modules.load_state_dict(state["model"])
+        self.optim.load_state_dict(state["optim"])
+        self.sched.load_state_dict(state["sched"])
+        print(f"Found checkpoint at {path} (will resume training from epoch {state['epoch'] + 1})")
+        return int(state["epoch"])
+
+    def load_model(self, directory: str, epoch: Optional[int] = None) -> None:
+        name = CKPT if epoch is None else f"model.pth.tar-{epoch}"
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            raise DAELConfigError(f"no checkpoint {path}; pass --model-dir <OUTPUT_DIR of a run> (and --load-epoch N)")
+        state = torch.load(path, map_location=self.device, weights_only=False)
+        self.modules.load_state_dict(state["model"])
+        print(f"Loaded {path} (epoch {state['epoch']})")
+
+    def train(self) -> None:
+        cfg = self.cfg
+        self.start_epoch = self.resume_if_exists()
+        self.writer = SummaryWriter(os.path.join(cfg.OUTPUT_DIR, "tensorboard"))
+        for self.epoch in range(self.start_epoch, cfg.OPTIM.MAX_EPOCH):
+            self.run_epoch()
+            self.sched.step()
+            self.save(self.epoch)
+            if self.eval_each_epoch and not cfg.TEST.NO_TEST:
+                self.test()
+        print("Finish training")
+        if not cfg.TEST.NO_TEST:
+            print("Deploy the last-epoch model")
+            self.test()
+        self.writer.close()
+
+    def _batches(self):
+        loader_x = self.train_loader_x
+        sampler = getattr(loader_x, "batch_sampler", None)
+        if hasattr(sampler, "set_epoch"):
+            sampler.set_epoch(self.epoch)
+        it_u = iter(self.train_loader_u) if self.train_loader_u is not None else None
+        for batch_x in loader_x:
+            batch_u = None
+            if it_u is not None:
+                try:
+                    batch_u = next(it_u)
+                except StopIteration:
+                    it_u = iter(self.train_loader_u)
+                    batch_u = next(it_u)
+            yield batch_x, batch_u
+
+    def run_epoch(self) -> None:
+        self.modules.train()
+        cfg = self.cfg
+        n = len(self.train_loader_x)
+        sums: Dict[str, torch.Tensor] = {}
+        bar = tqdm(self._batches(), total=n, desc=f"epoch {self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}",
+                   dynamic_ncols=True, leave=False)
+        for i, (batch_x, batch_u) in enumerate(bar):
+            out = self.forward_backward(batch_x, batch_u)
+            for k, v in out.items():
+                sums[k] = sums.get(k, 0) + v.detach()
+            if (i + 1) % cfg.TRAIN.PRINT_FREQ == 0 or i + 1 == n:
+                # The host reads the running means only here, not every step.
+                means = {k: float(v) / (i + 1) for k, v in sums.items()}
+                bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})
+                step = self.epoch * n + i
+                for k, v in means.items():
+                    self.writer.add_scalar(f"train/{k}", v, step)
+                self.writer.add_scalar("train/lr", self.optim.param_groups[0]["lr"], step)
+        bar.close()
+        means = {k: float(v) / max(n, 1) for k, v in sums.items()}
+        info = " ".join(f"{k} {v:.4f}" for k, v in means.items())
+        print(f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batches {n} {info} lr {self.optim.param_groups[0]['lr']:.4e}")
+
+    @torch.no_grad()
+    def test(self) -> float:
+        from sklearn.metrics import f1_score
+
+        self.modules.eval()
+        print("Evaluate on the *test* set")
+        correct = None
+        y_true, y_pred = [], []
+        for batch in tqdm(self.test_loader, leave=False, dynamic_ncols=True):
+            x = batch["img"].to(self.device, non_blocking=True)
+            y = batch["label"].to(self.device, non_blocking=True)
+            probs = self.predict_experts(x)
+            pred = probs.mean(1).argmax(-1)
+            hits = (probs.argmax(-1) == y.unsqueeze(1)).sum(0)
+            correct = hits if correct is None else correct + hits
+            y_true.append(y.cpu())
+            y_pred.append(pred.cpu())
+        yt, yp = torch.cat(y_true).numpy(), torch.cat(y_pred).numpy()
+        total = len(yt)
+        n_correct = int((yt == yp).sum())
+        acc = 100.0 * n_correct / total
+        f1 = 100.0 * f1_score(yt, yp, average="macro", labels=np.unique(yt))
+        print(f"=> result\n* total: {total:,}\n* correct: {n_correct:,}\n* accuracy: {acc:.1f}%\n"
+              f"* error: {100 - acc:.1f}%\n* macro_f1: {f1:.1f}%")
+        self.expert_accuracy = (100.0 * correct.float() / total).tolist() if correct.numel() > 1 else []
+        if self.expert_accuracy:
+            print("* expert accuracy: " + ", ".join(f"{n} {a:.2f}%" for n, a in zip(self.sources, self.expert_accuracy)))
+        if self.writer is not None:
+            self.writer.add_scalar("test/accuracy", acc, self.epoch)
+            for n_, a in zip(self.sources, self.expert_accuracy):
+                self.writer.add_scalar(f"test/expert_{n_}", a, self.epoch)
+        self.last_accuracy = acc
+        return acc
+
+
+class DAELBuiltin(BuiltinTrainer):
+    """DAEL on the built-in engine: DA with target train data, DG without."""
+
+    def check_cfg(self) -> None:
+        super().check_cfg()
+        check_dael_cfg(self.cfg)
+        node = trainer_node(self.cfg)
+        check_names(node.STRONG_TRANSFORMS, f"TRAINER.{self.cfg.TRAINER.NAME.upper()}.STRONG_TRANSFORMS", dassl=False)
+        self.hparams = hparams_from_cfg(self.cfg)
+
+    def build_loaders(self) -> None:
+        cfg = self.cfg
+        node = trainer_node(cfg)
+        views = build_views(cfg, node.STRONG_TRANSFORMS, self.hparams.num_views, node, use_dassl=False)
+        c = cfg.DATALOADER
+        self.train_loader_x = bdata.train_loader(self.splits["train_x"], views, c.TRAIN_X.BATCH_SIZE, c.NUM_WORKERS,
+                                                 self.pin, self.seed, domain_balanced=True, n_domain=c.TRAIN_X.N_DOMAIN)
+        self.per_domain = self.train_loader_x.batch_sampler.per_domain
+        self.train_loader_u = self._u_loader(views) if self.is_da else None
+        self.test_loader = self._test_loader(self.splits["test"])
+        print(f"Sampler: {len(self.train_loader_x)} batches per epoch = every image of the largest source "
+              f"domain once; {self.per_domain} images per domain per batch")
+
+    def build_model(self) -> Dict[str, nn.Module]:
+        b = self.cfg.MODEL.BACKBONE
+        backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
+        heads = build_heads(backbone.out_features, self.num_classes, len(self.sources), self.hparams)
+        self.algorithm = DAEL(backbone, heads, self.hparams)
+        return {"F": backbone, "E": heads}
+
+    def forward_backward(self, batch_x, batch_u):
+        keys = ["img", "img2", "img3"][: self.hparams.num_views]
+        dev = self.device
+        x_views = [batch_x[k].to(dev, non_blocking=True) for k in keys]
+        labels = batch_x["label"].to(dev, non_blocking=True)
+        domain = batch_x["domain"]
+        chunks = [self.per_domain] * (domain.numel() // self.per_domain)
+        u_views = [batch_u[k].to(dev, non_blocking=True) for k in keys] if batch_u is not None else None
+        out = self.algorithm.losses(x_views, labels, domain.to(dev, non_blocking=True), chunks, u_views)
+        self.optim.zero_grad(set_to_none=True)
+        out["loss"].backward()
+        self.optim.step()
+        keys_out = ["loss_x", "acc_x", "loss_cr"] + (["loss_u", "mask_u"] if self.is_da else [])
+        return {k: out[k] for k in keys_out}
+
+    def predict_experts(self, x):
+        return self.algorithm.predict_experts(x)
+
+
+class SourceOnlyBuiltin(BuiltinTrainer):
+    """One classifier trained with cross-entropy on the pooled source domains."""
+
+    def build_loaders(self) -> None:
+        cfg = self.cfg
+        c = cfg.DATALOADER
+        weak = build_train_transform(cfg, cfg.INPUT.TRANSFORMS)
+        balanced = c.TRAIN_X.SAMPLER in ("RandomDomainSampler", "SeqDomainSampler")
+        g = torch.Generator().manual_seed(self.seed)
+        self.train_loader_x = bdata.train_loader(self.splits["train_x"], weak, c.TRAIN_X.BATCH_SIZE, c.NUM_WORKERS,
+                                                 self.pin, self.seed, domain_balanced=balanced,
+                                                 n_domain=c.TRAIN_X.N_DOMAIN, generator=g)
+        self.train_loader_u = None  # target data is never used
+        self.test_loader = self._test_loader(self.splits["test"])
+
+    def build_model(self) -> Dict[str, nn.Module]:
+        b = self.cfg.MODEL.BACKBONE
+        backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
+        return {"F": backbone, "C": nn.Linear(backbone.out_features, self.num_classes)}
+
+    def forward_backward(self, batch_x, batch_u):
+        x = batch_x["img"].to(self.device, non_blocking=True)
+        y = batch_x["label"].to(self.device, non_blocking=True)
+        logits = self.modules["C"](self.modules["F"](x))
+        loss = F.cross_entropy(logits, y)
+        self.optim.zero_grad(set_to_none=True)
+        loss.backward()
+        self.optim.step()
+        acc = (logits.argmax(-1) == y).float().mean() * 100.0
+        return {"loss": loss.detach(), "acc": acc}
+
+    def predict_experts(self, x):
+        return torch.softmax(self.modules["C"](self.modules["F"](x)), dim=-1).unsqueeze(1)
+
+
+TRAINERS = {"DAEL": DAELBuiltin, "DAELDG": DAELBuiltin, "SourceOnly": SourceOnlyBuiltin, "Vanilla": SourceOnlyBuiltin}
+
+
+def build_builtin_trainer(cfg, eval_each_epoch: bool = False) -> BuiltinTrainer:
+    name = cfg.TRAINER.NAME
+    if name not in TRAINERS:
+        raise DAELConfigError(
+            f"trainer {name!r} is not available on the built-in engine (it has {sorted(TRAINERS)}); "
+            "install Dassl and use --engine dassl for Dassl's baselines"
+        )
+    return TRAINERS[name](cfg, eval_each_epoch=eval_each_epoch)

@@ -1,0 +1,249 @@
+"""``scripts/train.py``: Dassl's train CLI, on Dassl or on the built-in engine.
+
+The flags are those of Dassl's ``tools/train.py``, plus ``--engine``. Config
+flow, as in Dassl: defaults -> ``add_dael_config`` -> dataset config file ->
+method config file -> command-line flags -> trailing ``KEY VALUE`` opts ->
+``clean_cfg`` for the trainer actually run.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import time
+from typing import List, Optional
+
+from yacs.config import CfgNode as CN
+
+from .config import add_dael_config
+from .errors import DAELConfigError
+from .results import results_record, write_results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="Train DAEL or a Dassl baseline (dael-plugin).")
+    p.add_argument("--root", type=str, default="", help="path to dataset")
+    p.add_argument("--output-dir", type=str, default="", help="output directory")
+    p.add_argument("--resume", type=str, default="", help="checkpoint directory (from which the training resumes)")
+    p.add_argument("--seed", type=int, default=None, help="a non-negative value fixes the seed")
+    p.add_argument("--source-domains", type=str, nargs="+", help="source domains for DA/DG")
+    p.add_argument("--target-domains", type=str, nargs="+", help="target domains for DA/DG")
+    p.add_argument("--transforms", type=str, nargs="+", help="data augmentation methods (INPUT.TRANSFORMS)")
+    p.add_argument("--config-file", type=str, default="", help="path to the method config file")
+    p.add_argument("--dataset-config-file", type=str, default="", help="path to the dataset config file")
+    p.add_argument("--trainer", type=str, default="", help="name of trainer (DAEL, DAELDG, SourceOnly, M3SDA, ...)")
+    p.add_argument("--backbone", type=str, default="", help="name of CNN backbone (e.g. timm_resnet18)")
+    p.add_argument("--head", type=str, default="", help="name of head")
+    p.add_argument("--eval-only", action="store_true", help="evaluation only")
+    p.add_argument("--model-dir", type=str, default="", help="load model from this directory for eval-only mode")
+    p.add_argument("--load-epoch", type=int, help="load model weights at this epoch for evaluation")
+    p.add_argument("--no-train", action="store_true", help="do not call trainer.train()")
+    p.add_argument("--engine", choices=("auto", "dassl", "builtin"), default="auto",
+                   help="auto: Dassl when importable, else the built-in engine")
+    p.add_argument("--eval-each-epoch", action="store_true",
+                   help="built-in engine: also evaluate on the target test split after every epoch")
+    p.add_argument("opts", default=None, nargs=argparse.REMAINDER, help="modify config options using the command-line")
+    return p
+
+
+def choose_engine(requested: str) -> str:
+    from . import HAS_DASSL as has_dassl
+
+    if requested == "dassl" and not has_dassl:
+        raise DAELConfigError(
+            "--engine dassl: Dassl is not installed; install it by hand (see README) or use --engine builtin"
+        )
+    engine = requested if requested != "auto" else ("dassl" if has_dassl else "builtin")
+    why = "requested" if requested != "auto" else ("Dassl is importable" if has_dassl else "Dassl is not installed")
+    print(f"dael_plugin: engine = {engine} ({why})")
+    return engine
+
+
+def _merge_file(cfg: CN, path: str, engine: str) -> None:
+    if not os.path.isfile(path):
+        raise DAELConfigError(f"config file {path!r} not found")
+    try:
+        cfg.merge_from_file(path)
+    except KeyError as exc:
+        raise DAELConfigError(_key_error(exc, engine, f"config file {path}")) from None
+    except ValueError as exc:
+        raise DAELConfigError(f"config file {path}: {exc}") from None
+
+
+def _key_error(exc: KeyError, engine: str, where: str) -> str:
+    msg = str(exc.args[0]) if exc.args else str(exc)
+    key = msg.split(":", 1)[-1].strip() if "Non-existent config key" in msg else msg
+    if engine == "builtin":
+        return (f"{where} sets {key}, which the built-in engine does not support; "
+                "remove it, or install Dassl and use --engine dassl")
+    return f"{where} sets {key}, which is not a config key (keys are upper case, e.g. OPTIM.LR)"
+
+
+def reset_cfg(cfg: CN, args: argparse.Namespace) -> None:
+    if args.root:
+        cfg.DATASET.ROOT = args.root
+    if args.output_dir:
+        cfg.OUTPUT_DIR = args.output_dir
+    if args.resume:
+        cfg.RESUME = args.resume
+    if args.seed is not None:
+        cfg.SEED = args.seed
+    if args.source_domains:
+        cfg.DATASET.SOURCE_DOMAINS = args.source_domains
+    if args.target_domains:
+        cfg.DATASET.TARGET_DOMAINS = args.target_domains
+    if args.transforms:
+        cfg.INPUT.TRANSFORMS = args.transforms
+    if args.trainer:
+        cfg.TRAINER.NAME = args.trainer
+    if args.backbone:
+        cfg.MODEL.BACKBONE.NAME = args.backbone
+    if args.head:
+        if "HEAD" not in cfg.MODEL:
+            raise DAELConfigError("--head is not supported by the built-in engine; use --engine dassl")
+        cfg.MODEL.HEAD.NAME = args.head
+
+
+def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
+    if engine == "dassl":
+        from dassl.config import clean_cfg, get_cfg_default
+
+        cfg = get_cfg_default()
+    else:
+        from .builtin.defaults import get_builtin_cfg
+
+        cfg = get_builtin_cfg()
+        clean_cfg = _clean_cfg
+    add_dael_config(cfg)
+    if args.dataset_config_file:
+        _merge_file(cfg, args.dataset_config_file, engine)
+    if args.config_file:
+        _merge_file(cfg, args.config_file, engine)
+    reset_cfg(cfg, args)
+    opts = list(args.opts or [])
+    if opts and opts[0] == "--":
+        opts = opts[1:]
+    if len(opts) % 2:
+        raise DAELConfigError(f"trailing options must be KEY VALUE pairs, got {opts}")
+    try:
+        cfg.merge_from_list(opts)
+    except KeyError as exc:
+        raise DAELConfigError(_key_error(exc, engine, "the command line")) from None
+    except ValueError as exc:
+        raise DAELConfigError(f"the command line: {exc}") from None
+    if not cfg.TRAINER.NAME:
+        raise DAELConfigError("no trainer given; pass --trainer DAEL (or DAELDG, SourceOnly, M3SDA, MME, ...)")
+    if engine == "builtin":
+        _check_builtin_values(cfg)
+    clean_cfg(cfg, cfg.TRAINER.NAME)
+    cfg.freeze()
+    return cfg
+
+
+def _clean_cfg(cfg: CN, trainer: str) -> None:
+    for key in list(cfg.TRAINER.keys()):
+        if key not in ("NAME", trainer.upper()):
+            cfg.TRAINER.pop(key, None)
+
+
+def _check_builtin_values(cfg: CN) -> None:
+    from .builtin.defaults import SUPPORTED_VALUES
+
+    for key, allowed in SUPPORTED_VALUES.items():
+        node = cfg
+        for part in key.split("."):
+            node = node[part]
+        if node not in allowed:
+            raise DAELConfigError(
+                f"{key}={node!r} is not supported by the built-in engine (it supports {list(allowed)}); "
+                "change it, or use --engine dassl"
+            )
+
+
+def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
+    import torch
+    from dassl.engine import build_trainer
+    from dassl.engine.build import TRAINER_REGISTRY
+    from dassl.utils import collect_env_info, set_random_seed, setup_logger
+
+    from .dassl_adapter import prepare_cfg
+
+    if cfg.SEED >= 0:
+        print(f"Setting fixed seed: {cfg.SEED}")
+        set_random_seed(cfg.SEED)
+    setup_logger(cfg.OUTPUT_DIR)
+    if torch.cuda.is_available() and cfg.USE_CUDA:
+        torch.backends.cudnn.benchmark = True
+    print("** Config **")
+    print(cfg)
+    print("** System info **\n{}\n".format(collect_env_info()))
+    prepare_cfg(cfg)
+    if cfg.TRAINER.NAME not in TRAINER_REGISTRY.registered_names():
+        raise DAELConfigError(
+            f"unknown trainer {cfg.TRAINER.NAME!r}; Dassl has {sorted(TRAINER_REGISTRY.registered_names())}"
+        )
+    from .dassl_adapter.checks import check_dataset_cfg
+
+    check_dataset_cfg(cfg)
+    trainer = build_trainer(cfg)
+    recorded = {}
+    original_test = trainer.test
+
+    def recording_test(*a, **k):
+        result = original_test(*a, **k)
+        recorded["accuracy"] = result
+        return result
+
+    trainer.test = recording_test  # every trainer's final test result reaches results.json
+    return {"trainer": trainer, "recorded": recorded}
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _main(args)
+    except DAELConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _main(args: argparse.Namespace) -> int:
+    engine = choose_engine(args.engine)
+    if args.eval_each_epoch and engine != "builtin":
+        raise DAELConfigError("--eval-each-epoch is a built-in engine flag; with Dassl, look at the final test")
+    if engine == "dassl":
+        import dael_plugin  # noqa: F401  (registers the trainer, datasets and backbones)
+    cfg = setup_cfg(args, engine)
+    start = time.time()
+    if engine == "dassl":
+        run = _run_dassl(cfg, args)
+        trainer, recorded = run["trainer"], run["recorded"]
+    else:
+        from .builtin.runlog import setup_logger
+        from .builtin.trainer import build_builtin_trainer, set_random_seed
+
+        if cfg.SEED >= 0:
+            print(f"Setting fixed seed: {cfg.SEED}")
+            set_random_seed(cfg.SEED)
+        setup_logger(cfg.OUTPUT_DIR)
+        print("** Config **")
+        print(cfg)
+        trainer = build_builtin_trainer(cfg, eval_each_epoch=args.eval_each_epoch)
+        recorded = {}
+    if args.eval_only:
+        trainer.load_model(args.model_dir, epoch=args.load_epoch)
+        acc = trainer.test()
+        recorded["accuracy"] = acc
+    elif not args.no_train:
+        trainer.train()
+        if engine == "builtin" and not cfg.TEST.NO_TEST:
+            recorded["accuracy"] = trainer.last_accuracy
+    else:
+        return 0
+    record = results_record(
+        cfg, engine, recorded.get("accuracy"), getattr(trainer, "expert_accuracy", []) or [],
+        wall_seconds=time.time() - start, eval_only=args.eval_only,
+    )
+    path = write_results(cfg.OUTPUT_DIR, record)
+    print(f"dael_plugin: wrote {path}")
+    return 0

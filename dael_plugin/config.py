@@ -1,0 +1,129 @@
+"""yacs configuration for the plugin, in Dassl's conventions.
+
+``add_dael_config(cfg)`` is the one function that adds keys. Call it after
+building the default config and before merging any YAML file, the way
+detectron2 projects call ``add_<name>_config``.
+"""
+from __future__ import annotations
+
+from yacs.config import CfgNode as CN
+
+from .core.hparams import DAELHparams
+from .errors import DAELConfigError
+
+# Names of the trainer nodes this plugin reads; Dassl already defines both.
+TRAINER_NODES = ("DAEL", "DAELDG")
+
+_DEFAULTS = DAELHparams()
+
+
+def _dael_node_keys(node: CN) -> None:
+    # Dassl's own keys (dassl/config/defaults.py); kept if already present.
+    if "WEIGHT_U" not in node:
+        node.WEIGHT_U = 0.5  # lambda_u in Eq. 4 (Appendix A: 0.5)
+    if "CONF_THRE" not in node:
+        node.CONF_THRE = 0.95  # epsilon in Eq. 3
+    if "STRONG_TRANSFORMS" not in node:
+        node.STRONG_TRANSFORMS = ()  # A(.) in Sec. 3; weak a(.) is INPUT.TRANSFORMS
+    # Design choices of Sec. 4.3 (defaults: the paper's choice).
+    node.CR_TARGET = _DEFAULTS.cr_target  # "expert" | "label"            (Table 3c)
+    node.CR_MODE = _DEFAULTS.cr_mode  # "collaborative" | "individual"    (Table 3a)
+    node.CLASSIFIER = _DEFAULTS.classifier  # "experts" | "single"        (Table 3b)
+    node.PSEUDO_LABEL = _DEFAULTS.pseudo_label  # "expert" | "ensemble"   (Table 3d)
+    node.CR_LOSS = _DEFAULTS.cr_loss  # "mse" | "kl"                       (Eq. 2 footnote)
+    node.VIEWS = _DEFAULTS.views  # "weak_strong" | "strong_weak" | "strong_strong"
+    node.LOSSES = _DEFAULTS.losses  # "ce_cr_u" | "ce_cr" | "ce"          (Fig. 4)
+    # Extra magnitude knobs for torchvision's augmentations in STRONG_TRANSFORMS.
+    node.TV_RANDAUGMENT_N = 2
+    node.TV_RANDAUGMENT_M = 9
+
+
+def add_dael_config(cfg: CN) -> CN:
+    """Extend ``cfg.TRAINER.DAEL`` / ``cfg.TRAINER.DAELDG`` (and add the
+    local-weights key of timm backbones). Safe to call more than once."""
+    for name in TRAINER_NODES:
+        if name not in cfg.TRAINER:
+            cfg.TRAINER[name] = CN()
+        _dael_node_keys(cfg.TRAINER[name])
+    # A timm model's local weights file; with PRETRAINED True and no file,
+    # timm's own cache is used. Lives under MODEL so baselines can use it too.
+    if "WEIGHTS" not in cfg.MODEL.BACKBONE:
+        cfg.MODEL.BACKBONE.WEIGHTS = ""
+    return cfg
+
+
+def trainer_node(cfg: CN) -> CN:
+    """The ``TRAINER.<NAME>`` node of the trainer being run (DAEL or DAELDG)."""
+    name = str(cfg.TRAINER.NAME).upper()
+    if name not in TRAINER_NODES or name not in cfg.TRAINER:
+        raise DAELConfigError(
+            f"TRAINER.NAME={cfg.TRAINER.NAME!r} has no TRAINER.{name} node; "
+            "use --trainer DAEL (domain adaptation) or --trainer DAELDG (generalisation)"
+        )
+    return cfg.TRAINER[name]
+
+
+def hparams_from_cfg(cfg: CN) -> DAELHparams:
+    """Translate the yacs node into the core's plain hyper-parameters."""
+    node = trainer_node(cfg)
+    prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}."
+    try:
+        return DAELHparams(
+            weight_u=float(node.WEIGHT_U),
+            conf_thre=float(node.CONF_THRE),
+            cr_target=str(node.CR_TARGET),
+            cr_mode=str(node.CR_MODE),
+            classifier=str(node.CLASSIFIER),
+            pseudo_label=str(node.PSEUDO_LABEL),
+            cr_loss=str(node.CR_LOSS),
+            views=str(node.VIEWS),
+            losses=str(node.LOSSES),
+        )
+    except ValueError as exc:
+        raise DAELConfigError(f"{prefix}{exc}") from None
+
+
+def check_dael_cfg(cfg: CN) -> None:
+    """Checks shared by both engines; each raises a one-line ``DAELConfigError``."""
+    node = trainer_node(cfg)
+    prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}"
+    hparams_from_cfg(cfg)
+    sources = list(cfg.DATASET.SOURCE_DOMAINS)
+    targets = list(cfg.DATASET.TARGET_DOMAINS)
+    if len(sources) < 2:
+        raise DAELConfigError(
+            f"DAEL needs at least 2 source domains (one expert each), got {sources}; "
+            "pass more with --source-domains A B [C ...]"
+        )
+    if len(set(sources)) != len(sources):
+        raise DAELConfigError(f"--source-domains lists a domain twice: {sources}")
+    both = sorted(set(sources) & set(targets))
+    if both:
+        raise DAELConfigError(
+            f"target domain(s) {both} also listed among the source domains {sources}; "
+            "a domain must be either source or target"
+        )
+    if len(node.STRONG_TRANSFORMS) == 0:
+        raise DAELConfigError(
+            f"{prefix}.STRONG_TRANSFORMS is empty; DAEL needs a strong view, e.g. "
+            f"{prefix}.STRONG_TRANSFORMS \"['randaugment2', 'normalize']\""
+        )
+    sampler = cfg.DATALOADER.TRAIN_X.SAMPLER
+    if sampler not in ("RandomDomainSampler", "SeqDomainSampler"):
+        raise DAELConfigError(
+            f"DATALOADER.TRAIN_X.SAMPLER={sampler!r} is not domain-balanced; DAEL needs "
+            "equal per-domain chunks: set DATALOADER.TRAIN_X.SAMPLER RandomDomainSampler"
+        )
+    n_domain = cfg.DATALOADER.TRAIN_X.N_DOMAIN
+    if n_domain <= 0:
+        n_domain = len(sources)
+    if n_domain > len(sources):
+        raise DAELConfigError(
+            f"DATALOADER.TRAIN_X.N_DOMAIN={n_domain} exceeds the {len(sources)} source domains"
+        )
+    batch = cfg.DATALOADER.TRAIN_X.BATCH_SIZE
+    if batch % n_domain != 0:
+        raise DAELConfigError(
+            f"DATALOADER.TRAIN_X.BATCH_SIZE={batch} is not divisible by the {n_domain} "
+            f"domains per batch; use a multiple of {n_domain}, e.g. {n_domain * max(1, batch // n_domain)}"
+        )

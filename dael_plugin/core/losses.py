@@ -1,0 +1,172 @@
+"""The DAEL losses (paper Eq. 1-4, Algorithm 1), vectorised over samples and experts.
+
+All functions take logits shaped ``(B, K, C)``: B samples, K experts, C
+classes. None of them moves data to the host, so they can run inside a
+training step without a device sync.
+"""
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+from torch.nn import functional as F
+
+from .hparams import DAELHparams
+
+
+def log_mean_probs(log_probs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
+    """``log(sum_k w_k p_k / sum_k w_k)`` computed stably in log space.
+
+    Args:
+        log_probs: ``(B, K, C)`` per-expert log-probabilities.
+        weights: ``(B, K)`` non-negative weights (0 excludes an expert).
+    Returns:
+        ``(B, C)`` log of the weighted mean probability.
+    """
+    log_w = torch.log(weights).unsqueeze(-1)
+    return torch.logsumexp(log_probs + log_w, dim=1) - torch.log(weights.sum(1)).unsqueeze(-1)
+
+
+def pseudo_labels(
+    probs: torch.Tensor, conf_thre: float, source: str = "expert"
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pseudo-labels for unlabeled target data (Eq. 3).
+
+    ``source="expert"`` takes the argmax of the most confident expert i* (the
+    expert whose max probability is highest); ``source="ensemble"`` takes the
+    argmax of the mean of all experts (Table 3d).
+
+    Args:
+        probs: ``(B, K, C)`` probabilities on the target view; not differentiated.
+        conf_thre: keep a sample where the chosen max probability >= this.
+    Returns:
+        labels ``(B,)`` long, mask ``(B,)`` float in {0, 1}, confidence ``(B,)``.
+    """
+    probs = probs.detach()
+    if source == "expert":
+        expert_conf, expert_label = probs.max(dim=2)  # (B, K)
+        conf, best = expert_conf.max(dim=1)  # (B,)
+        labels = expert_label.gather(1, best.unsqueeze(1)).squeeze(1)
+    elif source == "ensemble":
+        conf, labels = probs.mean(dim=1).max(dim=1)
+    else:
+        raise ValueError(f"unknown pseudo-label source {source!r}")
+    mask = (conf >= conf_thre).to(probs.dtype)
+    return labels, mask, conf
+
+
+def _distance(target: torch.Tensor, pred_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
+    """Per-sample distance summed over classes: squared error or KL(target || pred)."""
+    if kind == "mse":
+        return (pred_log_probs.exp() - target).pow(2).sum(-1)
+    # KL divergence; xlogy makes 0 * log 0 = 0 for one-hot targets.
+    return (torch.xlogy(target, target) - target * pred_log_probs).sum(-1)
+
+
+def consistency_loss(
+    target: torch.Tensor,
+    pred_log_probs: torch.Tensor,
+    expert_idx: torch.Tensor,
+    mode: str = "collaborative",
+    kind: str = "mse",
+) -> torch.Tensor:
+    """L_cr (Eq. 2): expert target against the non-experts on the prediction view.
+
+    Args:
+        target: ``(B, C)`` target distribution (no gradient).
+        pred_log_probs: ``(B, K, C)`` log-probabilities on the prediction view.
+        expert_idx: ``(B,)`` index of each sample's own expert.
+        mode: ``collaborative`` compares the *mean* of the K-1 non-experts with
+            the target; ``individual`` averages each non-expert's own distance.
+            With K=1 (single classifier) the one classifier is its own
+            "non-expert" ensemble.
+        kind: ``mse`` (paper) or ``kl``.
+    Returns:
+        Scalar: mean over samples of the per-sample distance.
+    """
+    num_experts = pred_log_probs.shape[1]
+    if num_experts == 1:
+        others = torch.ones_like(pred_log_probs[:, :, 0])
+    else:
+        others = 1.0 - F.one_hot(expert_idx, num_experts).to(pred_log_probs.dtype)
+    if mode == "collaborative":
+        ens_log_probs = log_mean_probs(pred_log_probs, others)
+        return _distance(target, ens_log_probs, kind).mean()
+    if mode == "individual":
+        per_expert = _distance(target.unsqueeze(1), pred_log_probs, kind)  # (B, K)
+        return ((per_expert * others).sum(1) / others.sum(1)).mean()
+    raise ValueError(f"unknown consistency mode {mode!r}")
+
+
+def dael_losses(
+    logits_x_target_view: torch.Tensor,
+    logits_x_pred_view: torch.Tensor,
+    labels_x: torch.Tensor,
+    expert_idx: torch.Tensor,
+    hparams: DAELHparams,
+    logits_u_target_view: Optional[torch.Tensor] = None,
+    logits_u_pred_view: Optional[torch.Tensor] = None,
+) -> Dict[str, torch.Tensor]:
+    """The full objective L = L_ce + L_cr + weight_u * L_u (Eq. 4, Algorithm 1).
+
+    Args:
+        logits_x_target_view: ``(N, K, C)`` all experts on the labeled source
+            images, target view (the weak view by default).
+        logits_x_pred_view: ``(N, K, C)`` the same images, prediction view
+            (strong by default).
+        labels_x: ``(N,)`` class labels.
+        expert_idx: ``(N,)`` each sample's own expert (its source domain).
+        hparams: weights and design switches.
+        logits_u_target_view / logits_u_pred_view: ``(M, K, C)`` on unlabeled
+            target images; ``None`` for domain generalisation (no L_u).
+    Returns:
+        A dict of 0-dim tensors: ``loss`` (to back-propagate), ``loss_x``
+        (L_ce), ``loss_cr``, ``loss_u``, ``acc_x`` (%, expert on its own
+        domain) and ``mask_u`` (fraction of target samples kept).
+    """
+    n = labels_x.shape[0]
+    log_probs_t = F.log_softmax(logits_x_target_view, dim=-1)
+    rows = torch.arange(n, device=labels_x.device)
+    own_log_probs = log_probs_t[rows, expert_idx]  # (N, C): expert i on its own domain
+
+    # Eq. 1: each expert on its own domain; averaged over samples then domains.
+    loss_x = F.nll_loss(own_log_probs, labels_x)
+    acc_x = (own_log_probs.argmax(-1) == labels_x).to(log_probs_t.dtype).mean() * 100.0
+    zero = loss_x.new_zeros(())
+
+    loss_cr = zero
+    if hparams.use_cr:
+        if hparams.cr_target == "expert":
+            target = own_log_probs.detach().exp()
+        else:
+            target = F.one_hot(labels_x, own_log_probs.shape[-1]).to(own_log_probs.dtype)
+        log_probs_p = F.log_softmax(logits_x_pred_view, dim=-1)
+        loss_cr = consistency_loss(target, log_probs_p, expert_idx, hparams.cr_mode, hparams.cr_loss)
+
+    loss_u = zero
+    mask_u = zero
+    if hparams.use_u and logits_u_target_view is not None and logits_u_pred_view is not None:
+        with torch.no_grad():
+            probs_u = F.softmax(logits_u_target_view.detach(), dim=-1)
+            labels_u, mask, _ = pseudo_labels(probs_u, hparams.conf_thre, hparams.pseudo_label)
+        log_probs_u = F.log_softmax(logits_u_pred_view, dim=-1)
+        ens_log_probs_u = log_mean_probs(log_probs_u, torch.ones_like(log_probs_u[:, :, 0]))
+        ce_u = F.nll_loss(ens_log_probs_u, labels_u, reduction="none")
+        # Eq. 3: masked samples count as zero in the batch mean.
+        loss_u = (ce_u * mask).mean()
+        mask_u = mask.mean()
+
+    loss = loss_x + loss_cr + hparams.weight_u * loss_u
+    return {
+        "loss": loss,
+        "loss_x": loss_x,
+        "loss_cr": loss_cr,
+        "loss_u": loss_u,
+        "acc_x": acc_x,
+        "mask_u": mask_u,
+    }
+
+
+def ensemble_probs(logits: torch.Tensor) -> torch.Tensor:
+    """Test-time prediction: mean of all experts' probabilities, ``(B, K, C) -> (B, C)``."""
+    return F.softmax(logits, dim=-1).mean(dim=1)

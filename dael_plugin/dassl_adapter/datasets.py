@@ -1,0 +1,39 @@
+"""The plugin's folder datasets as Dassl datasets (same files as the built-in engine)."""
+from __future__ import annotations
+
+from dassl.data.datasets import DATASET_REGISTRY, DatasetBase, Datum
+
+from ..data import folders
+
+
+def _datums(items):
+    return None if items is None else [Datum(impath=i.impath, label=i.label, domain=i.domain, classname=i.classname) for i in items]
+
+
+def _make(name: str):
+    spec = folders.SPECS[name]
+
+    def __init__(self, cfg):
+        splits = folders.load_splits(name, cfg.DATASET.ROOT, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS)
+        DatasetBase.__init__(
+            self,
+            train_x=_datums(splits["train_x"]),
+            train_u=_datums(splits["train_u"]),
+            val=_datums(splits["val"]),
+            test=_datums(splits["test"]),
+        )
+
+    doc = f"{name}: read by dael_plugin.data.folders ({'DA' if spec.unlabeled_target else 'DG'})."
+    attrs = {"__init__": __init__, "__doc__": doc, "dataset_dir": spec.dataset_dir,
+             "domains": list(spec.domains or [])}
+    return type(name, (DatasetBase,), attrs)
+
+
+# Dassl ships its own DigitsDG and OfficeHomeDG; only the plugin's sets are added.
+PLUGIN_DATASETS = ("EmbeddedDigits", "EmbeddedDigitsDG", "DomainFolders", "DomainFoldersDG")
+
+
+def register_datasets() -> None:
+    for name in PLUGIN_DATASETS:
+        if name not in DATASET_REGISTRY.registered_names():
+            DATASET_REGISTRY.register(_make(name))

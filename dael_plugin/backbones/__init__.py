@@ -9,7 +9,10 @@ from .timm_backbone import PREFIX as TIMM_PREFIX
 from .timm_backbone import TimmBackbone, timm_model_name
 
 # The plugin's own architectures, by registered name.
-OWN_BACKBONES = {"dael_small_cnn": SmallCNN}
+OWN_BACKBONES = {
+    "dael_small_cnn": SmallCNN,
+    "dael_small_cnn_gn": lambda: SmallCNN(norm="gn"),
+}
 
 # Dassl names whose architecture timm builds identically (the built-in engine
 # maps them; under Dassl, Dassl's own builders are used).

@@ -12,14 +12,14 @@ class SmallCNN(nn.Module):
     makes it sensitive to per-domain statistics, as the reference models are.
     """
 
-    def __init__(self, in_channels: int = 3, width: int = 16) -> None:
+    def __init__(self, in_channels: int = 3, width: int = 16, norm: str = "bn") -> None:
         super().__init__()
         chans = [in_channels, width, 2 * width, 4 * width, 4 * width]
         layers = []
         for c_in, c_out in zip(chans[:-1], chans[1:]):
             layers += [
                 nn.Conv2d(c_in, c_out, 3, padding=1, bias=False),
-                nn.BatchNorm2d(c_out),
+                nn.BatchNorm2d(c_out) if norm == "bn" else nn.GroupNorm(4, c_out),
                 nn.ReLU(inplace=True),
                 nn.MaxPool2d(2),
             ]

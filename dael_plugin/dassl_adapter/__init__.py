@@ -30,7 +30,7 @@ def register() -> None:
         print(f"dael_plugin: replaced Dassl's built-in trainer(s) {replaced} with dael_plugin.DAELTrainer")
     for name, cls in OWN_BACKBONES.items():
         if name not in BACKBONE_REGISTRY.registered_names():
-            BACKBONE_REGISTRY._do_register(name, _own_factory(cls))
+            BACKBONE_REGISTRY._do_register(name, _own_factory(cls))  # keyed by our name
     register_datasets()
     _registered = True
 
@@ -39,7 +39,7 @@ def _own_factory(cls):
     def factory(pretrained=False, **kwargs):
         return cls()
 
-    factory.__name__ = cls.__name__
+    factory.__name__ = getattr(cls, "__name__", "backbone")
     return factory
 
 

@@ -1,0 +1,18 @@
+# The two commands of the README's quick start.
+PYTHON ?= python3
+STAMP := .install.stamp
+
+.PHONY: install demo test
+
+# Installs this package and its PyPI dependencies (not Dassl: see README).
+$(STAMP): setup.cfg pyproject.toml
+	$(PYTHON) -m pip install -q -e ".[test]"
+	@touch $(STAMP)
+
+install: $(STAMP)
+
+demo: $(STAMP)
+	$(PYTHON) scripts/demo.py
+
+test: $(STAMP)
+	$(PYTHON) -m pytest -q

@@ -1,0 +1,84 @@
+import pytest
+import torch
+from PIL import Image
+
+from dael_plugin import add_dael_config
+from dael_plugin.augment import DASSL_NAMES, EXTRA_NAMES, build_test_transform, build_train_transform, build_views
+from dael_plugin.backbones import TimmBackbone, build_backbone
+from dael_plugin.builtin.defaults import get_builtin_cfg
+from dael_plugin.errors import DAELConfigError
+
+
+def small_cfg():
+    cfg = get_builtin_cfg()
+    cfg.INPUT.SIZE = (32, 32)
+    cfg.INPUT.TRANSFORMS = ["random_crop", "normalize"]
+    return cfg
+
+
+@pytest.mark.parametrize("name", [n for n in DASSL_NAMES + EXTRA_NAMES if n != "instance_norm"])
+def test_every_transform_name_builds_without_dassl(name):
+    cfg = small_cfg()
+    tfm = build_train_transform(cfg, [name, "normalize"], cfg.TRAINER.DAEL)
+    out = tfm(Image.new("RGB", (40, 36), (120, 30, 200)))
+    assert out.shape == (3, 32, 32) and out.dtype == torch.float32
+
+
+def test_views_weak_is_input_transforms_and_strong_differs():
+    cfg = small_cfg()
+    torch.manual_seed(0)
+    views = build_views(cfg, ["tv_trivialaugment", "normalize"], 3, cfg.TRAINER.DAEL)
+    assert len(views) == 3
+    img = Image.new("RGB", (32, 32), (200, 10, 10))
+    assert views[0].transforms[-1].__class__.__name__ == "Normalize"
+    assert any("TrivialAugmentWide" in repr(t) for t in views[1].transforms)
+    test = build_test_transform(cfg)(img)
+    assert test.shape == (3, 32, 32)
+
+
+def test_add_dael_config_is_idempotent_and_keeps_dassl_keys():
+    cfg = get_builtin_cfg()
+    cfg.TRAINER.DAEL.WEIGHT_U = 0.7
+    add_dael_config(cfg)
+    assert cfg.TRAINER.DAEL.WEIGHT_U == 0.7
+    for node in ("DAEL", "DAELDG"):
+        n = cfg.TRAINER[node]
+        assert (n.CR_TARGET, n.CR_MODE, n.CLASSIFIER, n.PSEUDO_LABEL, n.CR_LOSS, n.VIEWS, n.LOSSES) == (
+            "expert", "collaborative", "experts", "expert", "mse", "weak_strong", "ce_cr_u")
+        assert n.CONF_THRE == 0.95
+
+
+@pytest.mark.parametrize("name,size", [
+    ("timm_resnet18", 32), ("timm_convnext_atto", 32), ("timm_efficientnet_b0", 32),
+    ("timm_vit_tiny_patch16_224", 224), ("dael_small_cnn", 32), ("resnet18", 32),
+])
+def test_backbones_report_out_features(name, size):
+    torch.manual_seed(0)
+    b = build_backbone(name, pretrained=False).eval()
+    with torch.no_grad():
+        y = b(torch.randn(2, 3, size, size))
+    assert y.shape == (2, b.out_features)
+    if isinstance(b, TimmBackbone):
+        assert b.out_features == b.model.num_features
+
+
+def test_timm_pretrained_from_local_file(tmp_path):
+    import timm
+
+    torch.manual_seed(1)
+    src = timm.create_model("resnet18", pretrained=False, num_classes=10)
+    path = tmp_path / "w.pth"
+    torch.save(src.state_dict(), path)
+    b = build_backbone("timm_resnet18", pretrained=True, weights_file=str(path))
+    torch.testing.assert_close(b.model.conv1.weight, src.conv1.weight)
+    random_b = build_backbone("timm_resnet18", pretrained=False)
+    assert not torch.equal(random_b.model.conv1.weight, src.conv1.weight)
+
+
+def test_unknown_backbones_are_one_line_errors():
+    with pytest.raises(DAELConfigError, match="timm has no model 'resnet181'.*did you mean timm_resnet18"):
+        build_backbone("timm_resnet181")
+    with pytest.raises(DAELConfigError, match="not available without Dassl"):
+        build_backbone("cnn_digit5_m3sda")
+    with pytest.raises(DAELConfigError, match="is not a file"):
+        build_backbone("timm_resnet18", pretrained=True, weights_file="/nonexistent.pth")

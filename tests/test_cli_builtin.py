@@ -1,0 +1,139 @@
+"""scripts/train.py on the built-in engine (run as on a machine without Dassl), and bad input."""
+import glob
+import json
+import os
+
+import pytest
+import yaml
+
+from conftest import ROOT, run_train
+
+DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
+DS_DG = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
+DAEL_CFG = os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")
+FAST = ["OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False",
+        "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8"]
+
+
+def base_args(data_root, out, trainer="DAEL", ds=DS_DA, cfg=DAEL_CFG, src=("hand", "blend", "font"), tgt=("street",)):
+    return (["--trainer", trainer, "--root", data_root, "--dataset-config-file", ds, "--config-file", cfg,
+             "--source-domains", *src, "--target-domains", *tgt, "--output-dir", str(out), "--seed", "2"])
+
+
+def test_auto_engine_without_dassl_runs_dael_da_and_writes_results(tmp_path, data_root):
+    out = tmp_path / "da"
+    proc = run_train(base_args(data_root, out) + FAST, env_hide_dassl=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "engine = builtin (Dassl is not installed)" in proc.stdout
+    assert "* accuracy:" in proc.stdout and "* expert accuracy: hand" in proc.stdout
+    res = json.loads((out / "results.json").read_text())
+    for key in ("trainer", "dataset", "source_domains", "target_domains", "seed", "accuracy",
+                "expert_accuracy", "epochs", "wall_seconds"):
+        assert key in res
+    assert res["engine"] == "builtin" and res["seed"] == 2 and set(res["expert_accuracy"]) == {"hand", "blend", "font"}
+    assert (out / "log.txt").exists() and glob.glob(str(out / "tensorboard" / "events.*"))
+    assert (out / "checkpoint.pth.tar").exists() and (out / "model.pth.tar-1").exists()
+    assert "loss_u" in (out / "log.txt").read_text()
+
+
+def test_builtin_dg_and_resume(tmp_path, data_root):
+    out = tmp_path / "dg"
+    cfg = os.path.join(ROOT, "configs/trainers/dg/daeldg/embedded_digits_dg.yaml")
+    args = base_args(data_root, out, trainer="DAELDG", ds=DS_DG, cfg=cfg) + ["--engine", "builtin"] + FAST
+    proc = run_train(args, env_hide_dassl=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "setting DG" in proc.stdout and "loss_u" not in (out / "log.txt").read_text()
+    first = json.loads((out / "results.json").read_text())
+    # Resume: a second epoch continues from the checkpoint instead of starting over.
+    proc = run_train(args[:-len(FAST)] + [x if x != "1" or i != 1 else "2" for i, x in enumerate(FAST)],
+                     env_hide_dassl=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "will resume training from epoch 2" in proc.stdout
+    assert "epoch [2/2]" in proc.stdout and "epoch [1/2]" not in proc.stdout
+    assert json.loads((out / "results.json").read_text())["epochs"] == 2
+    assert first["epochs"] == 1
+
+
+def test_builtin_source_only(tmp_path, data_root):
+    out = tmp_path / "so"
+    cfg = os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.yaml")
+    proc = run_train(base_args(data_root, out, trainer="SourceOnly", cfg=cfg) + FAST, env_hide_dassl=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    res = json.loads((out / "results.json").read_text())
+    assert res["trainer"] == "SourceOnly" and res["expert_accuracy"] == {}
+
+
+BAD_INPUT = [
+    ("fewer than 2 sources", dict(src=("hand",)), [], "at least 2 source domains"),
+    ("target among sources", dict(src=("hand", "street")), [], "also listed among the source domains"),
+    ("indivisible batch", {}, ["DATALOADER.TRAIN_X.BATCH_SIZE", "100"], "not divisible by the 3 domains"),
+    ("empty strong transforms", {}, ["TRAINER.DAEL.STRONG_TRANSFORMS", "()"], "STRONG_TRANSFORMS is empty"),
+    ("unknown timm model", {}, ["MODEL.BACKBONE.NAME", "timm_resnet181"], "timm has no model 'resnet181'"),
+    ("unknown dataset", {}, ["DATASET.NAME", "Digit55"], "Digit55"),
+    ("unknown domain", dict(tgt=("svhn",)), [], "has no domain 'svhn'"),
+    ("unbalanced sampler", {}, ["DATALOADER.TRAIN_X.SAMPLER", "RandomSampler"], "not domain-balanced"),
+    ("unknown switch value", {}, ["TRAINER.DAEL.CR_MODE", "both"], "CR_MODE must be one of"),
+    ("unknown key", {}, ["TRAINER.DAEL.WEIGHT_X", "1.0"], "TRAINER.DAEL.WEIGHT_X"),
+]
+
+
+@pytest.mark.parametrize("engine", ["builtin", "dassl"])
+@pytest.mark.parametrize("case,kw,opts,message", BAD_INPUT, ids=[c[0] for c in BAD_INPUT])
+def test_bad_input_gives_one_clear_line(tmp_path, data_root, engine, case, kw, opts, message):
+    import dael_plugin
+
+    if engine == "dassl" and not dael_plugin.HAS_DASSL:
+        pytest.skip("Dassl.pytorch is not installed (install it by hand, see README)")
+    proc = run_train(["--engine", engine] + base_args(data_root, tmp_path / "bad", **kw) + FAST + opts)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: ") and message in last, last
+    assert "Traceback" not in proc.stderr
+
+
+def test_unsupported_key_on_builtin_names_the_key(tmp_path, data_root):
+    proc = run_train(["--engine", "builtin"] + base_args(data_root, tmp_path / "x") + FAST + ["INPUT.NO_TRANSFORM", "True"])
+    assert proc.returncode == 2
+    last = proc.stderr.strip().splitlines()[-1]
+    assert "INPUT.NO_TRANSFORM" in last and "built-in engine does not support" in last
+    proc = run_train(["--engine", "builtin"] + base_args(data_root, tmp_path / "x", trainer="M3SDA") + FAST)
+    assert proc.returncode == 2 and "not available on the built-in engine" in proc.stderr
+
+
+def all_yaml_files():
+    return sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True))
+
+
+def test_configs_exist_for_every_promised_dataset():
+    names = {os.path.relpath(p, ROOT) for p in all_yaml_files()}
+    for ds in ("da/digit5", "da/mini_domainnet", "da/domainnet", "dg/pacs", "dg/office_home_dg",
+               "dg/digits_dg", "da/embedded_digits", "dg/embedded_digits_dg"):
+        assert f"configs/datasets/{ds}.yaml" in names
+    for tr in ("da/dael/digit5", "da/dael/domainnet", "da/dael/mini_domainnet", "dg/daeldg/pacs",
+               "dg/daeldg/office_home_dg", "da/m3sda/digit5", "da/mme/digit5", "da/source_only/digit5"):
+        assert f"configs/trainers/{tr}.yaml" in names
+
+
+@pytest.mark.parametrize("path", all_yaml_files(), ids=lambda p: os.path.relpath(p, ROOT))
+def test_every_shipped_yaml_merges(path):
+    """Each file merges into Dassl's defaults (when installed) and, for the
+    embedded set's files, into the built-in engine's defaults."""
+    import dael_plugin
+    from dael_plugin import add_dael_config
+    from dael_plugin.builtin.defaults import get_builtin_cfg
+
+    with open(path) as f:
+        assert isinstance(yaml.safe_load(f), dict)
+    merged = 0
+    if dael_plugin.HAS_DASSL:
+        from dassl.config import get_cfg_default
+
+        cfg = add_dael_config(get_cfg_default())
+        cfg.merge_from_file(path)
+        merged += 1
+    if "embedded" in os.path.basename(path) and "/m3sda/" not in path and "/mme/" not in path:
+        cfg = get_builtin_cfg()
+        cfg.merge_from_file(path)
+        merged += 1
+    if not merged:
+        pytest.skip("a Dassl-only config; Dassl.pytorch is not installed")

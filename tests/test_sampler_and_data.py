@@ -1,0 +1,107 @@
+import time
+
+import numpy as np
+import pytest
+
+from dael_plugin.builtin.sampler import DomainBalancedBatchSampler
+from dael_plugin.data import embedded
+from dael_plugin.data.folders import load_splits
+from dael_plugin.errors import DAELConfigError
+
+
+def test_epoch_length_is_stated_and_covers_largest_domain():
+    domains = [0] * 100 + [1] * 30 + [2] * 55
+    s = DomainBalancedBatchSampler(domains, batch_size=30)
+    batches = list(s)
+    assert len(s) == len(batches) == 10  # ceil(100 / 10)
+    seen = {i for b in batches for i in b}
+    assert set(range(100)) <= seen  # every image of the largest domain, once
+    assert set(range(100, 130)) <= seen  # the small domain is cycled, not dropped
+    for b in batches:  # contiguous single-domain chunks, in domain order
+        assert [domains[i] for i in b] == [0] * 10 + [1] * 10 + [2] * 10
+    first_domain = [i for b in batches for i in b[:10]]
+    assert len(first_domain) == len(set(first_domain)) == 100  # no repeats within a pass
+
+
+def test_fewer_domains_per_batch_and_determinism():
+    domains = np.repeat(np.arange(4), 50)
+    s = DomainBalancedBatchSampler(domains, batch_size=20, n_domain=2, seed=3)
+    a = list(s)
+    assert a == list(s)
+    s.set_epoch(1)
+    assert list(s) != a
+    for b in a:
+        d = [domains[i] for i in b]
+        assert len(set(d[:10])) == 1 and len(set(d[10:])) == 1 and d[0] != d[10]
+
+
+def test_linear_time_on_domainnet_sized_data():
+    domains = np.repeat(np.arange(6), 100_000)
+    t = time.perf_counter()
+    n = sum(1 for _ in DomainBalancedBatchSampler(domains, batch_size=60))
+    assert n == 10_000
+    assert time.perf_counter() - t < 5.0
+
+
+def test_indivisible_batch_is_a_clear_error():
+    with pytest.raises(DAELConfigError, match="not divisible"):
+        DomainBalancedBatchSampler([0, 1, 2] * 10, batch_size=10)
+
+
+def test_embedded_set_is_deterministic_and_complete(tmp_path, data_root):
+    a = embedded.generate(str(tmp_path / "a"))
+    assert set(a) == set(embedded.DOMAINS)
+    for d in embedded.DOMAINS:
+        assert a[d]["train"] > 900 and a[d]["test"] >= 200
+    import os
+
+    for rel in ("street/test/3", "font/train/7", "blend/train/0"):
+        first = sorted(os.listdir(tmp_path / "a" / rel))[0]
+        ref = (tmp_path / "a" / rel / first).read_bytes()
+        assert ref == open(f"{data_root}/embedded_digits/{rel}/{first}", "rb").read()
+
+
+def test_embedded_domains_look_different(data_root):
+    from PIL import Image
+
+    stats = {}
+    for d in embedded.DOMAINS:
+        splits = load_splits("EmbeddedDigitsDG", data_root, [d, "hand" if d != "hand" else "font"], ["blend" if d != "blend" else "street"])
+        imgs = [np.asarray(Image.open(i.impath), dtype=np.float32) for i in splits["train_x"][:200] if i.domain == 0]
+        arr = np.stack(imgs)
+        stats[d] = (arr.mean(), arr.std(axis=3).mean())  # brightness, colourfulness
+    assert stats["hand"][1] == pytest.approx(0.0, abs=1e-6)  # grey
+    assert stats["street"][1] > 10 and stats["font"][1] > 10  # coloured
+    assert stats["hand"][0] < stats["blend"][0]  # dark background vs photos
+
+
+def test_splits_da_vs_dg(data_root):
+    da = load_splits("EmbeddedDigits", data_root, ["hand", "blend", "font"], ["street"])
+    dg = load_splits("EmbeddedDigitsDG", data_root, ["hand", "blend", "font"], ["street"])
+    assert da["train_u"] and dg["train_u"] is None
+    assert dg["val"] and da["val"] is None
+    assert {i.domain for i in da["train_x"]} == {0, 1, 2}
+    train_u = {i.impath for i in da["train_u"]}
+    assert not train_u & {i.impath for i in da["test"]}
+    assert da["classnames"] == [str(i) for i in range(10)]
+
+
+def test_unknown_domain_and_missing_folder(tmp_path, data_root):
+    with pytest.raises(DAELConfigError, match="has no domain 'svhn'"):
+        load_splits("EmbeddedDigits", data_root, ["hand", "blend"], ["svhn"])
+    with pytest.raises(DAELConfigError, match="dataset folder .* not found"):
+        load_splits("DigitsDG", str(tmp_path), ["mnist", "svhn"], ["syn"])
+
+
+def test_user_folder_layout(tmp_path):
+    from PIL import Image
+
+    for dom in ("a", "b", "c"):
+        for split in ("train", "test"):
+            for cls in ("cat", "dog"):
+                p = tmp_path / dom / split / cls
+                p.mkdir(parents=True)
+                Image.new("RGB", (8, 8)).save(p / "x.png")
+    s = load_splits("DomainFolders", str(tmp_path), ["a", "b"], ["c"])
+    assert len(s["train_x"]) == 4 and len(s["train_u"]) == 2 and len(s["test"]) == 2
+    assert s["classnames"] == ["cat", "dog"]

@@ -70,9 +70,9 @@ def _merge_file(cfg: CN, path: str, engine: str) -> None:
         raise DAELConfigError(f"config file {path}: {exc}") from None
 
 
-def _key_error(exc: KeyError, engine: str, where: str) -> str:
+def _key_error(exc: Exception, engine: str, where: str) -> str:
     msg = str(exc.args[0]) if exc.args else str(exc)
-    key = msg.split(":", 1)[-1].strip() if "Non-existent config key" in msg else msg
+    key = msg.split(":", 1)[-1].strip() if "Non-existent" in msg else msg
     if engine == "builtin":
         return (f"{where} sets {key}, which the built-in engine does not support; "
                 "remove it, or install Dassl and use --engine dassl")
@@ -127,7 +127,7 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
         raise DAELConfigError(f"trailing options must be KEY VALUE pairs, got {opts}")
     try:
         cfg.merge_from_list(opts)
-    except KeyError as exc:
+    except (KeyError, AssertionError) as exc:  # yacs asserts on unknown keys here
         raise DAELConfigError(_key_error(exc, engine, "the command line")) from None
     except ValueError as exc:
         raise DAELConfigError(f"the command line: {exc}") from None

@@ -77,9 +77,15 @@ BAD_INPUT = [
 ]
 
 
+# Both engines share the checks; the Dassl engine is run on a subset to keep the suite short.
+DASSL_CASES = {"fewer than 2 sources", "unknown dataset", "unbalanced sampler", "unknown key", "indivisible batch"}
+
+
 @pytest.mark.parametrize("engine", ["builtin", "dassl"])
 @pytest.mark.parametrize("case,kw,opts,message", BAD_INPUT, ids=[c[0] for c in BAD_INPUT])
 def test_bad_input_gives_one_clear_line(tmp_path, data_root, engine, case, kw, opts, message):
+    if engine == "dassl" and case not in DASSL_CASES:
+        pytest.skip("covered on the built-in engine; same check function")
     import dael_plugin
 
     if engine == "dassl" and not dael_plugin.HAS_DASSL:

@@ -1,0 +1,124 @@
+"""Dassl's folder layouts, read without Dassl.
+
+Every dataset here is ``<root>/<dataset_dir>/<domain>/<split>/<class>/<image>``
+(Dassl's DigitsDG and OfficeHomeDG layout; the embedded set; or a user's own
+data with ``dataset_dir`` empty). A ``DatasetSpec`` says which splits make
+train_x, train_u, val and test.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+
+from ..errors import DAELConfigError
+from . import embedded
+
+IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
+
+
+class Item(NamedTuple):
+    impath: str
+    label: int
+    domain: int  # index into the list of domains it was read with
+    classname: str
+
+
+@dataclass(frozen=True)
+class DatasetSpec:
+    dataset_dir: str
+    domains: Optional[Tuple[str, ...]]  # None: discovered from the folders
+    train: Tuple[str, ...] = ("train",)
+    val: Tuple[str, ...] = ()  # of the source domains; () for none
+    test: Tuple[str, ...] = ("test",)  # of the target domains
+    unlabeled_target: bool = True  # DA: target's train split is train_u
+    prepare: Optional[Callable[[str], str]] = None  # e.g. generate the embedded set
+
+
+SPECS: Dict[str, DatasetSpec] = {
+    "EmbeddedDigits": DatasetSpec(embedded.DATASET_DIR, embedded.DOMAINS, prepare=embedded.ensure_embedded),
+    "EmbeddedDigitsDG": DatasetSpec(
+        embedded.DATASET_DIR, embedded.DOMAINS, val=("test",), unlabeled_target=False,
+        prepare=embedded.ensure_embedded,
+    ),
+    "DigitsDG": DatasetSpec("digits_dg", ("mnist", "mnist_m", "svhn", "syn"), val=("val",),
+                            test=("train", "val"), unlabeled_target=False),
+    "OfficeHomeDG": DatasetSpec("office_home_dg", ("art", "clipart", "product", "real_world"), val=("val",),
+                                test=("train", "val"), unlabeled_target=False),
+    "DomainFolders": DatasetSpec("", None, val=("val",)),
+    "DomainFoldersDG": DatasetSpec("", None, val=("val",), unlabeled_target=False),
+}
+
+
+def _listdirs(path: str) -> List[str]:
+    return sorted(d for d in os.listdir(path) if not d.startswith(".") and os.path.isdir(os.path.join(path, d)))
+
+
+def dataset_dir(name: str, root: str) -> str:
+    spec = SPECS[name]
+    root = os.path.abspath(os.path.expanduser(root or "."))
+    if spec.prepare is not None:
+        spec.prepare(root)
+    path = os.path.join(root, spec.dataset_dir)
+    if not os.path.isdir(path):
+        raise DAELConfigError(
+            f"dataset folder {path} not found; set --root to the folder that contains "
+            f"{spec.dataset_dir or '<domain>/<split>/<class>/'} (no downloads here)"
+        )
+    return path
+
+
+def available_domains(name: str, root: str) -> Tuple[str, ...]:
+    spec = SPECS[name]
+    return spec.domains if spec.domains is not None else tuple(_listdirs(dataset_dir(name, root)))
+
+
+def check_domains(name: str, root: str, sources: Sequence[str], targets: Sequence[str]) -> None:
+    domains = available_domains(name, root)
+    for d in list(sources) + list(targets):
+        if d not in domains:
+            raise DAELConfigError(f"dataset {name} has no domain {d!r}; its domains are {list(domains)}")
+    if not targets:
+        raise DAELConfigError(f"no target domain given; pass --target-domains one of {list(domains)}")
+
+
+def read_items(path: str, domains: Sequence[str], splits: Sequence[str], classnames: Sequence[str]) -> List[Item]:
+    """Items of the given domains and splits, labels by position in ``classnames``."""
+    label_of = {c: i for i, c in enumerate(classnames)}
+    items: List[Item] = []
+    for d, domain in enumerate(domains):
+        for split in splits:
+            split_dir = os.path.join(path, domain, split)
+            if not os.path.isdir(split_dir):
+                raise DAELConfigError(f"missing folder {split_dir}: expected <domain>/{split}/<class>/<image>")
+            for cname in _listdirs(split_dir):
+                cdir = os.path.join(split_dir, cname)
+                for f in sorted(os.listdir(cdir)):
+                    if f.lower().endswith(IMAGE_EXTENSIONS):
+                        items.append(Item(os.path.join(cdir, f), label_of[cname], d, cname))
+    return items
+
+
+def load_splits(name: str, root: str, sources: Sequence[str], targets: Sequence[str]) -> Dict[str, object]:
+    """Read train_x, train_u, val and test lists for a DA or DG run."""
+    if name not in SPECS:
+        raise DAELConfigError(f"unknown dataset {name!r}; the built-in engine reads {sorted(SPECS)}")
+    spec = SPECS[name]
+    path = dataset_dir(name, root)
+    check_domains(name, root, sources, targets)
+    classnames = sorted({c for dom in list(sources) + list(targets) for s in spec.train + spec.test
+                         if os.path.isdir(os.path.join(path, dom, s)) for c in _listdirs(os.path.join(path, dom, s))})
+    val_splits = tuple(s for s in spec.val if all(os.path.isdir(os.path.join(path, d, s)) for d in sources))
+    test_splits = spec.test
+    if spec.dataset_dir == "" and not all(os.path.isdir(os.path.join(path, d, "test")) for d in targets):
+        test_splits = ("train",)  # a user's folder with no test split: evaluate on all target images
+    out = {
+        "classnames": classnames,
+        "train_x": read_items(path, sources, spec.train, classnames),
+        "train_u": read_items(path, targets, spec.train, classnames) if spec.unlabeled_target else None,
+        "val": read_items(path, sources, val_splits, classnames) if val_splits else None,
+        "test": read_items(path, targets, test_splits, classnames),
+    }
+    if not out["train_x"]:
+        raise DAELConfigError(f"no training images found under {path} for source domains {list(sources)}")
+    return out

@@ -28,7 +28,7 @@ from PIL import Image, ImageDraw, ImageFilter, ImageFont
 DATASET_DIR = "embedded_digits"
 DOMAINS = ("hand", "blend", "street", "font")
 CLASSNAMES = tuple(str(i) for i in range(10))
-VERSION = "embedded-digits-v1"
+VERSION = "embedded-digits-v2"
 SIZE = 32
 RENDERS_PER_DIGIT = 2
 TEST_FRACTION = 0.2
@@ -88,12 +88,24 @@ def _contrasting_colours(rng) -> Tuple[np.ndarray, np.ndarray]:
     return bg, fg
 
 
+def _shift_x(img: np.ndarray, shift: int) -> np.ndarray:
+    """Shift an image sideways, filling with zeros (no wrap-around)."""
+    out = np.zeros_like(img)
+    if shift > 0:
+        out[:, shift:] = img[:, :-shift]
+    elif shift < 0:
+        out[:, :shift] = img[:, -shift:]
+    else:
+        out[:] = img
+    return out
+
+
 def _street(img8, rng, neighbours, **_) -> Image.Image:
     ink = _ink(img8, rng)
     clutter = np.zeros_like(ink)
-    for shift in (-20, 20):  # parts of neighbouring house-number digits
+    for side in (-1, 1):  # the edges of the neighbouring house-number digits
         nb = _ink(neighbours[int(rng.integers(len(neighbours)))], rng)
-        clutter = np.maximum(clutter, np.roll(nb, shift + int(rng.integers(-2, 3)), axis=1))
+        clutter = np.maximum(clutter, _shift_x(nb, side * (20 + int(rng.integers(-2, 3)))))
     mask = np.maximum(ink, 0.8 * clutter)
     bg, fg = _contrasting_colours(rng)
     arr = bg[None, None] * (1 - mask[..., None]) + fg[None, None] * mask[..., None]

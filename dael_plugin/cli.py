@@ -199,12 +199,16 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from .builtin.runlog import close_logger
+
     args = build_parser().parse_args(argv)
     try:
         return _main(args)
     except DAELConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    finally:
+        close_logger()
 
 
 def _main(args: argparse.Namespace) -> int:

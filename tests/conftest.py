@@ -34,6 +34,28 @@ def data_root(tmp_path_factory):
     return root
 
 
+@pytest.fixture(scope="session")
+def tiny_root(data_root, tmp_path_factory):
+    """The embedded set cut to 6 images per class, domain and split, for the
+    end-to-end CLI tests: they check plumbing, not accuracy, in a few seconds."""
+    import shutil
+
+    from dael_plugin.data.embedded import DATASET_DIR
+
+    src = os.path.join(data_root, DATASET_DIR)
+    root = str(tmp_path_factory.mktemp("tiny"))
+    dst = os.path.join(root, DATASET_DIR)
+    for dirpath, dirnames, filenames in os.walk(src):
+        dirnames.sort()
+        out = os.path.join(dst, os.path.relpath(dirpath, src))
+        os.makedirs(out, exist_ok=True)
+        images = sorted(f for f in filenames if f.endswith(".png"))[:6]
+        others = [f for f in filenames if not f.endswith(".png")]  # the VERSION stamp
+        for f in images + others:
+            shutil.copy(os.path.join(dirpath, f), os.path.join(out, f))
+    return root
+
+
 def run_train(args, env_hide_dassl=False, timeout=600):
     """Run scripts/train.py in a subprocess; returns CompletedProcess."""
     import subprocess

@@ -102,9 +102,9 @@ def test_losses_and_update_match_dassl_reference_dael(data_root, conf_thre):
         torch.testing.assert_close(ours.E.bias[k], lin.bias, atol=PARAM_ATOL, rtol=0)
 
 
-def _train(tmp_path, data_root, trainer, cfg_file, ds=DS_DA, extra=()):
+def _train(tmp_path, tiny_root, trainer, cfg_file, ds=DS_DA, extra=()):
     out = str(tmp_path / trainer)
-    args = ["--engine", "dassl", "--trainer", trainer, "--root", data_root, "--dataset-config-file", ds,
+    args = ["--engine", "dassl", "--trainer", trainer, "--root", tiny_root, "--dataset-config-file", ds,
             "--config-file", os.path.join(ROOT, cfg_file), "--source-domains", "hand", "blend", "font",
             "--target-domains", "street", "--output-dir", out, "--seed", "1"] + FAST + list(extra)
     proc = run_train(args)
@@ -114,8 +114,8 @@ def _train(tmp_path, data_root, trainer, cfg_file, ds=DS_DA, extra=()):
         return json.load(f), proc
 
 
-def test_dael_da_through_train_script(tmp_path, data_root):
-    res, proc = _train(tmp_path, data_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml")
+def test_dael_da_through_train_script(tmp_path, tiny_root):
+    res, proc = _train(tmp_path, tiny_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml")
     assert "domain adaptation (L_u on)" in proc.stdout
     assert res["trainer"] == "DAEL" and res["engine"] == "dassl" and res["dataset"] == "EmbeddedDigits"
     assert res["source_domains"] == ["hand", "blend", "font"] and res["target_domains"] == ["street"]
@@ -126,8 +126,8 @@ def test_dael_da_through_train_script(tmp_path, data_root):
     assert "loss_u" in open(tmp_path / "DAEL" / "log.txt").read()
 
 
-def test_dael_dg_through_train_script(tmp_path, data_root):
-    res, proc = _train(tmp_path, data_root, "DAELDG", "configs/trainers/dg/daeldg/embedded_digits_dg.yaml", ds=DS_DG)
+def test_dael_dg_through_train_script(tmp_path, tiny_root):
+    res, proc = _train(tmp_path, tiny_root, "DAELDG", "configs/trainers/dg/daeldg/embedded_digits_dg.yaml", ds=DS_DG)
     assert "domain generalisation (no L_u)" in proc.stdout
     assert res["trainer"] == "DAELDG" and len(res["expert_accuracy"]) == 3
 
@@ -137,21 +137,21 @@ def test_dael_dg_through_train_script(tmp_path, data_root):
     ("MME", "configs/trainers/da/mme/embedded_digits.yaml"),
     ("SourceOnly", "configs/trainers/da/source_only/embedded_digits.yaml"),
 ])
-def test_dassl_baselines_through_the_same_script(tmp_path, data_root, trainer, cfg_file):
-    res, _ = _train(tmp_path, data_root, trainer, cfg_file)
+def test_dassl_baselines_through_the_same_script(tmp_path, tiny_root, trainer, cfg_file):
+    res, _ = _train(tmp_path, tiny_root, trainer, cfg_file)
     assert res["trainer"] == trainer and res["accuracy"] is not None and res["expert_accuracy"] == {}
 
 
-def test_timm_backbone_under_dassl(tmp_path, data_root):
-    res, _ = _train(tmp_path, data_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml",
+def test_timm_backbone_under_dassl(tmp_path, tiny_root):
+    res, _ = _train(tmp_path, tiny_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml",
                     extra=["MODEL.BACKBONE.NAME", "timm_test_convnext"])
     assert res["backbone"] == "timm_test_convnext"
 
 
-def test_eval_only_reloads_the_last_checkpoint(tmp_path, data_root):
-    res, _ = _train(tmp_path, data_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml")
+def test_eval_only_reloads_the_last_checkpoint(tmp_path, tiny_root):
+    res, _ = _train(tmp_path, tiny_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml")
     out = str(tmp_path / "DAEL")
-    proc = run_train(["--engine", "dassl", "--trainer", "DAEL", "--root", data_root, "--dataset-config-file", DS_DA,
+    proc = run_train(["--engine", "dassl", "--trainer", "DAEL", "--root", tiny_root, "--dataset-config-file", DS_DA,
                       "--config-file", os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml"),
                       "--source-domains", "hand", "blend", "font", "--target-domains", "street",
                       "--output-dir", str(tmp_path / "eval"), "--eval-only", "--model-dir", out,

@@ -15,6 +15,16 @@ def timm_model_name(backbone_name: str) -> str:
     return backbone_name[len(PREFIX):] if backbone_name.startswith(PREFIX) else backbone_name
 
 
+def check_timm_model(model_name: str) -> None:
+    """A one-line error, with close names, if timm has no such model."""
+    import timm
+
+    if not timm.is_model(model_name):
+        close = difflib.get_close_matches(model_name, timm.list_models(), n=3)
+        hint = f" (did you mean {', '.join(PREFIX + c for c in close)}?)" if close else ""
+        raise DAELConfigError(f"MODEL.BACKBONE.NAME={PREFIX}{model_name}: timm has no model {model_name!r}{hint}")
+
+
 class TimmBackbone(nn.Module):
     """Wraps ``timm.create_model(name, num_classes=0)``: pooled features only.
 
@@ -28,12 +38,7 @@ class TimmBackbone(nn.Module):
         super().__init__()
         import timm
 
-        if not timm.is_model(model_name):
-            close = difflib.get_close_matches(model_name, timm.list_models(), n=3)
-            hint = f" (did you mean {', '.join(PREFIX + c for c in close)}?)" if close else ""
-            raise DAELConfigError(
-                f"MODEL.BACKBONE.NAME={PREFIX}{model_name}: timm has no model {model_name!r}{hint}"
-            )
+        check_timm_model(model_name)
         if weights_file and not os.path.isfile(weights_file):
             raise DAELConfigError(f"MODEL.BACKBONE.WEIGHTS={weights_file!r} is not a file")
         overlay = {"file": os.path.abspath(weights_file)} if (pretrained and weights_file) else None

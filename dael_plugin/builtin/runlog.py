@@ -34,3 +34,11 @@ def setup_logger(output_dir: str) -> str:
         sys.stdout = sys.stdout.stream
     sys.stdout = _Tee(sys.stdout, path)
     return path
+
+
+def close_logger() -> None:
+    """Undo :func:`setup_logger` (for in-process callers such as notebooks and tests)."""
+    if isinstance(sys.stdout, _Tee):
+        tee = sys.stdout
+        sys.stdout = tee.stream
+        tee.file.close()

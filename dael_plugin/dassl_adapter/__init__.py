@@ -10,6 +10,7 @@ from dassl.engine import TRAINER_REGISTRY
 from dassl.modeling.backbone import BACKBONE_REGISTRY
 
 from ..backbones import OWN_BACKBONES, TIMM_PREFIX, TimmBackbone, timm_model_name
+from ..backbones.timm_backbone import check_timm_model
 from .datasets import register_datasets
 from .trainer import DAELTrainer
 
@@ -63,16 +64,9 @@ def prepare_cfg(cfg) -> None:
     """Per-run registration that depends on the config (a timm backbone)."""
     register()
     register_timm_backbone(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS)
-    # Build the model now so an unknown timm name fails before data loading.
+    # An unknown timm name fails here, before Dassl loads any data.
     if cfg.MODEL.BACKBONE.NAME.startswith(TIMM_PREFIX):
-        import timm
-
-        from ..errors import DAELConfigError
-
-        model = timm_model_name(cfg.MODEL.BACKBONE.NAME)
-        if not timm.is_model(model):
-            TimmBackbone(model)  # raises the one-line error with suggestions
-            raise DAELConfigError(f"unknown timm model {model!r}")
+        check_timm_model(timm_model_name(cfg.MODEL.BACKBONE.NAME))
 
 
 __all__ = ["DAELTrainer", "prepare_cfg", "register", "register_timm_backbone"]

@@ -198,6 +198,18 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     return {"trainer": trainer, "recorded": recorded}
 
 
+def _load_for_eval(trainer, engine: str, args: argparse.Namespace) -> None:
+    if engine == "dassl":
+        from dassl.engine.trainer import TrainerBase
+
+        from .dassl_adapter.trainer import load_dassl_checkpoints
+
+        if type(trainer).load_model is TrainerBase.load_model:  # Dassl's, which crashes on val_result=None
+            load_dassl_checkpoints(trainer, args.model_dir, args.load_epoch)
+            return
+    trainer.load_model(args.model_dir, epoch=args.load_epoch)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from .builtin.runlog import close_logger
 
@@ -235,7 +247,7 @@ def _main(args: argparse.Namespace) -> int:
         trainer = build_builtin_trainer(cfg, eval_each_epoch=args.eval_each_epoch)
         recorded = {}
     if args.eval_only:
-        trainer.load_model(args.model_dir, epoch=args.load_epoch)
+        _load_for_eval(trainer, engine, args)
         acc = trainer.test()
         recorded["accuracy"] = acc
     elif not args.no_train:

@@ -140,6 +140,16 @@ def test_dael_dg_through_train_script(tmp_path, tiny_root):
 def test_dassl_baselines_through_the_same_script(tmp_path, tiny_root, trainer, cfg_file):
     res, _ = _train(tmp_path, tiny_root, trainer, cfg_file)
     assert res["trainer"] == trainer and res["accuracy"] is not None and res["expert_accuracy"] == {}
+    if trainer == "M3SDA":
+        # --eval-only of a baseline: Dassl's own load_model crashes on val_result=None here.
+        proc = run_train(["--engine", "dassl", "--trainer", trainer, "--root", tiny_root,
+                          "--dataset-config-file", DS_DA, "--config-file", os.path.join(ROOT, cfg_file),
+                          "--source-domains", "hand", "blend", "font", "--target-domains", "street",
+                          "--output-dir", str(tmp_path / "eval"), "--eval-only",
+                          "--model-dir", str(tmp_path / trainer), "--load-epoch", "1"] + FAST)
+        assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+        with open(tmp_path / "eval" / "results.json") as f:
+            assert json.load(f)["accuracy"] == pytest.approx(res["accuracy"])
 
 
 def test_timm_backbone_under_dassl(tmp_path, tiny_root):

@@ -167,20 +167,29 @@ class DAELTrainer(TrainerXU):
         return list(results.values())[0]
 
     def load_model(self, directory, epoch=None):
-        # Dassl's load_model fails on checkpoints saved with val_result=None
-        # (every last_step run); this one loads them.
-        if not directory:
-            print("Note that load_model() is skipped as no pretrained model is given")
-            return
-        model_file = "model-best.pth.tar" if epoch is None else f"model.pth.tar-{epoch}"
-        import os.path as osp
+        load_dassl_checkpoints(self, directory, epoch)
 
-        for name in self.get_model_names():
-            path = osp.join(directory, name, model_file)
-            if not osp.exists(path):
-                raise DAELConfigError(
-                    f"no checkpoint {path}; pass --model-dir <OUTPUT_DIR of a run> and --load-epoch <epoch>"
-                )
-            ckpt = load_checkpoint(path)
-            print(f"Load {path} to {name} (epoch={ckpt['epoch']})")
-            self._models[name].load_state_dict(ckpt["state_dict"])
+
+def load_dassl_checkpoints(trainer, directory: str, epoch: Optional[int] = None) -> None:
+    """Dassl's ``TrainerBase.load_model`` without its crash.
+
+    Dassl formats ``val_result`` with ``:.1f``, which fails on checkpoints saved
+    with ``val_result=None`` (every run without a validation split, i.e. the
+    usual DA and DG runs). The CLI's ``--eval-only`` uses this for any Dassl
+    trainer that does not override ``load_model``.
+    """
+    import os.path as osp
+
+    if not directory:
+        print("Note that load_model() is skipped as no pretrained model is given")
+        return
+    model_file = "model-best.pth.tar" if epoch is None else f"model.pth.tar-{epoch}"
+    for name in trainer.get_model_names():
+        path = osp.join(directory, name, model_file)
+        if not osp.exists(path):
+            raise DAELConfigError(
+                f"no checkpoint {path}; pass --model-dir <OUTPUT_DIR of a run> and --load-epoch <epoch>"
+            )
+        ckpt = load_checkpoint(path)
+        print(f"Load {path} to {name} (epoch={ckpt['epoch']}, val_result={ckpt.get('val_result')})")
+        trainer._models[name].load_state_dict(ckpt["state_dict"])

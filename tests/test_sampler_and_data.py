@@ -1,3 +1,4 @@
+import os
 import time
 
 import numpy as np
@@ -105,3 +106,53 @@ def test_user_folder_layout(tmp_path):
     s = load_splits("DomainFolders", str(tmp_path), ["a", "b"], ["c"])
     assert len(s["train_x"]) == 4 and len(s["train_u"]) == 2 and len(s["test"]) == 2
     assert s["classnames"] == ["cat", "dog"]
+
+
+def _fake_dassl_dg_layout(root, dataset_dir, domains, classes, per_split=2):
+    """``<root>/<dataset_dir>/<domain>/{train,val}/<class>/*.jpg``, as Dassl expects."""
+    from PIL import Image
+
+    for dom in domains:
+        for split in ("train", "val"):
+            for cls in classes:
+                p = os.path.join(root, dataset_dir, dom, split, cls)
+                os.makedirs(p)
+                for k in range(per_split):
+                    Image.new("RGB", (8, 8)).save(os.path.join(p, f"{k}.jpg"))  # Dassl globs *.jpg
+
+
+@pytest.mark.parametrize("name,dataset_dir,domains,classes", [
+    ("DigitsDG", "digits_dg", ("mnist", "mnist_m", "svhn", "syn"), [str(i) for i in range(10)]),
+    ("OfficeHomeDG", "office_home_dg", ("art", "clipart", "product", "real_world"), ["Alarm_Clock", "Backpack", "Bike"]),
+])
+def test_dassl_dg_folder_layouts(tmp_path, name, dataset_dir, domains, classes):
+    _fake_dassl_dg_layout(str(tmp_path), dataset_dir, domains, classes)
+    s = load_splits(name, str(tmp_path), list(domains[:3]), [domains[3]])
+    n = len(classes) * 2
+    assert len(s["train_x"]) == 3 * n and s["train_u"] is None  # DG: no target data in training
+    assert len(s["val"]) == 3 * n and len(s["test"]) == 2 * n  # test = the target's train + val, as in Dassl
+    assert {i.domain for i in s["train_x"]} == {0, 1, 2}
+    assert s["classnames"] == sorted(classes)
+    assert all(os.path.basename(os.path.dirname(i.impath)) == s["classnames"][i.label] for i in s["test"])
+
+
+@pytest.mark.dassl
+def test_dg_folder_layouts_read_as_dassl_reads_them(tmp_path):
+    """The same (image, label) lists as Dassl's own DigitsDG and OfficeHomeDG readers."""
+    from dassl.config import get_cfg_default
+    from dassl.data.datasets import build_dataset
+
+    for name, dataset_dir, domains, classes in [
+        ("DigitsDG", "digits_dg", ("mnist", "mnist_m", "svhn", "syn"), [str(i) for i in range(10)]),
+        ("OfficeHomeDG", "office_home_dg", ("art", "clipart", "product", "real_world"), ["Bike", "Alarm_Clock"]),
+    ]:
+        _fake_dassl_dg_layout(str(tmp_path), dataset_dir, domains, classes)
+        cfg = get_cfg_default()
+        cfg.DATASET.NAME, cfg.DATASET.ROOT = name, str(tmp_path)
+        cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS = list(domains[:3]), [domains[3]]
+        ref = build_dataset(cfg)
+        ours = load_splits(name, str(tmp_path), list(domains[:3]), [domains[3]])
+        for split in ("train_x", "val", "test"):
+            want = sorted((os.path.abspath(d.impath), d.label, d.domain) for d in getattr(ref, split))
+            got = sorted((os.path.abspath(i.impath), i.label, i.domain) for i in ours[split])
+            assert got == want, (name, split)

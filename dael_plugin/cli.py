@@ -15,6 +15,7 @@ from typing import List, Optional
 
 from yacs.config import CfgNode as CN
 
+from .backbones.timm_backbone import check_timm_backbone
 from .config import add_dael_config
 from .errors import DAELConfigError
 from .results import results_record, write_results
@@ -135,6 +136,7 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
         raise DAELConfigError("no trainer given; pass --trainer DAEL (or DAELDG, SourceOnly, M3SDA, MME, ...)")
     if engine == "builtin":
         _check_builtin_values(cfg)
+    check_timm_backbone(cfg.MODEL.BACKBONE.NAME)  # before either engine reads any data
     clean_cfg(cfg, cfg.TRAINER.NAME)
     cfg.freeze()
     return cfg

@@ -25,6 +25,12 @@ def check_timm_model(model_name: str) -> None:
         raise DAELConfigError(f"MODEL.BACKBONE.NAME={PREFIX}{model_name}: timm has no model {model_name!r}{hint}")
 
 
+def check_timm_backbone(backbone_name: str) -> None:
+    """For ``timm_<model>`` names, :func:`check_timm_model`; other names pass."""
+    if backbone_name.startswith(PREFIX):
+        check_timm_model(timm_model_name(backbone_name))
+
+
 class TimmBackbone(nn.Module):
     """Wraps ``timm.create_model(name, num_classes=0)``: pooled features only.
 

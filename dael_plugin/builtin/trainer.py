@@ -7,7 +7,6 @@ data come from ``dael_plugin.data.folders``, the model from
 """
 from __future__ import annotations
 
-import math
 import os
 import random
 from typing import Dict, List, Optional
@@ -20,8 +19,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from ..augment import build_test_transform, build_train_transform, build_views, check_names
-from ..backbones import TIMM_PREFIX, build_backbone, timm_model_name
-from ..backbones.timm_backbone import check_timm_model
+from ..backbones import build_backbone
 from ..config import check_dael_cfg, hparams_from_cfg, trainer_node
 from ..core import DAEL, build_heads
 from ..data.folders import load_splits
@@ -65,9 +63,6 @@ class BuiltinTrainer:
     # -- to override ----------------------------------------------------
     def check_cfg(self) -> None:
         check_names(self.cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS", dassl=False)
-        name = self.cfg.MODEL.BACKBONE.NAME
-        if name.startswith(TIMM_PREFIX):  # fail before any data is read
-            check_timm_model(timm_model_name(name))
 
     def build_loaders(self) -> None:
         raise NotImplementedError

@@ -10,7 +10,6 @@ from dassl.engine import TRAINER_REGISTRY
 from dassl.modeling.backbone import BACKBONE_REGISTRY
 
 from ..backbones import OWN_BACKBONES, TIMM_PREFIX, TimmBackbone, timm_model_name
-from ..backbones.timm_backbone import check_timm_model
 from .datasets import register_datasets
 from .trainer import DAELTrainer
 
@@ -64,9 +63,6 @@ def prepare_cfg(cfg) -> None:
     """Per-run registration that depends on the config (a timm backbone)."""
     register()
     register_timm_backbone(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.WEIGHTS)
-    # An unknown timm name fails here, before Dassl loads any data.
-    if cfg.MODEL.BACKBONE.NAME.startswith(TIMM_PREFIX):
-        check_timm_model(timm_model_name(cfg.MODEL.BACKBONE.NAME))
 
 
 __all__ = ["DAELTrainer", "prepare_cfg", "register", "register_timm_backbone"]

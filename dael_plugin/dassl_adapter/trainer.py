@@ -6,6 +6,7 @@ domain generalisation otherwise, reading ``cfg.TRAINER.<NAME>``.
 """
 from __future__ import annotations
 
+import os.path as osp
 from typing import List, Optional, Tuple
 
 import torch
@@ -178,8 +179,6 @@ def load_dassl_checkpoints(trainer, directory: str, epoch: Optional[int] = None)
     usual DA and DG runs). The CLI's ``--eval-only`` uses this for any Dassl
     trainer that does not override ``load_model``.
     """
-    import os.path as osp
-
     if not directory:
         print("Note that load_model() is skipped as no pretrained model is given")
         return

@@ -128,8 +128,9 @@ def build_train_transform(cfg, choices: Sequence[str], dassl_node=None, use_dass
         tfm.append(ops[1].RandAugmentFixMatch(n) if ops else T.RandAugment(num_ops=n))
     if "randaugment2" in choices:
         tfm.append(ops[1].RandAugment2(n) if ops else T.RandAugment(num_ops=n))
-    tv_n = int(dassl_node.TV_RANDAUGMENT_N) if dassl_node is not None else 2
-    tv_m = int(dassl_node.TV_RANDAUGMENT_M) if dassl_node is not None else 9
+    node = dassl_node if dassl_node is not None else {}
+    tv_n = int(node.get("TV_RANDAUGMENT_N", 2))  # absent under Dassl's own tools/train.py
+    tv_m = int(node.get("TV_RANDAUGMENT_M", 9))
     if "tv_randaugment" in choices:
         tfm.append(T.RandAugment(num_ops=tv_n, magnitude=tv_m, interpolation=interp))
     if "tv_trivialaugment" in choices:

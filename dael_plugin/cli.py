@@ -16,9 +16,11 @@ from typing import List, Optional
 from yacs.config import CfgNode as CN
 
 from .backbones.timm_backbone import check_timm_backbone
-from .config import add_dael_config
-from .errors import DAELConfigError
-from .results import results_record, write_results
+from .checkpoint import LAST, checkpoint_epoch
+from .config import add_dael_config, check_run_values
+from .errors import DAELConfigError, NonFiniteLossError
+from .results import remove_failure, results_record, write_failure, write_results
+from .runlock import RunLock
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -42,7 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=("auto", "dassl", "builtin"), default="auto",
                    help="auto: Dassl when importable, else the built-in engine")
     p.add_argument("--eval-each-epoch", action="store_true",
-                   help="built-in engine: also evaluate on the target test split after every epoch")
+                   help="built-in engine: also evaluate after every epoch (on the validation split where "
+                        "the dataset has one, else on the target test split, which is then said in the log)")
+    p.add_argument("--check-data", action="store_true",
+                   help="decode every image of the run's splits before training; stop with the list of bad files")
     p.add_argument("opts", default=None, nargs=argparse.REMAINDER, help="modify config options using the command-line")
     return p
 
@@ -61,14 +66,32 @@ def choose_engine(requested: str) -> str:
 
 
 def _merge_file(cfg: CN, path: str, engine: str) -> None:
+    import yaml
+
     if not os.path.isfile(path):
         raise DAELConfigError(f"config file {path!r} not found")
+    try:
+        with open(path) as f:
+            loaded = yaml.safe_load(f)
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DAELConfigError(f"config file {path} cannot be read ({type(exc).__name__}: {exc})") from None
+    except yaml.YAMLError as exc:
+        where = getattr(exc, "problem_mark", None)
+        line = f" at line {where.line + 1}" if where is not None else ""
+        raise DAELConfigError(f"config file {path} is not valid YAML{line}; fix it or pass another file") from None
+    if loaded is None:
+        return
+    if not isinstance(loaded, dict):
+        raise DAELConfigError(
+            f"config file {path} holds a {type(loaded).__name__}, not a mapping of KEY: value; "
+            "see configs/ for examples"
+        )
     try:
         cfg.merge_from_file(path)
     except KeyError as exc:
         raise DAELConfigError(_key_error(exc, engine, f"config file {path}")) from None
-    except ValueError as exc:
-        raise DAELConfigError(f"config file {path}: {exc}") from None
+    except (ValueError, AssertionError, TypeError) as exc:
+        raise DAELConfigError(f"config file {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
 
 
 def _key_error(exc: Exception, engine: str, where: str) -> str:
@@ -124,6 +147,12 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     opts = list(args.opts or [])
     if opts and opts[0] == "--":
         opts = opts[1:]
+    flags = [o for o in opts[::2] if o.startswith("--")]
+    if flags:
+        raise DAELConfigError(
+            f"flag {flags[0]} comes after the trailing KEY VALUE options, where it would be read as a config "
+            "key; put every --flag before the first KEY VALUE pair"
+        )
     if len(opts) % 2:
         raise DAELConfigError(f"trailing options must be KEY VALUE pairs, got {opts}")
     try:
@@ -134,6 +163,12 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
         raise DAELConfigError(f"the command line: {exc}") from None
     if not cfg.TRAINER.NAME:
         raise DAELConfigError("no trainer given; pass --trainer DAEL (or DAELDG, SourceOnly, M3SDA, MME, ...)")
+    if not str(cfg.DATASET.ROOT).strip():
+        raise DAELConfigError(
+            "no dataset root given; pass --root DIR (the folder that holds the dataset; the embedded set "
+            "is generated there on first use). Nothing is written into the current directory"
+        )
+    check_run_values(cfg)
     if engine == "builtin":
         _check_builtin_values(cfg)
     check_timm_backbone(cfg.MODEL.BACKBONE.NAME)  # before either engine reads any data
@@ -200,38 +235,77 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     return {"trainer": trainer, "recorded": recorded}
 
 
-def _load_for_eval(trainer, engine: str, args: argparse.Namespace) -> None:
+def _load_for_eval(trainer, engine: str, args: argparse.Namespace) -> Optional[int]:
+    """Load the weights to evaluate; returns the checkpoint's epoch count."""
+    if not os.path.isdir(args.model_dir):
+        raise DAELConfigError(f"--model-dir {args.model_dir} is not a directory; give the OUTPUT_DIR of a run")
     if engine == "dassl":
         from dassl.engine.trainer import TrainerBase
 
         from .dassl_adapter.trainer import load_dassl_checkpoints
 
         if type(trainer).load_model is TrainerBase.load_model:  # Dassl's, which crashes on val_result=None
-            load_dassl_checkpoints(trainer, args.model_dir, args.load_epoch)
-            return
-    trainer.load_model(args.model_dir, epoch=args.load_epoch)
+            return load_dassl_checkpoints(trainer, args.model_dir, args.load_epoch)
+    return trainer.load_model(args.model_dir, epoch=args.load_epoch)
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     from .builtin.runlog import close_logger
 
     args = build_parser().parse_args(argv)
+    state: dict = {}
     try:
-        return _main(args)
+        return _main(args, state)
     except DAELConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except NonFiniteLossError as exc:
+        if state.get("output_dir"):
+            write_failure(state["output_dir"], str(exc))
+        print(f"error: {exc}", file=sys.stderr)
+        return 3
+    except KeyboardInterrupt:
+        print(f"interrupted: {_where_to_resume(state.get('output_dir'))}", file=sys.stderr)
+        return 130
     finally:
+        if state.get("lock") is not None:
+            state["lock"].release()
         close_logger()
 
 
-def _main(args: argparse.Namespace) -> int:
+def _where_to_resume(output_dir: Optional[str]) -> str:
+    if not output_dir:
+        return "nothing was saved"
+    path = os.path.join(output_dir, LAST)
+    epoch = checkpoint_epoch(path) if os.path.isfile(path) else None
+    if epoch is None:
+        return f"no epoch finished, so no checkpoint was saved in {output_dir}"
+    return f"the last checkpoint is {path} (epoch {epoch}); rerun the same command to resume"
+
+
+def _prepare_output_dir(path: str) -> None:
+    if os.path.exists(path) and not os.path.isdir(path):
+        raise DAELConfigError(f"--output-dir {path} exists and is not a directory; pass a folder path")
+    try:
+        os.makedirs(path, exist_ok=True)
+    except OSError as exc:
+        raise DAELConfigError(f"--output-dir {path} cannot be created ({exc.strerror or exc}); pass a writable folder") from None
+    if not os.access(path, os.W_OK):
+        raise DAELConfigError(f"--output-dir {path} is not writable; pass a writable folder")
+
+
+def _main(args: argparse.Namespace, state: dict) -> int:
     engine = choose_engine(args.engine)
     if args.eval_each_epoch and engine != "builtin":
         raise DAELConfigError("--eval-each-epoch is a built-in engine flag; with Dassl, look at the final test")
+    if args.eval_only and not args.model_dir:
+        raise DAELConfigError("--eval-only needs --model-dir <OUTPUT_DIR of a run>; it never reads the current directory")
     if engine == "dassl":
         import dael_plugin  # noqa: F401  (registers the trainer, datasets and backbones)
     cfg = setup_cfg(args, engine)
+    _prepare_output_dir(cfg.OUTPUT_DIR)
+    state["lock"] = RunLock(cfg.OUTPUT_DIR).acquire()
+    state["output_dir"] = cfg.OUTPUT_DIR
     start = time.time()
     if engine == "dassl":
         run = _run_dassl(cfg, args)
@@ -248,11 +322,17 @@ def _main(args: argparse.Namespace) -> int:
         print(cfg)
         trainer = build_builtin_trainer(cfg, eval_each_epoch=args.eval_each_epoch)
         recorded = {}
+    if args.check_data:
+        from .data.check import check_trainer_data
+
+        check_trainer_data(trainer, engine, cfg.DATALOADER.NUM_WORKERS)
+    epochs = None
     if args.eval_only:
-        _load_for_eval(trainer, engine, args)
+        epochs = _load_for_eval(trainer, engine, args)
         acc = trainer.test()
         recorded["accuracy"] = acc
     elif not args.no_train:
+        remove_failure(cfg.OUTPUT_DIR)
         trainer.train()
         if engine == "builtin" and not cfg.TEST.NO_TEST:
             recorded["accuracy"] = trainer.last_accuracy
@@ -260,8 +340,10 @@ def _main(args: argparse.Namespace) -> int:
         return 0
     record = results_record(
         cfg, engine, recorded.get("accuracy"), getattr(trainer, "expert_accuracy", []) or [],
-        wall_seconds=time.time() - start, eval_only=args.eval_only,
+        wall_seconds=time.time() - start, epochs=epochs, eval_only=args.eval_only,
+        unreadable_images=sorted(getattr(trainer, "bad_images", ()) or ()),
+        model_dir=os.path.abspath(args.model_dir) if args.eval_only else None,
     )
-    path = write_results(cfg.OUTPUT_DIR, record)
+    path = write_results(cfg.OUTPUT_DIR, record, name="results_eval.json" if args.eval_only else "results.json")
     print(f"dael_plugin: wrote {path}")
     return 0

@@ -67,20 +67,46 @@ def hparams_from_cfg(cfg: CN) -> DAELHparams:
     """Translate the yacs node into the core's plain hyper-parameters."""
     node = trainer_node(cfg)
     prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}."
+    # ``get`` with the paper's defaults: Dassl's own tools/train.py never calls
+    # add_dael_config, so a drop-in must run on Dassl's three keys alone.
+    d = _DEFAULTS
     try:
         return DAELHparams(
-            weight_u=float(node.WEIGHT_U),
-            conf_thre=float(node.CONF_THRE),
-            cr_target=str(node.CR_TARGET),
-            cr_mode=str(node.CR_MODE),
-            classifier=str(node.CLASSIFIER),
-            pseudo_label=str(node.PSEUDO_LABEL),
-            cr_loss=str(node.CR_LOSS),
-            views=str(node.VIEWS),
-            losses=str(node.LOSSES),
+            weight_u=float(node.get("WEIGHT_U", d.weight_u)),
+            conf_thre=float(node.get("CONF_THRE", d.conf_thre)),
+            cr_target=str(node.get("CR_TARGET", d.cr_target)),
+            cr_mode=str(node.get("CR_MODE", d.cr_mode)),
+            classifier=str(node.get("CLASSIFIER", d.classifier)),
+            pseudo_label=str(node.get("PSEUDO_LABEL", d.pseudo_label)),
+            cr_loss=str(node.get("CR_LOSS", d.cr_loss)),
+            views=str(node.get("VIEWS", d.views)),
+            losses=str(node.get("LOSSES", d.losses)),
         )
     except ValueError as exc:
         raise DAELConfigError(f"{prefix}{exc}") from None
+
+
+def uses_target_data(cfg: CN) -> bool:
+    """The DA/DG mode is explicit: ``DAELDG`` never uses target data (Dassl's
+    DAELDG is a ``TrainerX``); ``DAEL`` uses it when the dataset has it."""
+    return str(cfg.TRAINER.NAME).upper() != "DAELDG"
+
+
+def check_run_values(cfg: CN) -> None:
+    """Values every trainer needs to be sane, checked before any data is read."""
+    checks = [
+        ("OPTIM.MAX_EPOCH", cfg.OPTIM.MAX_EPOCH, 1, "the number of training epochs"),
+        ("DATALOADER.TRAIN_X.BATCH_SIZE", cfg.DATALOADER.TRAIN_X.BATCH_SIZE, 1, "the source batch size"),
+        ("DATALOADER.TRAIN_U.BATCH_SIZE", cfg.DATALOADER.TRAIN_U.BATCH_SIZE, 1, "the target batch size"),
+        ("DATALOADER.TEST.BATCH_SIZE", cfg.DATALOADER.TEST.BATCH_SIZE, 1, "the test batch size"),
+        ("DATALOADER.NUM_WORKERS", cfg.DATALOADER.NUM_WORKERS, 0, "the number of loader processes"),
+        ("TRAIN.PRINT_FREQ", cfg.TRAIN.PRINT_FREQ, 1, "the logging interval in batches"),
+    ]
+    for key, value, low, what in checks:
+        if not isinstance(value, int) or isinstance(value, bool) or value < low:
+            raise DAELConfigError(f"{key}={value!r} is invalid: {what} must be an integer >= {low}")
+    if not float(cfg.OPTIM.LR) > 0:
+        raise DAELConfigError(f"OPTIM.LR={cfg.OPTIM.LR!r} is invalid: the learning rate must be > 0")
 
 
 def check_dael_cfg(cfg: CN) -> None:
@@ -103,7 +129,7 @@ def check_dael_cfg(cfg: CN) -> None:
             f"target domain(s) {both} also listed among the source domains {sources}; "
             "a domain must be either source or target"
         )
-    if len(node.STRONG_TRANSFORMS) == 0:
+    if len(node.get("STRONG_TRANSFORMS", ())) == 0:
         raise DAELConfigError(
             f"{prefix}.STRONG_TRANSFORMS is empty; DAEL needs a strong view, e.g. "
             f"{prefix}.STRONG_TRANSFORMS \"['randaugment2', 'normalize']\""

@@ -1,6 +1,15 @@
-"""One error type for bad user input: its message is one line saying what is
-wrong and how to fix it. ``scripts/train.py`` prints it as ``error: ...``."""
+"""Error types with one-line messages. ``scripts/train.py`` prints them as ``error: ...``.
+
+- :class:`DAELConfigError`: bad configuration, command line, data layout or
+  checkpoint (exit code 2).
+- :class:`NonFiniteLossError`: training diverged (exit code 3); the last good
+  checkpoint is kept and no ``results.json`` is written.
+"""
 
 
 class DAELConfigError(ValueError):
     """Bad configuration, command line or data layout."""
+
+
+class NonFiniteLossError(RuntimeError):
+    """A loss or a weight became NaN or inf during training."""

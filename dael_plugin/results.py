@@ -1,7 +1,12 @@
 """``results.json``: one record per run, the same schema on both engines.
 
-Sweeps aggregate these records (see ``scripts/collect_results.py``) instead
-of regex-parsing ``log.txt``.
+Sweeps aggregate these records instead of regex-parsing ``log.txt``.
+
+- A training run writes ``results.json`` only when it finished.
+- ``--eval-only`` writes ``results_eval.json`` (with the checkpoint's epoch)
+  and never touches the training record.
+- A diverged run writes ``failed.json`` instead, which no aggregation reads
+  as a result; a later successful run into the folder removes it.
 """
 from __future__ import annotations
 
@@ -22,6 +27,8 @@ def results_record(
     wall_seconds: float = 0.0,
     epochs: Optional[int] = None,
     eval_only: bool = False,
+    unreadable_images: Sequence[str] = (),
+    model_dir: Optional[str] = None,
 ) -> Dict[str, object]:
     sources = list(cfg.DATASET.SOURCE_DOMAINS)
     names: List[str] = sources if len(expert_accuracy) == len(sources) else [f"expert{i}" for i in range(len(expert_accuracy))]
@@ -40,6 +47,9 @@ def results_record(
         "expert_accuracy": {n: round(float(a), 4) for n, a in zip(names, expert_accuracy)},
         "epochs": int(cfg.OPTIM.MAX_EPOCH if epochs is None else epochs),
         "eval_only": bool(eval_only),
+        "model_dir": model_dir,
+        "unreadable_images": len(unreadable_images),
+        "unreadable_image_paths": list(unreadable_images)[:100],
         "wall_seconds": round(float(wall_seconds), 2),
         "output_dir": os.path.abspath(cfg.OUTPUT_DIR),
         "host": socket.gethostname(),
@@ -47,12 +57,29 @@ def results_record(
     }
 
 
-def write_results(output_dir: str, record: Dict[str, object]) -> str:
+def write_results(output_dir: str, record: Dict[str, object], name: str = "results.json") -> str:
     os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, "results.json")
+    path = os.path.join(output_dir, name)
     tmp = path + ".tmp"
     with open(tmp, "w") as f:
         json.dump(record, f, indent=2)
         f.write("\n")
     os.replace(tmp, path)
     return path
+
+
+FAILED = "failed.json"
+
+
+def write_failure(output_dir: str, message: str) -> str:
+    """Record why a run stopped, where a sweep will look, without a result in it."""
+    return write_results(output_dir, {"schema": SCHEMA_VERSION, "failed": True, "error": message,
+                                      "host": socket.gethostname(),
+                                      "when": time.strftime("%Y-%m-%dT%H:%M:%S")}, name=FAILED)
+
+
+def remove_failure(output_dir: str) -> None:
+    try:
+        os.remove(os.path.join(output_dir, FAILED))
+    except FileNotFoundError:
+        pass

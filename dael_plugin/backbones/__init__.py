@@ -15,8 +15,10 @@ OWN_BACKBONES = {
 }
 
 # Dassl names whose architecture timm builds identically (the built-in engine
-# maps them; under Dassl, Dassl's own builders are used).
-TIMM_ALIASES = {f"resnet{d}": f"resnet{d}" for d in (18, 34, 50, 101, 152)}
+# maps them; under Dassl, Dassl's own builders are used). Dassl's pretrained
+# ResNets are torchvision's ImageNet weights, so the name carries timm's
+# torchvision tag (``.tv_in1k``), not timm's default (``.a1_in1k``).
+TIMM_ALIASES = {f"resnet{d}": f"resnet{d}.tv_in1k" for d in (18, 34, 50, 101, 152)}
 
 
 def build_backbone(name: str, pretrained: bool = False, weights_file: str = "") -> nn.Module:

@@ -1,25 +1,79 @@
-"""Data loaders of the built-in engine (torch DataLoader over folder items)."""
+"""Data loaders of the built-in engine (torch DataLoader over folder items).
+
+Training draws are ``(index, draw_seed)`` pairs (see :mod:`.sampler`): the
+random augmentations of a draw are seeded from its ``draw_seed`` alone.
+
+An image that cannot be decoded is reported by path. In training it is
+replaced by a readable image of the same domain, chosen from the draw's
+seed; in evaluation it is left out of the counts. Each batch carries the
+paths it could not read (``bad_path``) so the trainer can log and count them.
+"""
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence, Union
+import random
+from typing import Callable, Dict, List, Optional, Sequence, Set, Union
 
+import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, RandomSampler
+from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..data.folders import Item
-from .sampler import DomainBalancedBatchSampler
+from ..errors import DAELConfigError
+from .sampler import DomainBalancedBatchSampler, SeededRandomBatchSampler
 
 Transform = Callable[[Image.Image], torch.Tensor]
+MAX_REPLACEMENTS = 32
+
+
+def decode(path: str) -> Image.Image:
+    """Decode to RGB (16-bit, RGBA, palette and grey images included); raises on a bad file."""
+    with Image.open(path) as f:
+        f.load()
+        if f.mode in ("I;16", "I;16B", "I;16L", "I"):
+            arr = np.asarray(f, dtype=np.float64)
+            peak = 65535.0 if f.mode.startswith("I;16") else max(float(arr.max()), 1.0)
+            f = Image.fromarray(np.clip(arr / peak * 255.0, 0, 255).astype(np.uint8), "L")
+        elif f.mode in ("RGBA", "LA", "PA") or (f.mode == "P" and "transparency" in f.info):
+            f = f.convert("RGBA")
+            bg = Image.new("RGBA", f.size, (0, 0, 0, 255))
+            f = Image.alpha_composite(bg, f)
+        return f.convert("RGB")
+
+
+class _SeededDraw:
+    """Seed torch, numpy and Python random for one draw; in the main process the
+    previous states are put back so the model's own randomness is untouched."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.saved = None
+
+    def __enter__(self):
+        if get_worker_info() is None:
+            self.saved = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+        torch.manual_seed(self.seed)
+        np.random.seed(self.seed % (2 ** 32))
+        random.seed(self.seed)
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            torch.set_rng_state(self.saved[0])
+            np.random.set_state(self.saved[1])
+            random.setstate(self.saved[2])
 
 
 class ImageList(Dataset):
     """Items as Dassl-style dicts: ``img``, ``img2``, ... (one per transform), ``label``, ``domain``."""
 
-    def __init__(self, items: Sequence[Item], transforms: Union[Transform, List[Transform]]) -> None:
+    def __init__(self, items: Sequence[Item], transforms: Union[Transform, List[Transform]], replace_bad: bool) -> None:
         self.items = list(items)
         self.transforms = transforms if isinstance(transforms, (list, tuple)) else [transforms]
+        self.replace_bad = replace_bad
         self._cache: Dict[int, Image.Image] = {}
+        self._bad: Set[int] = set()
+        domains = np.asarray([i.domain for i in self.items], dtype=np.int64)
+        self._by_domain = {int(d): np.flatnonzero(domains == d) for d in np.unique(domains)} if len(domains) else {}
 
     def __len__(self) -> int:
         return len(self.items)
@@ -27,27 +81,56 @@ class ImageList(Dataset):
     def _image(self, idx: int) -> Image.Image:
         img = self._cache.get(idx)
         if img is None:
-            with Image.open(self.items[idx].impath) as f:
-                img = f.convert("RGB")
+            img = decode(self.items[idx].impath)
             if img.width * img.height <= 64 * 64:  # small images: keep decoded in this worker
                 self._cache[idx] = img
         return img
 
-    def __getitem__(self, idx: int) -> dict:
+    def _readable(self, idx: int, seed: int):
+        """(index, image, first unreadable path or "") with same-domain replacements."""
+        bad_path = ""
+        rng = None
+        for _ in range(MAX_REPLACEMENTS + 1):
+            if idx not in self._bad:
+                try:
+                    return idx, self._image(idx), bad_path
+                except Exception:  # any decoder failure: truncated, empty, not an image
+                    self._bad.add(idx)
+            bad_path = bad_path or self.items[idx].impath
+            if not self.replace_bad:
+                return idx, None, bad_path
+            if rng is None:
+                rng = np.random.default_rng([seed, 0xBAD])
+            members = self._by_domain[self.items[idx].domain]
+            idx = int(members[rng.integers(len(members))])
+        raise DAELConfigError(
+            f"could not find a readable image in domain {self.items[idx].domain} after {MAX_REPLACEMENTS} "
+            f"tries (first unreadable: {bad_path}); run with --check-data to list every bad file"
+        )
+
+    def __getitem__(self, key) -> dict:
+        idx, seed = key if isinstance(key, tuple) else (key, int(key))
+        idx, img, bad_path = self._readable(int(idx), int(seed))
         item = self.items[idx]
-        img = self._image(idx)
-        out = {"label": item.label, "domain": item.domain, "index": idx}
-        for k, tfm in enumerate(self.transforms):
-            out["img" if k == 0 else f"img{k + 1}"] = tfm(img)
+        out = {"label": item.label, "domain": item.domain, "index": idx, "bad_path": bad_path,
+               "valid": img is not None}
+        if img is None:  # evaluation: a placeholder the test loop leaves out
+            img = Image.new("RGB", (8, 8))
+        with _SeededDraw(int(seed)):
+            for k, tfm in enumerate(self.transforms):
+                out["img" if k == 0 else f"img{k + 1}"] = tfm(img)
         return out
 
 
-def _loader(dataset, num_workers: int, pin: bool, **kwargs) -> DataLoader:
+def _loader(dataset, num_workers: int, pin: bool, seed: int, **kwargs) -> DataLoader:
+    # A private generator: creating loader iterators never consumes the global
+    # torch RNG, which the model's own randomness (dropout) uses.
     return DataLoader(
         dataset,
         num_workers=num_workers,
         pin_memory=pin,
         persistent_workers=num_workers > 0,
+        generator=torch.Generator().manual_seed(seed),
         **kwargs,
     )
 
@@ -61,16 +144,16 @@ def train_loader(
     seed: int,
     domain_balanced: bool,
     n_domain: int = 0,
-    generator: Optional[torch.Generator] = None,
+    stream: int = 0,
 ) -> DataLoader:
-    ds = ImageList(items, transforms)
+    ds = ImageList(items, transforms, replace_bad=True)
     if domain_balanced:
         sampler = DomainBalancedBatchSampler([i.domain for i in items], batch_size, n_domain, seed)
-        return _loader(ds, num_workers, pin, batch_sampler=sampler)
-    drop = len(ds) >= batch_size
-    return _loader(ds, num_workers, pin, batch_size=batch_size, drop_last=drop,
-                   sampler=RandomSampler(ds, generator=generator))
+    else:
+        sampler = SeededRandomBatchSampler(len(ds), batch_size, seed, stream=stream)
+    return _loader(ds, num_workers, pin, seed, batch_sampler=sampler)
 
 
 def test_loader(items: Sequence[Item], transform, batch_size: int, num_workers: int, pin: bool) -> DataLoader:
-    return _loader(ImageList(items, transform), num_workers, pin, batch_size=batch_size, shuffle=False)
+    return _loader(ImageList(items, transform, replace_bad=False), num_workers, pin, 0,
+                   batch_size=batch_size, shuffle=False)

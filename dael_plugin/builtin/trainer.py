@@ -3,13 +3,21 @@
 It serves the main job until Dassl is installed, with the same CLI, config
 keys, algorithm core and results.json schema. It is glue, not a toolbox:
 data come from ``dael_plugin.data.folders``, the model from
-``dael_plugin.backbones`` and the losses from ``dael_plugin.core``.
+``dael_plugin.backbones``, the losses from ``dael_plugin.core`` and the
+checkpoints from ``dael_plugin.checkpoint``.
+
+Resume is exact: after every epoch the "last" checkpoint holds the model,
+optimiser, scheduler, the RNG states and the config, and every data draw is
+seeded from (seed, epoch, position), so a killed and rerun job ends with the
+same weights as an uninterrupted one.
 """
 from __future__ import annotations
 
 import os
 import random
-from typing import Dict, List, Optional
+import sys
+import time
+from typing import Dict, List, Optional, Set
 
 import numpy as np
 import torch
@@ -18,21 +26,28 @@ from torch.nn import functional as F
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
+from .. import checkpoint as ckpt
 from ..augment import build_test_transform, build_train_transform, build_views, check_names
 from ..backbones import build_backbone
-from ..config import check_dael_cfg, hparams_from_cfg, trainer_node
+from ..config import check_dael_cfg, hparams_from_cfg, trainer_node, uses_target_data
 from ..core import DAEL, build_heads
 from ..data.folders import load_splits
 from ..errors import DAELConfigError
+from ..guard import FiniteGuard, divergence_error, params_finite
 from . import data as bdata
 
-CKPT = "checkpoint.pth.tar"
+CKPT = ckpt.LAST
 
 
 def set_random_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
+
+
+def show_progress() -> bool:
+    """Progress bars only on a terminal; redirected logs get a line per PRINT_FREQ."""
+    return sys.stderr.isatty()
 
 
 class BuiltinTrainer:
@@ -48,15 +63,21 @@ class BuiltinTrainer:
         self.splits = load_splits(cfg.DATASET.NAME, cfg.DATASET.ROOT, self.sources, cfg.DATASET.TARGET_DOMAINS)
         self.classnames: List[str] = self.splits["classnames"]
         self.num_classes = len(self.classnames)
-        self.is_da = self.splits["train_u"] is not None
+        self.has_target_train = self.splits["train_u"] is not None
+        self.is_da = self.has_target_train and uses_target_data(cfg)
         self.seed = max(int(cfg.SEED), 0)
+        self.bad_images: Set[str] = set()
         self.build_loaders()
+        self.val_loader = self._test_loader(self.splits["val"]) if self.splits["val"] else None
         self.modules = nn.ModuleDict(self.build_model()).to(self.device)
         self.optim = self._build_optim(self.modules.parameters())
         self.sched = self._build_sched(self.optim)
+        self.guard = FiniteGuard()
         self.start_epoch = 0
         self.epoch = 0
         self.expert_accuracy: List[float] = []
+        self.last_accuracy: Optional[float] = None
+        self.loaded_epoch: Optional[int] = None
         self.writer: Optional[SummaryWriter] = None
         self._summary()
 
@@ -85,9 +106,14 @@ class BuiltinTrainer:
     def _u_loader(self, transforms):
         c = self.cfg.DATALOADER
         bs = c.TRAIN_X.BATCH_SIZE if c.TRAIN_U.SAME_AS_X else c.TRAIN_U.BATCH_SIZE
-        g = torch.Generator().manual_seed(self.seed + 1)
         return bdata.train_loader(self.splits["train_u"], transforms, bs, c.NUM_WORKERS, self.pin,
-                                  self.seed, domain_balanced=False, generator=g)
+                                  self.seed, domain_balanced=False, stream=1)
+
+    def _warn_small_domains(self, loader) -> None:
+        sampler = loader.batch_sampler
+        for d, n in getattr(sampler, "small_domains", lambda: [])():
+            print(f"warning: source domain {self.sources[d]!r} has {n} training images, fewer than its "
+                  f"per-batch share of {sampler.per_domain}; its images repeat within each batch")
 
     def _build_optim(self, params):
         o = self.cfg.OPTIM
@@ -109,23 +135,30 @@ class BuiltinTrainer:
 
     def _summary(self) -> None:
         s = self.splits
+        setting = "DA" if self.is_da else "DG"
         print(f"Dataset: {self.cfg.DATASET.NAME} | source {self.sources} | target {list(self.cfg.DATASET.TARGET_DOMAINS)}")
         print(f"# classes {self.num_classes} | # train_x {len(s['train_x']):,} | "
-              f"# train_u {len(s['train_u']) if s['train_u'] else 0:,} | # test {len(s['test']):,} | "
-              f"setting {'DA' if self.is_da else 'DG'} | device {self.device}")
+              f"# train_u {len(s['train_u']) if s['train_u'] else 0:,} | # val {len(s['val']) if s['val'] else 0:,} | "
+              f"# test {len(s['test']):,} | setting {setting} | device {self.device}")
+        if self.has_target_train and not self.is_da:
+            print(f"{self.cfg.TRAINER.NAME} runs domain generalisation: the target train split is unused")
         n_params = sum(p.numel() for p in self.modules.parameters())
         print(f"Model: {self.cfg.MODEL.BACKBONE.NAME} | # params {n_params:,}")
 
+    # -- checkpoints -----------------------------------------------------
+    def _state(self, epochs_done: int) -> dict:
+        return {"format": ckpt.FORMAT, "engine": "builtin", "trainer": self.cfg.TRAINER.NAME,
+                "epoch": epochs_done, "model": self.modules.state_dict(), "optim": self.optim.state_dict(),
+                "sched": self.sched.state_dict(), "rng": ckpt.rng_state(), "config": self.cfg.dump(),
+                "bad_images": sorted(self.bad_images)}
+
     def save(self, epoch: int) -> None:
         out = self.cfg.OUTPUT_DIR
-        os.makedirs(out, exist_ok=True)
-        state = {"epoch": epoch + 1, "model": self.modules.state_dict(), "optim": self.optim.state_dict(),
-                 "sched": self.sched.state_dict(), "trainer": self.cfg.TRAINER.NAME}
-        torch.save(state, os.path.join(out, CKPT + ".tmp"))
-        os.replace(os.path.join(out, CKPT + ".tmp"), os.path.join(out, CKPT))
+        state = self._state(epoch + 1)
+        ckpt.save_checkpoint(state, os.path.join(out, CKPT))
         freq = self.cfg.TRAIN.CHECKPOINT_FREQ
         if (freq > 0 and (epoch + 1) % freq == 0) or epoch + 1 == self.cfg.OPTIM.MAX_EPOCH:
-            torch.save(state, os.path.join(out, f"model.pth.tar-{epoch + 1}"))
+            ckpt.save_checkpoint(state, os.path.join(out, f"model.pth.tar-{epoch + 1}"))
 
     def resume_if_exists(self) -> int:
         directory = self.cfg.RESUME or self.cfg.OUTPUT_DIR
@@ -135,32 +168,57 @@ class BuiltinTrainer:
                 raise DAELConfigError(f"--resume {directory}: no {CKPT} there; give the OUTPUT_DIR of an earlier run")
             print("No checkpoint found, train from scratch")
             return 0
-        state = torch.load(path, map_location=self.device, weights_only=False)
+        state = ckpt.load_checkpoint(path, map_location=self.device)
+        if state.get("format") != ckpt.FORMAT or "rng" not in state:
+            raise ckpt.CheckpointError(
+                f"{path} was written by an older dael-plugin and cannot be resumed exactly; "
+                "pass a new --output-dir to start fresh (it still loads with --eval-only)"
+            )
+        ckpt.check_resume_config(state, self.cfg, path)
         self.modules.load_state_dict(state["model"])
         self.optim.load_state_dict(state["optim"])
         self.sched.load_state_dict(state["sched"])
+        ckpt.set_rng_state(state["rng"])
+        self.bad_images.update(state.get("bad_images", []))
         print(f"Found checkpoint at {path} (will resume training from epoch {state['epoch'] + 1})")
         return int(state["epoch"])
 
-    def load_model(self, directory: str, epoch: Optional[int] = None) -> None:
+    def load_model(self, directory: str, epoch: Optional[int] = None) -> int:
+        """Load weights for evaluation; returns the checkpoint's completed-epoch count."""
         name = CKPT if epoch is None else f"model.pth.tar-{epoch}"
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
             raise DAELConfigError(f"no checkpoint {path}; pass --model-dir <OUTPUT_DIR of a run> (and --load-epoch N)")
-        state = torch.load(path, map_location=self.device, weights_only=False)
-        self.modules.load_state_dict(state["model"])
-        print(f"Loaded {path} (epoch {state['epoch']})")
+        state = ckpt.load_checkpoint(path, map_location=self.device)
+        try:
+            self.modules.load_state_dict(state["model"])
+        except (KeyError, RuntimeError) as exc:
+            first = str(exc).strip().splitlines()[0][:200]
+            raise ckpt.CheckpointError(f"{path} does not fit this model ({first}); check --trainer and "
+                                       "MODEL.BACKBONE.NAME against the run that wrote it") from None
+        self.loaded_epoch = int(state.get("epoch", 0))
+        print(f"Loaded {path} (epoch {self.loaded_epoch})")
+        return self.loaded_epoch
+
+    # -- the loop ----------------------------------------------------------
+    def eval_split_each_epoch(self) -> str:
+        return "val" if self.val_loader is not None else "test"
 
     def train(self) -> None:
         cfg = self.cfg
         self.start_epoch = self.resume_if_exists()
         self.writer = SummaryWriter(os.path.join(cfg.OUTPUT_DIR, "tensorboard"))
+        if self.eval_each_epoch and self.eval_split_each_epoch() == "test":
+            print("Note: there is no validation split, so --eval-each-epoch reads the target *test* split; "
+                  "do not choose an epoch on it")
         for self.epoch in range(self.start_epoch, cfg.OPTIM.MAX_EPOCH):
             self.run_epoch()
             self.sched.step()
-            self.save(self.epoch)
+            if not params_finite(self.modules.parameters()):
+                raise divergence_error(self.epoch + 1, None, cfg.OPTIM.LR, cfg.OUTPUT_DIR, what="model weights")
             if self.eval_each_epoch and not cfg.TEST.NO_TEST:
-                self.test()
+                self.test(split=self.eval_split_each_epoch())
+            self.save(self.epoch)  # last: the saved RNG state is the next epoch's starting state
         print("Finish training")
         if not cfg.TEST.NO_TEST:
             print("Deploy the last-epoch model")
@@ -168,62 +226,107 @@ class BuiltinTrainer:
         self.writer.close()
 
     def _batches(self):
-        loader_x = self.train_loader_x
-        sampler = getattr(loader_x, "batch_sampler", None)
-        if hasattr(sampler, "set_epoch"):
-            sampler.set_epoch(self.epoch)
+        loaders = [self.train_loader_x] + ([self.train_loader_u] if self.train_loader_u is not None else [])
+        for loader in loaders:
+            if hasattr(loader.batch_sampler, "set_epoch"):
+                loader.batch_sampler.set_epoch(self.epoch)
         it_u = iter(self.train_loader_u) if self.train_loader_u is not None else None
-        for batch_x in loader_x:
+        u_pass = 0
+        for batch_x in self.train_loader_x:
             batch_u = None
             if it_u is not None:
                 try:
                     batch_u = next(it_u)
-                except StopIteration:
+                except StopIteration:  # the target split is cycled with fresh draws
+                    u_pass += 1
+                    self.train_loader_u.batch_sampler.set_epoch(self.epoch + 100_003 * u_pass)
                     it_u = iter(self.train_loader_u)
                     batch_u = next(it_u)
             yield batch_x, batch_u
+
+    def _note_bad(self, *batches) -> None:
+        for b in batches:
+            if b is None:
+                continue
+            for p in b.get("bad_path", []):
+                if p and p not in self.bad_images:
+                    self.bad_images.add(p)
+                    print(f"warning: cannot decode {p}; replaced by another image of the same domain")
 
     def run_epoch(self) -> None:
         self.modules.train()
         cfg = self.cfg
         n = len(self.train_loader_x)
         sums: Dict[str, torch.Tensor] = {}
-        bar = tqdm(self._batches(), total=n, desc=f"epoch {self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}",
-                   dynamic_ncols=True, leave=False)
-        for i, (batch_x, batch_u) in enumerate(bar):
+        self.guard.reset()
+        tty = show_progress()
+        bar = tqdm(total=n, desc=f"epoch {self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}", dynamic_ncols=True,
+                   leave=False, disable=not tty)
+        start = time.time()
+        for i, (batch_x, batch_u) in enumerate(self._batches()):
+            self._note_bad(batch_x, batch_u)
             out = self.forward_backward(batch_x, batch_u)
             for k, v in out.items():
                 sums[k] = sums.get(k, 0) + v.detach()
+            bar.update(1)
             if (i + 1) % cfg.TRAIN.PRINT_FREQ == 0 or i + 1 == n:
-                # The host reads the running means only here, not every step.
+                # The host reads the running means and the divergence flag only here.
+                if self.guard.tripped():
+                    bar.close()
+                    raise divergence_error(self.epoch + 1, i + 1, cfg.OPTIM.LR, cfg.OUTPUT_DIR)
                 means = {k: float(v) / (i + 1) for k, v in sums.items()}
-                bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})
+                lr = self.optim.param_groups[0]["lr"]
                 step = self.epoch * n + i
                 for k, v in means.items():
                     self.writer.add_scalar(f"train/{k}", v, step)
-                self.writer.add_scalar("train/lr", self.optim.param_groups[0]["lr"], step)
+                self.writer.add_scalar("train/lr", lr, step)
+                if tty:
+                    bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})
+                elif i + 1 < n:
+                    info = " ".join(f"{k} {v:.4f}" for k, v in means.items())
+                    eta = (time.time() - start) / (i + 1) * (n - i - 1)
+                    print(f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batch [{i + 1}/{n}] {info} "
+                          f"lr {lr:.4e} eta {eta:.0f}s")
         bar.close()
         means = {k: float(v) / max(n, 1) for k, v in sums.items()}
         info = " ".join(f"{k} {v:.4f}" for k, v in means.items())
         print(f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batches {n} {info} lr {self.optim.param_groups[0]['lr']:.4e}")
 
     @torch.no_grad()
-    def test(self) -> float:
+    def test(self, split: Optional[str] = None) -> float:
         from sklearn.metrics import f1_score
 
         self.modules.eval()
-        print("Evaluate on the *test* set")
+        split = split or self.cfg.TEST.SPLIT
+        loader = self.test_loader
+        if split == "val":
+            if self.val_loader is None:
+                print("Note: TEST.SPLIT is val but this dataset has no validation split; evaluating on *test*")
+                split = "test"
+            else:
+                loader = self.val_loader
+        print(f"Evaluate on the *{split}* set")
         correct = None
-        y_true, y_pred = [], []
-        for batch in tqdm(self.test_loader, leave=False, dynamic_ncols=True):
-            x = batch["img"].to(self.device, non_blocking=True)
-            y = batch["label"].to(self.device, non_blocking=True)
+        y_true, y_pred, skipped = [], [], 0
+        for batch in tqdm(loader, leave=False, dynamic_ncols=True, disable=not show_progress()):
+            valid = batch["valid"]
+            for p in batch["bad_path"]:
+                if p and p not in self.bad_images:
+                    self.bad_images.add(p)
+                    print(f"warning: cannot decode {p}; left out of the evaluation")
+            skipped += int((~valid).sum())
+            x = batch["img"][valid].to(self.device, non_blocking=True)
+            y = batch["label"][valid].to(self.device, non_blocking=True)
+            if y.numel() == 0:
+                continue
             probs = self.predict_experts(x)
             pred = probs.mean(1).argmax(-1)
             hits = (probs.argmax(-1) == y.unsqueeze(1)).sum(0)
             correct = hits if correct is None else correct + hits
             y_true.append(y.cpu())
             y_pred.append(pred.cpu())
+        if not y_true:
+            raise DAELConfigError(f"no readable image in the {split} split; run with --check-data to list the bad files")
         yt, yp = torch.cat(y_true).numpy(), torch.cat(y_pred).numpy()
         total = len(yt)
         n_correct = int((yt == yp).sum())
@@ -231,19 +334,22 @@ class BuiltinTrainer:
         f1 = 100.0 * f1_score(yt, yp, average="macro", labels=np.unique(yt))
         print(f"=> result\n* total: {total:,}\n* correct: {n_correct:,}\n* accuracy: {acc:.1f}%\n"
               f"* error: {100 - acc:.1f}%\n* macro_f1: {f1:.1f}%")
+        if skipped:
+            print(f"* unreadable images left out: {skipped}")
         self.expert_accuracy = (100.0 * correct.float() / total).tolist() if correct.numel() > 1 else []
         if self.expert_accuracy:
             print("* expert accuracy: " + ", ".join(f"{n} {a:.2f}%" for n, a in zip(self.sources, self.expert_accuracy)))
         if self.writer is not None:
-            self.writer.add_scalar("test/accuracy", acc, self.epoch)
+            self.writer.add_scalar(f"{split}/accuracy", acc, self.epoch)
             for n_, a in zip(self.sources, self.expert_accuracy):
-                self.writer.add_scalar(f"test/expert_{n_}", a, self.epoch)
+                self.writer.add_scalar(f"{split}/expert_{n_}", a, self.epoch)
         self.last_accuracy = acc
+        self.last_split = split
         return acc
 
 
 class DAELBuiltin(BuiltinTrainer):
-    """DAEL on the built-in engine: DA with target train data, DG without."""
+    """DAEL on the built-in engine: DA with target train data (``--trainer DAEL``), DG otherwise."""
 
     def check_cfg(self) -> None:
         super().check_cfg()
@@ -264,6 +370,7 @@ class DAELBuiltin(BuiltinTrainer):
         self.test_loader = self._test_loader(self.splits["test"])
         print(f"Sampler: {len(self.train_loader_x)} batches per epoch = every image of the largest source "
               f"domain once; {self.per_domain} images per domain per batch")
+        self._warn_small_domains(self.train_loader_x)
 
     def build_model(self) -> Dict[str, nn.Module]:
         b = self.cfg.MODEL.BACKBONE
@@ -273,14 +380,16 @@ class DAELBuiltin(BuiltinTrainer):
         return {"F": backbone, "E": heads}
 
     def forward_backward(self, batch_x, batch_u):
+        from ..batching import split_domains
+
         keys = ["img", "img2", "img3"][: self.hparams.num_views]
         dev = self.device
+        chunks, expert_idx = split_domains(batch_x["domain"], self.per_domain, len(self.sources))
         x_views = [batch_x[k].to(dev, non_blocking=True) for k in keys]
         labels = batch_x["label"].to(dev, non_blocking=True)
-        domain = batch_x["domain"]
-        chunks = [self.per_domain] * (domain.numel() // self.per_domain)
         u_views = [batch_u[k].to(dev, non_blocking=True) for k in keys] if batch_u is not None else None
-        out = self.algorithm.losses(x_views, labels, domain.to(dev, non_blocking=True), chunks, u_views)
+        out = self.algorithm.losses(x_views, labels, expert_idx.to(dev, non_blocking=True), chunks, u_views)
+        self.guard.update(out["loss"])
         self.optim.zero_grad(set_to_none=True)
         out["loss"].backward()
         self.optim.step()
@@ -299,12 +408,13 @@ class SourceOnlyBuiltin(BuiltinTrainer):
         c = cfg.DATALOADER
         weak = build_train_transform(cfg, cfg.INPUT.TRANSFORMS)
         balanced = c.TRAIN_X.SAMPLER in ("RandomDomainSampler", "SeqDomainSampler")
-        g = torch.Generator().manual_seed(self.seed)
         self.train_loader_x = bdata.train_loader(self.splits["train_x"], weak, c.TRAIN_X.BATCH_SIZE, c.NUM_WORKERS,
                                                  self.pin, self.seed, domain_balanced=balanced,
-                                                 n_domain=c.TRAIN_X.N_DOMAIN, generator=g)
+                                                 n_domain=c.TRAIN_X.N_DOMAIN)
         self.train_loader_u = None  # target data is never used
         self.test_loader = self._test_loader(self.splits["test"])
+        if balanced:
+            self._warn_small_domains(self.train_loader_x)
 
     def build_model(self) -> Dict[str, nn.Module]:
         b = self.cfg.MODEL.BACKBONE
@@ -316,6 +426,7 @@ class SourceOnlyBuiltin(BuiltinTrainer):
         y = batch_x["label"].to(self.device, non_blocking=True)
         logits = self.modules["C"](self.modules["F"](x))
         loss = F.cross_entropy(logits, y)
+        self.guard.update(loss)
         self.optim.zero_grad(set_to_none=True)
         loss.backward()
         self.optim.step()

@@ -35,6 +35,7 @@ class ExpertHeads(nn.Module):
         self.weight = nn.Parameter(torch.empty(num_experts, num_classes, in_features))
         self.bias = nn.Parameter(torch.empty(num_experts, num_classes))
         self.reset_parameters()
+        self._register_load_state_dict_pre_hook(_stack_linears)
 
     def reset_parameters(self) -> None:
         # Same initialisation as K independent nn.Linear layers.
@@ -63,3 +64,20 @@ class ExpertHeads(nn.Module):
             f"in_features={self.in_features}, num_classes={self.num_classes}, "
             f"num_experts={self.num_experts}"
         )
+
+
+def _stack_linears(state_dict, prefix, *args) -> None:
+    """Accept the K-separate-linears layout (Dassl's ``Experts``: ``linears.k.weight``).
+
+    Checkpoints of Dassl's own DAEL store each expert as ``linears.<k>.weight``
+    and ``linears.<k>.bias``; they are stacked into this module's
+    ``weight`` (K, C, D) and ``bias`` (K, C) as they load.
+    """
+    keys = [k for k in state_dict if k.startswith(prefix + "linears.")]
+    if not keys or (prefix + "weight") in state_dict:
+        return
+    ks = sorted({int(k[len(prefix) + len("linears."):].split(".")[0]) for k in keys})
+    weights = [state_dict.pop(f"{prefix}linears.{k}.weight") for k in ks]
+    biases = [state_dict.pop(f"{prefix}linears.{k}.bias") for k in ks]
+    state_dict[prefix + "weight"] = torch.stack(weights)
+    state_dict[prefix + "bias"] = torch.stack(biases)

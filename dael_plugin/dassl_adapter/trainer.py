@@ -1,13 +1,21 @@
 """DAEL as a Dassl trainer: a thin adapter over ``dael_plugin.core``.
 
-One class serves ``--trainer DAEL`` and ``--trainer DAELDG``. It runs domain
-adaptation when the dataset gives unlabeled target data (``train_u``) and
-domain generalisation otherwise, reading ``cfg.TRAINER.<NAME>``.
+One class serves ``--trainer DAEL`` and ``--trainer DAELDG``. ``DAEL`` runs
+domain adaptation when the dataset gives unlabeled target data
+(``train_u``) and domain generalisation otherwise; ``DAELDG`` always runs
+domain generalisation and never reads target training data.
+
+On top of Dassl's loop it adds what long runs need: a "last" checkpoint
+after every epoch with the RNG states and the config (exact resume), loads
+with ``weights_only=True``, a divergence check read only at ``PRINT_FREQ``
+and at the end of an epoch, and unreadable images replaced by path.
 """
 from __future__ import annotations
 
+import os
 import os.path as osp
-from typing import List, Optional, Tuple
+import sys
+from typing import List, Optional, Set
 
 import torch
 from tqdm import tqdm
@@ -16,35 +24,19 @@ from dassl.data import DataManager
 from dassl.engine import TrainerX, TrainerXU
 from dassl.engine.trainer import SimpleNet
 from dassl.optim import build_lr_scheduler, build_optimizer
-from dassl.utils import count_num_param, load_checkpoint
+from dassl.utils import count_num_param
 
+from .. import checkpoint as ckpt
 from ..augment import build_views, check_names
-from ..config import check_dael_cfg, hparams_from_cfg, trainer_node
+from ..batching import split_domains
+from ..config import check_dael_cfg, hparams_from_cfg, trainer_node, uses_target_data
 from ..core import DAEL, build_heads
 from ..errors import DAELConfigError
+from ..guard import FiniteGuard, divergence_error, params_finite
 from .checks import check_dataset_cfg
+from .robust_data import RobustDatasetWrapper
 
-
-def split_domains(domain: torch.Tensor, per_domain: int, num_domains: int) -> Tuple[List[int], torch.Tensor]:
-    """Chunk sizes and per-sample expert index of a domain-balanced batch.
-
-    ``domain`` is the loader's CPU tensor, so the checks cost no device sync.
-    Dassl's reference silently takes each chunk's first label; a batch from a
-    sampler that is not domain-balanced is refused here instead.
-    """
-    n = domain.numel()
-    if n % per_domain != 0:
-        raise DAELConfigError(
-            f"a training batch of {n} images does not split into chunks of {per_domain} per domain; "
-            "use DATALOADER.TRAIN_X.SAMPLER RandomDomainSampler with a divisible BATCH_SIZE"
-        )
-    blocks = domain.view(-1, per_domain)
-    if not bool((blocks == blocks[:, :1]).all()) or int(domain.max()) >= num_domains:
-        raise DAELConfigError(
-            "a training batch is not made of contiguous single-domain chunks; DAEL needs a "
-            "domain-balanced sampler: set DATALOADER.TRAIN_X.SAMPLER RandomDomainSampler"
-        )
-    return [per_domain] * blocks.shape[0], domain.long()
+__all__ = ["DAELTrainer", "load_dassl_checkpoints", "split_domains"]
 
 
 class DAELTrainer(TrainerXU):
@@ -52,6 +44,8 @@ class DAELTrainer(TrainerXU):
 
     def __init__(self, cfg):
         self.hparams = hparams_from_cfg(cfg)
+        self.guard = FiniteGuard()
+        self.bad_images: Set[str] = set()
         super().__init__(cfg)
         n_domain = cfg.DATALOADER.TRAIN_X.N_DOMAIN
         if n_domain <= 0:
@@ -71,7 +65,7 @@ class DAELTrainer(TrainerXU):
         cfg = self.cfg
         node = trainer_node(cfg)
         views = build_views(cfg, node.STRONG_TRANSFORMS, self.hparams.num_views, node, use_dassl=True)
-        dm = DataManager(cfg, custom_tfm_train=views)
+        dm = DataManager(cfg, custom_tfm_train=views, dataset_wrapper=RobustDatasetWrapper)
         self.train_loader_x = dm.train_loader_x
         self.train_loader_u = dm.train_loader_u
         self.val_loader = dm.val_loader
@@ -80,11 +74,19 @@ class DAELTrainer(TrainerXU):
         self.num_source_domains = dm.num_source_domains
         self.lab2cname = dm.lab2cname
         self.dm = dm
-        self.is_da = dm.train_loader_u is not None
+        has_target = dm.train_loader_u is not None
+        self.is_da = has_target and uses_target_data(cfg)
         print(f"DAEL setting: {'domain adaptation (L_u on)' if self.is_da else 'domain generalisation (no L_u)'}")
+        if has_target and not self.is_da:
+            print(f"{cfg.TRAINER.NAME} runs domain generalisation: the target train split is unused")
 
     def build_model(self):
+        from . import register_timm_backbone
+
         cfg = self.cfg
+        # The config is at hand here, so a timm backbone's local weights are honoured
+        # even when Dassl's own tools/train.py built this trainer.
+        register_timm_backbone(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""))
         print("Building F")
         self.F = SimpleNet(cfg, cfg.MODEL, 0)
         self.F.to(self.device)
@@ -103,6 +105,7 @@ class DAELTrainer(TrainerXU):
         self.algorithm = DAEL(self.F, self.E, self.hparams)
 
     def run_epoch(self):
+        self.guard.reset()
         if self.is_da:
             return TrainerXU.run_epoch(self)
         return TrainerX.run_epoch(self)
@@ -111,34 +114,97 @@ class DAELTrainer(TrainerXU):
         keys = ["img", "img2", "img3"][: self.hparams.num_views]
         return [batch[k].to(self.device, non_blocking=True) for k in keys]
 
+    def _note_bad(self, *batches) -> None:
+        for b in batches:
+            for p in (b or {}).get("bad_path", []):
+                if p and p not in self.bad_images:
+                    self.bad_images.add(p)
+                    print(f"warning: cannot decode {p}; replaced by another image of the same domain")
+
     def forward_backward(self, batch_x, batch_u: Optional[dict] = None):
+        self._note_bad(batch_x, batch_u)
         chunk_sizes, expert_idx = split_domains(batch_x["domain"], self.split_batch, self.num_source_domains)
         x_views = self._views(batch_x)
         labels = batch_x["label"].to(self.device, non_blocking=True)
         expert_idx = expert_idx.to(self.device, non_blocking=True)
         u_views = self._views(batch_u) if (self.is_da and batch_u is not None) else None
         out = self.algorithm.losses(x_views, labels, expert_idx, chunk_sizes, u_views)
+        self.guard.update(out["loss"])
         self.model_backward_and_update(out["loss"])
+        if (self.batch_idx + 1) % self.cfg.TRAIN.PRINT_FREQ == 0 and self.guard.tripped():
+            raise divergence_error(self.epoch + 1, self.batch_idx + 1, self.cfg.OPTIM.LR, self.output_dir)
         keys = ["loss_x", "acc_x", "loss_cr"] + (["loss_u", "mask_u"] if self.is_da else [])
         # 0-dim tensors: Dassl's MetricMeter reads them on the host, outside this step.
         return {k: out[k].detach() for k in keys}
 
     def detect_anomaly(self, loss):
-        # Dassl's check syncs the host each step; this one raises asynchronously on GPU.
-        torch._assert_async(torch.isfinite(loss).all(), "Loss is infinite or NaN!")
+        # Dassl's check syncs the host every step and raises a bare RuntimeError;
+        # FiniteGuard flags it on the device and is read at PRINT_FREQ instead.
+        pass
 
     def after_epoch(self):
+        if self.guard.tripped():
+            raise divergence_error(self.epoch + 1, None, self.cfg.OPTIM.LR, self.output_dir)
+        if not params_finite(p for m in self._models.values() for p in m.parameters()):
+            raise divergence_error(self.epoch + 1, None, self.cfg.OPTIM.LR, self.output_dir, what="model weights")
         # Step the schedulers once per epoch here rather than on a batch index
         # (Dassl's sampler length can differ from the real epoch length).
         self.update_lr()
         super().after_epoch()
+        self.save_last(self.epoch + 1)  # last: the saved RNG state is the next epoch's starting state
+
+    # -- checkpoints -----------------------------------------------------
+    def save_last(self, epochs_done: int) -> None:
+        names = self.get_model_names()
+        state = {
+            "format": ckpt.FORMAT, "engine": "dassl", "trainer": self.cfg.TRAINER.NAME, "epoch": epochs_done,
+            "models": {n: self._models[n].state_dict() for n in names},
+            "optims": {n: self._optims[n].state_dict() for n in names if self._optims[n] is not None},
+            "scheds": {n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None},
+            "rng": ckpt.rng_state(), "config": self.cfg.dump(), "bad_images": sorted(self.bad_images),
+        }
+        ckpt.save_checkpoint(state, osp.join(self.output_dir, ckpt.LAST))
+
+    def resume_model_if_exist(self, directory):
+        path = osp.join(directory, ckpt.LAST)
+        if osp.isfile(path):
+            state = ckpt.load_checkpoint(path, map_location=self.device)
+            if state.get("format") != ckpt.FORMAT or "models" not in state:
+                raise ckpt.CheckpointError(f"{path} is not a Dassl-engine checkpoint of dael-plugin; "
+                                           "pass a new --output-dir to start fresh")
+            ckpt.check_resume_config(state, self.cfg, path)
+            for name in self.get_model_names():
+                self._models[name].load_state_dict(state["models"][name])
+                if name in state.get("optims", {}):
+                    self._optims[name].load_state_dict(state["optims"][name])
+                if name in state.get("scheds", {}):
+                    ckpt.load_sched_state(self._scheds[name], state["scheds"][name])
+            ckpt.set_rng_state(state["rng"])
+            self.bad_images.update(state.get("bad_images", []))
+            print(f"Found checkpoint at {path} (will resume training from epoch {state['epoch'] + 1})")
+            return int(state["epoch"])
+        if any(osp.isfile(osp.join(directory, n, "checkpoint")) for n in self.get_model_names()):
+            epoch = load_dassl_checkpoints(self, directory, None, resume=True)
+            print(f"Resuming from Dassl-format checkpoints in {directory} (epoch {epoch}): they hold no RNG "
+                  "states, so this resume is not bitwise identical to an uninterrupted run")
+            return epoch
+        return 0
+
+    def load_model(self, directory, epoch=None):
+        if epoch is None and osp.isfile(osp.join(directory, ckpt.LAST)):
+            state = ckpt.load_checkpoint(osp.join(directory, ckpt.LAST), map_location=self.device)
+            for name in self.get_model_names():
+                self._models[name].load_state_dict(state["models"][name])
+            print(f"Loaded {osp.join(directory, ckpt.LAST)} (epoch {state['epoch']})")
+            return int(state["epoch"])
+        return load_dassl_checkpoints(self, directory, epoch)
 
     def model_inference(self, input):
         return self.algorithm.predict(input)
 
     @torch.no_grad()
     def test(self, split=None):
-        """Dassl's test loop, plus each expert's own accuracy."""
+        """Dassl's test loop, plus each expert's own accuracy; unreadable images are left out."""
         self.set_model_mode("eval")
         self.evaluator.reset()
         if split is None:
@@ -146,13 +212,24 @@ class DAELTrainer(TrainerXU):
         if split == "val" and self.val_loader is not None:
             data_loader = self.val_loader
         else:
+            if split == "val":
+                print("Note: TEST.SPLIT is val but this dataset has no validation split; evaluating on *test*")
             split = "test"
             data_loader = self.test_loader
         print(f"Evaluate on the *{split}* set")
         correct = torch.zeros(self.E.num_experts, device=self.device)
         total = 0
-        for batch in tqdm(data_loader):
+        for batch in tqdm(data_loader, disable=not sys.stderr.isatty()):
             input, label = self.parse_batch_test(batch)
+            if "valid" in batch:
+                keep = batch["valid"].to(self.device)
+                for p in batch["bad_path"]:
+                    if p and p not in self.bad_images:
+                        self.bad_images.add(p)
+                        print(f"warning: cannot decode {p}; left out of the evaluation")
+                input, label = input[keep], label[keep]
+                if label.numel() == 0:
+                    continue
             probs = self.algorithm.predict_experts(input)
             self.evaluator.process(probs.mean(1), label)
             correct += (probs.argmax(-1) == label.unsqueeze(1)).sum(0)
@@ -167,28 +244,51 @@ class DAELTrainer(TrainerXU):
             self.write_scalar(f"{split}/expert_{n}", a, self.epoch)
         return list(results.values())[0]
 
-    def load_model(self, directory, epoch=None):
-        load_dassl_checkpoints(self, directory, epoch)
 
-
-def load_dassl_checkpoints(trainer, directory: str, epoch: Optional[int] = None) -> None:
-    """Dassl's ``TrainerBase.load_model`` without its crash.
+def load_dassl_checkpoints(trainer, directory: str, epoch: Optional[int] = None, resume: bool = False) -> int:
+    """Dassl's ``TrainerBase.load_model`` without its crash, with ``weights_only=True``.
 
     Dassl formats ``val_result`` with ``:.1f``, which fails on checkpoints saved
     with ``val_result=None`` (every run without a validation split, i.e. the
     usual DA and DG runs). The CLI's ``--eval-only`` uses this for any Dassl
-    trainer that does not override ``load_model``.
+    trainer that does not override ``load_model``. Checkpoints of Dassl's own
+    DAEL load into the plugin's trainer: its experts are converted as they
+    load (``ExpertHeads`` accepts ``linears.<k>.*``). Returns the epoch.
     """
     if not directory:
-        print("Note that load_model() is skipped as no pretrained model is given")
-        return
-    model_file = "model-best.pth.tar" if epoch is None else f"model.pth.tar-{epoch}"
+        raise DAELConfigError("no --model-dir given; pass the OUTPUT_DIR of a run")
+    epoch_done = 0
     for name in trainer.get_model_names():
-        path = osp.join(directory, name, model_file)
+        folder = osp.join(directory, name)
+        if resume or epoch is None:
+            marker = osp.join(folder, "checkpoint")
+            if resume and osp.isfile(marker):
+                with open(marker) as f:
+                    model_file = f.readline().strip()
+            else:
+                model_file = "model-best.pth.tar" if osp.isfile(osp.join(folder, "model-best.pth.tar")) else None
+                if model_file is None and osp.isfile(marker):
+                    with open(marker) as f:
+                        model_file = f.readline().strip()
+        else:
+            model_file = f"model.pth.tar-{epoch}"
+        path = osp.join(folder, model_file or "model-best.pth.tar")
         if not osp.exists(path):
             raise DAELConfigError(
                 f"no checkpoint {path}; pass --model-dir <OUTPUT_DIR of a run> and --load-epoch <epoch>"
             )
-        ckpt = load_checkpoint(path)
-        print(f"Load {path} to {name} (epoch={ckpt['epoch']}, val_result={ckpt.get('val_result')})")
-        trainer._models[name].load_state_dict(ckpt["state_dict"])
+        state = ckpt.load_checkpoint(path, map_location=trainer.device)
+        try:
+            trainer._models[name].load_state_dict(state["state_dict"])
+        except (KeyError, RuntimeError) as exc:
+            first = str(exc).strip().splitlines()[0][:200]
+            raise ckpt.CheckpointError(f"{path} does not fit model {name} ({first}); check --trainer and "
+                                       "MODEL.BACKBONE.NAME against the run that wrote it") from None
+        if resume:
+            if state.get("optimizer") is not None and trainer._optims[name] is not None:
+                trainer._optims[name].load_state_dict(state["optimizer"])
+            if state.get("scheduler") is not None and trainer._scheds[name] is not None:
+                ckpt.load_sched_state(trainer._scheds[name], state["scheduler"])
+        epoch_done = int(state.get("epoch", 0))
+        print(f"Load {path} to {name} (epoch={epoch_done}, val_result={state.get('val_result')})")
+    return epoch_done

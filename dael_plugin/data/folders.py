@@ -83,7 +83,13 @@ def check_domains(name: str, root: str, sources: Sequence[str], targets: Sequenc
 
 
 def read_items(path: str, domains: Sequence[str], splits: Sequence[str], classnames: Sequence[str]) -> List[Item]:
-    """Items of the given domains and splits, labels by position in ``classnames``."""
+    """Items of the given domains and splits, labels by position in ``classnames``.
+
+    The layout is checked as it is read: every domain and split must hold the
+    same class folders, and no class folder may be empty. A class missing
+    from one domain, or an empty folder, would otherwise silently change the
+    label space or the per-domain class balance.
+    """
     label_of = {c: i for i, c in enumerate(classnames)}
     items: List[Item] = []
     for d, domain in enumerate(domains):
@@ -91,11 +97,22 @@ def read_items(path: str, domains: Sequence[str], splits: Sequence[str], classna
             split_dir = os.path.join(path, domain, split)
             if not os.path.isdir(split_dir):
                 raise DAELConfigError(f"missing folder {split_dir}: expected <domain>/{split}/<class>/<image>")
-            for cname in _listdirs(split_dir):
+            present = _listdirs(split_dir)
+            missing = sorted(set(classnames) - set(present))
+            if missing:
+                raise DAELConfigError(
+                    f"classes differ between domains: {split_dir} has no folder for class(es) {missing[:10]}"
+                    f"{' ...' if len(missing) > 10 else ''}; every domain and split needs the same class folders"
+                )
+            for cname in present:
                 cdir = os.path.join(split_dir, cname)
-                for f in sorted(os.listdir(cdir)):
-                    if f.lower().endswith(IMAGE_EXTENSIONS):
-                        items.append(Item(os.path.join(cdir, f), label_of[cname], d, cname))
+                files = [f for f in sorted(os.listdir(cdir)) if f.lower().endswith(IMAGE_EXTENSIONS)]
+                if not files:
+                    raise DAELConfigError(
+                        f"class folder {cdir} holds no images ({', '.join(IMAGE_EXTENSIONS)}); "
+                        "add images or remove the folder from every domain"
+                    )
+                items.extend(Item(os.path.join(cdir, f), label_of[cname], d, cname) for f in files)
     return items
 
 

@@ -1,0 +1,173 @@
+"""Checkpoints shared by both engines: atomic saves, safe loads, RNG states, config checks.
+
+- :func:`save_checkpoint` writes to a temporary file in the same folder and
+  renames it, so a run killed mid-save leaves the previous checkpoint whole.
+- :func:`load_checkpoint` always uses ``torch.load(..., weights_only=True)``:
+  tensors and plain containers only, never pickled code. A file that needs
+  more, or that is truncated, is one :class:`CheckpointError` line naming it.
+- :func:`rng_state` / :func:`set_rng_state` hold torch, CUDA, numpy and
+  Python random states as tensors and numbers, so they load with
+  ``weights_only=True`` too.
+- :func:`config_diff` lists the keys, between a checkpoint's config and the
+  current one, that change training; resume refuses when there are any.
+"""
+from __future__ import annotations
+
+import os
+import pickle
+import random
+from typing import Dict, Iterable, List, Optional, Tuple
+
+import numpy as np
+import torch
+import yaml
+
+from .errors import DAELConfigError
+
+LAST = "checkpoint.pth.tar"  # the "last" checkpoint, rewritten after every epoch
+FORMAT = "dael_plugin/2"
+
+# Keys that may differ on resume: where things are, how they are logged or
+# evaluated, and how many loader processes there are (each draw is seeded
+# from (seed, epoch, position), so the worker count does not change a run).
+RESUME_FREE_KEYS = (
+    "OUTPUT_DIR", "RESUME", "DATASET.ROOT", "VERBOSE", "USE_CUDA",
+    "DATALOADER.NUM_WORKERS", "DATALOADER.TEST.", "TRAIN.PRINT_FREQ", "TRAIN.CHECKPOINT_FREQ", "TEST.",
+)
+
+
+class CheckpointError(DAELConfigError):
+    """A checkpoint that cannot or must not be loaded; the message names the file."""
+
+
+def save_checkpoint(state: dict, path: str) -> str:
+    """Write ``state`` to ``path`` atomically (temporary file, fsync, rename)."""
+    folder = os.path.dirname(os.path.abspath(path))
+    os.makedirs(folder, exist_ok=True)
+    tmp = f"{path}.tmp.{os.getpid()}"
+    with open(tmp, "wb") as f:
+        torch.save(state, f)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return path
+
+
+def load_checkpoint(path: str, map_location="cpu") -> dict:
+    """Load with ``weights_only=True``; every failure is one line naming ``path``."""
+    if not os.path.isfile(path):
+        raise CheckpointError(f"checkpoint {path} not found")
+    try:
+        state = torch.load(path, map_location=map_location, weights_only=True)
+    except pickle.UnpicklingError as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        if "Weights only load failed" in str(exc) or "Unsupported" in str(exc) or "global" in str(exc):
+            raise CheckpointError(
+                f"refusing to load {path}: it holds pickled Python objects beyond tensors and plain "
+                "containers, which could run code; load only checkpoints written by dael-plugin or "
+                "Dassl, or re-save its tensors with torch.save(state_dict)"
+            ) from None
+        raise CheckpointError(f"{path} is not a readable checkpoint ({first}); delete it or restore it from a backup") from None
+    except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError) as exc:
+        first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
+        raise CheckpointError(
+            f"{path} is truncated or corrupt ({first}); delete it to start this run fresh, "
+            "or restore it from a backup"
+        ) from None
+    if not isinstance(state, dict):
+        raise CheckpointError(f"{path} holds a {type(state).__name__}, not a checkpoint dict")
+    return state
+
+
+# -- random-number states --------------------------------------------------
+def rng_state() -> Dict[str, object]:
+    """torch, CUDA, numpy and Python random states, as tensors and numbers."""
+    kind, keys, pos, has_gauss, gauss = np.random.get_state()
+    version, internal, py_gauss = random.getstate()
+    state: Dict[str, object] = {
+        "torch": torch.get_rng_state(),
+        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+                  "pos": int(pos), "has_gauss": int(has_gauss), "gauss": float(gauss)},
+        "python": {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64),
+                   "gauss": py_gauss},
+    }
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        state["cuda"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def set_rng_state(state: Dict[str, object]) -> None:
+    """Restore what :func:`rng_state` returned."""
+    torch.set_rng_state(state["torch"])
+    n = state["numpy"]
+    np.random.set_state((n["kind"], n["keys"].numpy().astype(np.uint32), n["pos"], n["has_gauss"], n["gauss"]))
+    p = state["python"]
+    random.setstate((p["version"], tuple(int(v) for v in p["state"].tolist()), p["gauss"]))
+    if "cuda" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda"])
+
+
+# -- schedulers whose state holds another scheduler (Dassl's warmup) -------
+def sched_state(sched) -> dict:
+    sd = sched.state_dict()
+    if "successor" in sd and hasattr(sd["successor"], "state_dict"):
+        sd = dict(sd, successor=sd["successor"].state_dict())
+    return sd
+
+
+def load_sched_state(sched, sd: dict) -> None:
+    sd = dict(sd)
+    successor = sd.pop("successor", None)
+    if isinstance(successor, dict) and hasattr(sched, "successor"):
+        sched.successor.load_state_dict(successor)
+        sd["successor"] = sched.successor
+    sched.load_state_dict(sd)
+
+
+# -- config ----------------------------------------------------------------
+def _flatten(d, prefix: str = "") -> Dict[str, object]:
+    out: Dict[str, object] = {}
+    for k, v in d.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flatten(v, key + "."))
+        else:
+            out[key] = list(v) if isinstance(v, tuple) else v
+    return out
+
+
+def config_diff(saved_yaml: str, cfg, free: Iterable[str] = RESUME_FREE_KEYS) -> List[Tuple[str, object, object]]:
+    """``(key, checkpoint value, current value)`` for each training-relevant difference."""
+    saved = _flatten(yaml.safe_load(saved_yaml) or {})
+    now = _flatten(yaml.safe_load(cfg.dump()) or {})
+    free = tuple(free)
+    out = []
+    for key in sorted(set(saved) | set(now)):
+        if any(key == f or (f.endswith(".") and key.startswith(f)) for f in free):
+            continue
+        if saved.get(key, "<absent>") != now.get(key, "<absent>"):
+            out.append((key, saved.get(key, "<absent>"), now.get(key, "<absent>")))
+    return out
+
+
+def check_resume_config(state: dict, cfg, path: str) -> None:
+    """Refuse a resume whose config changes training; the message lists the keys."""
+    saved = state.get("config")
+    if not isinstance(saved, str):
+        return
+    diff = config_diff(saved, cfg)
+    if diff:
+        shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff[:8])
+        more = f" (and {len(diff) - 8} more)" if len(diff) > 8 else ""
+        raise CheckpointError(
+            f"cannot resume from {path}: the config differs from the checkpoint's in {shown}{more}; "
+            "rerun with the checkpoint's settings to resume, or pass a new --output-dir to start fresh"
+        )
+
+
+def checkpoint_epoch(path: str) -> Optional[int]:
+    """The completed-epoch count stored in ``path``, or None when it cannot be read."""
+    try:
+        return int(load_checkpoint(path).get("epoch"))
+    except (DAELConfigError, TypeError, ValueError):
+        return None

@@ -1,0 +1,49 @@
+"""Divergence checks that never sync the host inside a training step.
+
+:class:`FiniteGuard` keeps one device-side flag: each step ORs in whether its
+loss was non-finite, and the host reads the flag only when it already reads
+the meters (every ``PRINT_FREQ`` steps and at the end of an epoch).
+"""
+from __future__ import annotations
+
+import os
+from typing import Iterable, Optional
+
+import torch
+
+from .checkpoint import LAST, checkpoint_epoch
+from .errors import NonFiniteLossError
+
+
+class FiniteGuard:
+    def __init__(self) -> None:
+        self.bad: Optional[torch.Tensor] = None
+
+    def update(self, loss: torch.Tensor) -> None:
+        bad = ~torch.isfinite(loss.detach()).all()
+        self.bad = bad if self.bad is None else (self.bad | bad)
+
+    def reset(self) -> None:
+        self.bad = None
+
+    def tripped(self) -> bool:
+        return self.bad is not None and bool(self.bad)
+
+
+def params_finite(params: Iterable[torch.Tensor]) -> bool:
+    """One host read for all parameters (used once per epoch, before saving)."""
+    flags = [torch.isfinite(p.detach()).all() for p in params]
+    return bool(torch.stack(flags).all()) if flags else True
+
+
+def divergence_error(epoch: int, batch: Optional[int], lr: float, output_dir: str, what: str = "loss") -> NonFiniteLossError:
+    """The one-line message: NaN/inf, where, the likely cause, and the last good checkpoint."""
+    where = f"epoch {epoch}" + (f" (by batch {batch})" if batch is not None else "")
+    path = os.path.join(output_dir, LAST)
+    done = checkpoint_epoch(path) if os.path.isfile(path) else None
+    keep = (f"the last good checkpoint is {path} (epoch {done})" if done is not None
+            else "no checkpoint was saved before it")
+    return NonFiniteLossError(
+        f"the {what} became NaN/inf at {where}; likely cause: the learning rate is too high "
+        f"(OPTIM.LR={lr:g}) or the inputs hold NaN/inf; {keep}; no results.json was written"
+    )

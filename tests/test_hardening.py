@@ -1,0 +1,466 @@
+"""Issue 7: no code from checkpoints, exact resume, loud failures, bad data named.
+
+These run on the built-in engine (so they also run without Dassl); the Dassl
+engine's counterparts are in ``test_dassl_hardening.py``.
+"""
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import ROOT
+
+DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
+DS_DG = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
+DAEL_CFG = os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")
+FAST = ["DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False",
+        "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8", "TRAIN.PRINT_FREQ", "3"]
+
+
+def args_for(root, out, epochs=1, trainer="DAEL", ds=DS_DA, cfg=DAEL_CFG, extra=(), flags=()):
+    """train.py arguments: ``flags`` go before the trailing KEY VALUE opts, ``extra`` after."""
+    return (["--engine", "builtin", "--trainer", trainer, "--root", root, "--dataset-config-file", ds,
+             "--config-file", cfg, "--source-domains", "hand", "blend", "font", "--target-domains", "street",
+             "--output-dir", str(out), "--seed", "3"] + list(flags) + FAST + ["OPTIM.MAX_EPOCH", str(epochs)]
+            + list(extra))
+
+
+def cli(argv, capsys):
+    from dael_plugin.cli import main
+
+    code = main(argv)
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def one_error_line(err):
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    assert lines[0].startswith("error: "), err
+    return lines[0]
+
+
+def spawn(argv, **kw):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "train.py")] + argv, cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+
+
+def weights(out):
+    return torch.load(os.path.join(out, "checkpoint.pth.tar"), weights_only=True)["model"]
+
+
+def wait_for(path, text, proc, timeout=120):
+    t = time.time()
+    while time.time() - t < timeout:
+        if os.path.exists(path) and text in open(path).read():
+            return True
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.05)
+    return False
+
+
+# -- 2. exact resume -----------------------------------------------------------
+def test_resume_after_kill_9_is_bitwise_exact_with_persistent_workers(tmp_path, tiny_root):
+    """Killed with SIGKILL during epoch 2 and rerun, the run ends with the same
+    weights and accuracy as an uninterrupted one. Both use 2 persistent loader
+    workers, whose random state drifts over epochs: only per-draw seeding makes
+    the resumed run's fresh workers draw the same augmentations."""
+    workers = ["DATALOADER.NUM_WORKERS", "2"]
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    proc = spawn(args_for(tiny_root, full, epochs=3, extra=workers))
+    assert proc.wait(300) == 0, proc.stderr.read()[-2000:]
+
+    proc = spawn(args_for(tiny_root, killed, epochs=3, extra=workers))
+    assert wait_for(str(killed / "log.txt"), "epoch [2/3] batch [3/", proc), "never reached epoch 2"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert not (killed / "results.json").exists(), "killed too late to test a resume"
+    assert json.loads((killed / ".dael_run.lock").read_text())["pid"] == proc.pid  # left behind by kill -9
+
+    proc = spawn(args_for(tiny_root, killed, epochs=3, extra=workers))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert "removing a stale lock" in out and "will resume training from epoch 2" in out
+    a, b = weights(full), weights(killed)
+    assert a.keys() == b.keys()
+    for k in a:
+        assert torch.equal(a[k], b[k]), k
+    ra = json.loads((full / "results.json").read_text())
+    rb = json.loads((killed / "results.json").read_text())
+    assert ra["accuracy"] == rb["accuracy"] and ra["expert_accuracy"] == rb["expert_accuracy"]
+
+
+def test_worker_count_does_not_change_a_run(tmp_path, tiny_root, capsys):
+    a, b = tmp_path / "w0", tmp_path / "w2"
+    assert cli(args_for(tiny_root, a, epochs=1), capsys)[0] == 0
+    assert cli(args_for(tiny_root, b, epochs=1, extra=["DATALOADER.NUM_WORKERS", "2"]), capsys)[0] == 0
+    wa, wb = weights(a), weights(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+@pytest.mark.parametrize("change,key", [(["OPTIM.LR", "0.2"], "OPTIM.LR"), (["OPTIM.MAX_EPOCH", "3"], "OPTIM.MAX_EPOCH"),
+                                        (["TRAINER.DAEL.WEIGHT_U", "1.0"], "TRAINER.DAEL.WEIGHT_U")])
+def test_resume_with_a_changed_config_is_refused(tmp_path, tiny_root, capsys, change, key):
+    out = tmp_path / "run"
+    assert cli(args_for(tiny_root, out, epochs=1), capsys)[0] == 0
+    code, _, err = cli(args_for(tiny_root, out, epochs=1, extra=change), capsys)
+    line = one_error_line(err)
+    assert code == 2 and key in line and "--output-dir" in line and "checkpoint.pth.tar" in line
+    # Where things are and how they are logged may change.
+    code, out_, _ = cli(args_for(tiny_root, out, epochs=1, extra=["TRAIN.PRINT_FREQ", "7"]), capsys)
+    assert code == 0
+
+
+def test_lr_after_each_epoch_follows_the_cosine_schedule(tmp_path, tiny_root, capsys):
+    """The scheduler steps once per epoch, including across a resume."""
+    out = tmp_path / "lr"
+    code, stdout, _ = cli(args_for(tiny_root, out, epochs=3), capsys)
+    assert code == 0
+    state = torch.load(out / "checkpoint.pth.tar", weights_only=True)
+    assert state["sched"]["last_epoch"] == 3
+    lrs = [float(line.rsplit("lr ", 1)[1]) for line in stdout.splitlines() if line.startswith("epoch [") and " batches " in line]
+    base = 0.05  # the embedded DAEL config's OPTIM.LR
+    expected = [base * (1 + np.cos(np.pi * e / 3)) / 2 for e in range(3)]
+    assert lrs == pytest.approx(expected, rel=1e-4)
+
+
+# -- 1. no code from checkpoints -----------------------------------------------
+class Evil:
+    def __init__(self, marker):
+        self.marker = marker
+
+    def __reduce__(self):
+        return (os.system, (f"touch {self.marker}",))
+
+
+def _plant(directory, marker, real_state=None):
+    os.makedirs(directory, exist_ok=True)
+    state = dict(real_state) if real_state is not None else {"epoch": 1}
+    state["extra"] = Evil(marker)
+    torch.save(state, os.path.join(directory, "checkpoint.pth.tar"))
+
+
+@pytest.mark.parametrize("how", ["resume", "eval_only", "rerun_into_dir", "real_plus_one_object"])
+def test_a_checkpoint_with_pickled_code_is_refused(tmp_path, tiny_root, capsys, how):
+    marker = tmp_path / "PWNED"
+    victim = tmp_path / "victim"
+    if how == "real_plus_one_object":
+        good = tmp_path / "good"
+        assert cli(args_for(tiny_root, good, epochs=1), capsys)[0] == 0
+        _plant(victim, marker, torch.load(good / "checkpoint.pth.tar", weights_only=True))
+        argv = args_for(tiny_root, tmp_path / "eval", flags=["--eval-only", "--model-dir", str(victim)])
+    else:
+        _plant(victim, marker)
+        argv = {"resume": args_for(tiny_root, tmp_path / "new", flags=["--resume", str(victim)]),
+                "eval_only": args_for(tiny_root, tmp_path / "eval", flags=["--eval-only", "--model-dir", str(victim)]),
+                "rerun_into_dir": args_for(tiny_root, victim)}[how]
+    code, _, err = cli(argv, capsys)
+    line = one_error_line(err)
+    assert code == 2 and "refusing to load" in line and str(victim / "checkpoint.pth.tar") in line
+    assert not marker.exists()
+
+
+def test_eval_only_needs_a_model_dir_and_never_reads_the_cwd(tmp_path, tiny_root, capsys, monkeypatch):
+    marker = tmp_path / "PWNED"
+    _plant(tmp_path, marker)  # ./checkpoint.pth.tar in the current directory
+    monkeypatch.chdir(tmp_path)
+    code, _, err = cli(args_for(tiny_root, tmp_path / "eval", flags=["--eval-only"]), capsys)
+    assert code == 2 and "--model-dir" in one_error_line(err) and not marker.exists()
+
+
+def test_truncated_checkpoint_is_one_line_naming_the_file(tmp_path, tiny_root, capsys):
+    out = tmp_path / "run"
+    assert cli(args_for(tiny_root, out, epochs=1), capsys)[0] == 0
+    path = out / "checkpoint.pth.tar"
+    path.write_bytes(path.read_bytes()[:5000])
+    code, _, err = cli(args_for(tiny_root, out, epochs=1), capsys)
+    line = one_error_line(err)
+    assert code == 2 and str(path) in line and "truncated or corrupt" in line
+
+
+def test_eval_only_writes_its_own_record_with_the_checkpoints_epoch(tmp_path, tiny_root, capsys):
+    out = tmp_path / "run"
+    assert cli(args_for(tiny_root, out, epochs=2), capsys)[0] == 0
+    before = (out / "results.json").read_text()
+    code, _, _ = cli(args_for(tiny_root, out, epochs=15, flags=["--eval-only", "--model-dir", str(out),
+                                                                "--load-epoch", "2"]), capsys)
+    assert code == 0
+    assert (out / "results.json").read_text() == before
+    rec = json.loads((out / "results_eval.json").read_text())
+    assert rec["eval_only"] and rec["epochs"] == 2 and rec["accuracy"] == json.loads(before)["accuracy"]
+
+
+# -- 3. loud failures ----------------------------------------------------------
+def test_divergence_stops_with_nan_line_and_keeps_the_last_good_checkpoint(tmp_path, tiny_root, capsys):
+    """Epoch 1 trains at lr 0.05; the step schedule then multiplies it by 1e7."""
+    out = tmp_path / "nan"
+    blowup = ["OPTIM.LR_SCHEDULER", "multi_step", "OPTIM.STEPSIZE", "(1,)", "OPTIM.GAMMA", "1e7"]
+    code, _, err = cli(args_for(tiny_root, out, epochs=3, extra=blowup), capsys)
+    line = one_error_line(err)
+    assert code == 3 and "NaN/inf" in line and "epoch 2" in line and "learning rate" in line
+    assert "checkpoint.pth.tar (epoch 1)" in line
+    assert not (out / "results.json").exists()
+    assert json.loads((out / "failed.json").read_text())["failed"] is True
+    state = torch.load(out / "checkpoint.pth.tar", weights_only=True)
+    assert state["epoch"] == 1 and all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+
+
+def test_a_live_run_holds_its_output_directory(tmp_path, tiny_root, capsys):
+    out = tmp_path / "busy"
+    out.mkdir()
+    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        from dael_plugin.runlock import _start_time
+
+        (out / ".dael_run.lock").write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname(),
+                                                        "start": _start_time(sleeper.pid)}))
+        code, _, err = cli(args_for(tiny_root, out), capsys)
+        assert code == 2 and f"in use by a live run (pid {sleeper.pid}" in one_error_line(err)
+    finally:
+        sleeper.kill()
+        sleeper.wait()
+    # The same pid, now dead: a stale lock, taken over.
+    code, stdout, _ = cli(args_for(tiny_root, out), capsys)
+    assert code == 0 and "removing a stale lock" in stdout and not (out / ".dael_run.lock").exists()
+    # Another host's lock cannot be checked: refused, naming the file to delete.
+    (out / ".dael_run.lock").write_text(json.dumps({"pid": 1, "host": "elsewhere"}))
+    code, _, err = cli(args_for(tiny_root, out), capsys)
+    assert code == 2 and "host elsewhere" in one_error_line(err) and ".dael_run.lock" in err
+
+
+def test_ctrl_c_exits_cleanly_naming_the_last_checkpoint(tmp_path, tiny_root):
+    out = tmp_path / "int"
+    proc = spawn(args_for(tiny_root, out, epochs=50))
+    assert wait_for(str(out / "log.txt"), "epoch [2/50] batch [3/", proc)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 130, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("interrupted: the last checkpoint is ") and "checkpoint.pth.tar (epoch" in last
+    assert "Traceback" not in err and not (out / ".dael_run.lock").exists()
+
+
+# -- 4. bad data ---------------------------------------------------------------
+@pytest.fixture()
+def damaged_root(tiny_root, tmp_path):
+    root = tmp_path / "damaged"
+    shutil.copytree(tiny_root, root)
+    base = root / "embedded_digits"
+    bad = []
+    zero = base / "hand" / "train" / "3" / "zero.png"
+    zero.write_bytes(b"")
+    good = sorted((base / "blend" / "train" / "5").glob("*.png"))[0].read_bytes()
+    trunc = base / "blend" / "train" / "5" / "truncated.png"
+    trunc.write_bytes(good[: len(good) // 2])
+    text = base / "font" / "train" / "1" / "notes.png"
+    text.write_text("not an image")
+    bad = [str(zero), str(trunc), str(text)]
+    return str(root), bad
+
+
+def test_unreadable_images_are_named_replaced_and_counted(damaged_root, tmp_path, capsys):
+    root, bad = damaged_root
+    out = tmp_path / "run"
+    code, stdout, err = cli(args_for(root, out, epochs=1), capsys)
+    assert code == 0, err
+    for p in bad:
+        assert f"cannot decode {p}; replaced by another image of the same domain" in stdout
+    rec = json.loads((out / "results.json").read_text())
+    assert rec["unreadable_images"] == 3 and sorted(rec["unreadable_image_paths"]) == sorted(bad)
+
+
+def test_check_data_lists_bad_files_and_exits_non_zero(damaged_root, tmp_path, capsys):
+    root, bad = damaged_root
+    code, _, err = cli(args_for(root, tmp_path / "chk", flags=["--check-data"]), capsys)
+    assert code == 2
+    lines = err.strip().splitlines()
+    assert sorted(line.split(" (")[0].replace("bad image: ", "") for line in lines[:-1]) == sorted(bad)
+    assert lines[-1].startswith("error: --check-data: 3 of ")
+    assert not (tmp_path / "chk" / "checkpoint.pth.tar").exists()  # stopped before training
+
+
+def test_check_data_passes_on_good_data(tiny_root, tmp_path, capsys):
+    code, stdout, _ = cli(args_for(tiny_root, tmp_path / "ok", flags=["--check-data"]), capsys)
+    assert code == 0 and "--check-data: all" in stdout
+
+
+@pytest.mark.parametrize("damage,message", [
+    ("empty_class", "holds no images"),
+    ("missing_class", "classes differ between domains"),
+])
+def test_layout_errors_before_training(tiny_root, tmp_path, capsys, damage, message):
+    root = tmp_path / "layout"
+    shutil.copytree(tiny_root, root)
+    cls = root / "embedded_digits" / "blend" / "train" / "7"
+    if damage == "empty_class":
+        for f in cls.glob("*.png"):
+            f.unlink()
+    else:
+        shutil.rmtree(cls)
+    code, _, err = cli(args_for(str(root), tmp_path / "out"), capsys)
+    line = one_error_line(err)
+    assert code == 2 and message in line
+    assert (str(cls) in line) if damage == "empty_class" else (str(cls.parent) in line and "['7']" in line)
+
+
+def test_a_domain_smaller_than_its_batch_share_is_a_warning(tiny_root, tmp_path, capsys):
+    code, stdout, _ = cli(args_for(tiny_root, tmp_path / "out", extra=["DATALOADER.TRAIN_X.BATCH_SIZE", "192"]), capsys)
+    assert code == 0
+    assert "warning: source domain 'hand' has 60 training images, fewer than its per-batch share of 64" in stdout
+
+
+@pytest.mark.parametrize("mode", ["I;16", "RGBA", "P", "L", "LA", "CMYK"])
+def test_images_in_other_modes_decode_to_rgb(tmp_path, mode):
+    from dael_plugin.builtin.data import decode
+
+    arr = (np.arange(64).reshape(8, 8) * 4).astype(np.uint8)
+    if mode == "I;16":
+        img = Image.fromarray(arr.astype(np.uint16) * 257)  # a 16-bit grey image
+    else:
+        img = Image.fromarray(arr, "L").convert(mode)
+    path = tmp_path / f"x_{mode.replace(';', '')}.{'png' if mode != 'CMYK' else 'jpg'}"
+    img.save(path)
+    out = decode(str(path))
+    assert out.mode == "RGB" and out.size == (8, 8)
+    g = np.asarray(out)[..., 0].astype(int)
+    assert g.max() - g.min() > 100  # the content survives, not a blank or saturated image
+
+
+# -- 5. every bad input: one error line, exit 2 ---------------------------------
+def _bad_files(tmp_path):
+    (tmp_path / "notyaml.yaml").write_text("OPTIM: [unclosed\n  LR: 0.1\n")
+    (tmp_path / "list.yaml").write_text("- a\n- b\n")
+    (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00\x81garbage")
+    (tmp_path / "afile").write_text("x")
+
+
+BAD = [
+    ("MAX_EPOCH 0", ["OPTIM.MAX_EPOCH", "0"], "OPTIM.MAX_EPOCH=0 is invalid"),
+    ("MAX_EPOCH -1", ["OPTIM.MAX_EPOCH", "-1"], "OPTIM.MAX_EPOCH=-1 is invalid"),
+    ("BATCH_SIZE 0", ["DATALOADER.TRAIN_X.BATCH_SIZE", "0"], "DATALOADER.TRAIN_X.BATCH_SIZE=0 is invalid"),
+    ("BATCH_SIZE -4", ["DATALOADER.TRAIN_X.BATCH_SIZE", "-4"], "DATALOADER.TRAIN_X.BATCH_SIZE=-4 is invalid"),
+    ("test BATCH_SIZE 0", ["DATALOADER.TEST.BATCH_SIZE", "0"], "DATALOADER.TEST.BATCH_SIZE=0 is invalid"),
+    ("LR 0", ["OPTIM.LR", "0.0"], "OPTIM.LR=0.0 is invalid"),
+    ("flag after opts", ["--seed", "4"], "flag --seed comes after the trailing KEY VALUE options"),
+]
+
+
+@pytest.mark.parametrize("case,opts,message", BAD, ids=[c[0] for c in BAD])
+def test_bad_values_are_one_error_line(tmp_path, tiny_root, capsys, case, opts, message):
+    code, _, err = cli(args_for(tiny_root, tmp_path / "o") + opts, capsys)
+    assert code == 2 and message in one_error_line(err)
+    assert not (tmp_path / "o").exists()  # refused before anything was written
+
+
+BAD_FILES = [
+    ("not YAML", lambda t: ["--config-file", str(t / "notyaml.yaml")], "is not valid YAML at line"),
+    ("YAML list", lambda t: ["--config-file", str(t / "list.yaml")], "holds a list, not a mapping"),
+    ("binary file", lambda t: ["--config-file", str(t / "binary.yaml")], "cannot be read"),
+    ("missing file", lambda t: ["--config-file", str(t / "nope.yaml")], "not found"),
+    ("output dir is a file", lambda t: ["--output-dir", str(t / "afile")], "exists and is not a directory"),
+    ("output dir cannot be made", lambda t: ["--output-dir", str(t / "afile" / "sub")], "cannot be created"),
+]
+
+
+@pytest.mark.parametrize("case,flag,message", BAD_FILES, ids=[c[0] for c in BAD_FILES])
+def test_bad_files_and_folders_are_one_error_line(tmp_path, tiny_root, capsys, case, flag, message):
+    _bad_files(tmp_path)
+    code, _, err = cli(args_for(tiny_root, tmp_path / "o", flags=flag(tmp_path)), capsys)  # later flags win
+    assert code == 2 and message in one_error_line(err)
+
+
+def test_no_root_is_an_error_and_writes_nothing_into_the_cwd(tmp_path, capsys, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    argv = args_for("", tmp_path / "o")
+    argv = argv[: argv.index("--root")] + argv[argv.index("--root") + 2:]
+    code, _, err = cli(argv, capsys)
+    assert code == 2 and "no dataset root given; pass --root DIR" in one_error_line(err)
+    assert os.listdir(tmp_path) == []
+
+
+# -- 7. logs -------------------------------------------------------------------
+def test_redirected_logs_get_lines_not_progress_bars(tmp_path, tiny_root):
+    out = tmp_path / "log"
+    proc = spawn(args_for(tiny_root, out, epochs=1))
+    stdout, stderr = proc.communicate(timeout=300)
+    assert proc.returncode == 0, stderr[-2000:]
+    log = (out / "log.txt").read_text()
+    assert "\r" not in log and "\r" not in stderr and "it/s" not in stderr
+    assert "epoch [1/1] batch [3/" in log and "epoch [1/1] batch [6/" in log  # every PRINT_FREQ=3 batches
+
+
+def test_console_script_is_declared():
+    import configparser
+
+    cp = configparser.ConfigParser()
+    cp.read(os.path.join(ROOT, "setup.cfg"))
+    scripts = dict(line.split("=", 1) for line in cp["options.entry_points"]["console_scripts"].strip().splitlines())
+    scripts = {k.strip(): v.strip() for k, v in scripts.items()}
+    assert scripts["dael-train"] == "dael_plugin.cli:main"
+    assert scripts["dael-demo"] == "dael_plugin.demo:main"
+    exe = shutil.which("dael-train")
+    if exe:  # installed with pip install -e . (as `make test` does)
+        proc = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0 and "--check-data" in proc.stdout
+
+
+# -- 8. scientific validity ----------------------------------------------------
+def test_daeldg_on_a_da_dataset_never_uses_target_data(tmp_path, tiny_root, capsys):
+    out = tmp_path / "dg"
+    code, stdout, _ = cli(args_for(tiny_root, out, trainer="DAELDG",
+                                   cfg=os.path.join(ROOT, "configs/trainers/dg/daeldg/embedded_digits_dg.yaml")), capsys)
+    assert code == 0
+    assert "setting DG" in stdout and "DAELDG runs domain generalisation: the target train split is unused" in stdout
+    assert "loss_u" not in (out / "log.txt").read_text()
+    code, stdout, _ = cli(args_for(tiny_root, tmp_path / "da"), capsys)
+    assert code == 0 and "setting DA" in stdout and "loss_u" in stdout
+
+
+def test_dassl_resnet_names_mean_torchvision_weights_on_the_builtin_engine():
+    from dael_plugin.backbones import build_backbone
+
+    m = build_backbone("resnet18", pretrained=False)
+    assert m.model.pretrained_cfg["tag"] == "tv_in1k"
+    assert build_backbone("resnet50", pretrained=False).model.pretrained_cfg["tag"] == "tv_in1k"
+
+
+def test_pretrained_timm_without_a_local_file_fails_fast(monkeypatch):
+    from dael_plugin.backbones import TimmBackbone
+    from dael_plugin.backbones import timm_backbone as tb
+    from dael_plugin.errors import DAELConfigError
+
+    monkeypatch.setattr(tb, "_host_resolves", lambda url: False)  # as on a machine without network
+    t = time.time()
+    with pytest.raises(DAELConfigError, match="MODEL.BACKBONE.WEIGHTS") as exc:
+        TimmBackbone("resnet18", pretrained=True)
+    assert time.time() - t < 10 and "\n" not in str(exc.value)
+
+
+@pytest.mark.parametrize("each_epoch", [False, True])
+def test_test_split_is_honoured_and_each_epoch_prefers_val(tmp_path, tiny_root, capsys, each_epoch):
+    dg_cfg = os.path.join(ROOT, "configs/trainers/dg/daeldg/embedded_digits_dg.yaml")
+    extra = ["TEST.SPLIT", "val"]
+    argv = args_for(tiny_root, tmp_path / "dg", trainer="DAELDG", ds=DS_DG, cfg=dg_cfg, extra=extra)
+    if each_epoch:
+        argv = args_for(tiny_root, tmp_path / "dg", trainer="DAELDG", ds=DS_DG, cfg=dg_cfg, flags=["--eval-each-epoch"])
+    code, stdout, _ = cli(argv, capsys)
+    assert code == 0
+    evals = [line for line in stdout.splitlines() if line.startswith("Evaluate on the")]
+    if each_epoch:
+        assert evals == ["Evaluate on the *val* set", "Evaluate on the *test* set"]
+    else:
+        assert evals == ["Evaluate on the *val* set"]
+    # A dataset without a validation split says so when each epoch reads the test split.
+    code, stdout, _ = cli(args_for(tiny_root, tmp_path / "da", flags=["--eval-each-epoch"]), capsys)
+    assert code == 0 and "there is no validation split, so --eval-each-epoch reads the target *test* split" in stdout

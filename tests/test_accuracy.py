@@ -1,28 +1,38 @@
-"""CI accuracy test: DAEL beats SourceOnly on the embedded set's target domain.
+"""CI accuracy test: DAEL beats SourceOnly on the embedded set's target domain,
+by a margin that holds on any machine.
 
 Both run through scripts/train.py on the built-in engine, so the test also
 holds on a machine without Dassl, on the shipped embedded configs (the epoch
-count is pinned here, so a change to the configs shows up as a change here). Split: sources hand, street, font; target blend (the demo's).
+count is pinned here). Split: sources hand, street, font; target blend (the
+demo's).
 
-How the schedule, seed and margin were chosen (2 CPU cores, torch 2.14.1,
-built-in engine, measured before this test was written; gain = DAEL - SourceOnly
-in target accuracy points):
+What it asserts: the MEAN gain (DAEL - SourceOnly, target test accuracy in
+points) over seeds 1 and 2 is at least MARGIN = 3.0.
 
-- 8 epochs (about 1.5 minutes for both) is too short: gains over seeds 1-4 were
-  +3.8, +4.2, -2.9, -3.3, and with 16 images per domain per batch (more steps)
-  +2.5 and +3.8 for seeds 1 and 3. DAEL's pseudo-labels need time to pass the
-  0.95 threshold.
-- So the test uses the shipped schedule, 15 epochs (the demo's; about 3.5
-  minutes for both): gains +10.4, +7.9 and +7.5 for seeds 1, 2 and 3.
-- A fixed seed makes a run repeatable on one machine (seeded sampler, workers
-  and RandAugment), so the test does not flicker from run to run.
-  Floating-point differences between machines can still move a result by a
-  few test images (one image is 0.42 points).
-- MARGIN = 4 points: about half the smallest measured gain, so it passes with
-  room on other machines, yet a DAEL that only ties SourceOnly fails. The same
-  two runs on the previous configs (a random crop in the weak view) put DAEL
-  1.7 points behind SourceOnly (64.2 vs 65.8), which this test rejects.
-- The same command on an H200 GPU (torch 2.11) gave gains +5.8, +6.2 and +7.5.
+Why a mean of two seeds, and this margin. A run is bitwise repeatable on one
+machine, but another CPU (or a GPU) follows another trajectory from the same
+seed, so a machine change acts like a seed change. Gains measured for this
+split and schedule (15 epochs):
+
+    machine                              code         seed 1  seed 2  seed 3
+    2-core CPU "A" (margin first chosen) before v0.2  +10.4   +7.9    +7.5
+    2-core CPU "B"                       before v0.2  +5.8    +6.7    +6.7
+    H200 GPU, torch 2.11                 before v0.2  +5.8    +6.2    +7.5
+    2-core Intel Xeon, torch 2.14.1      per-draw     +3.8    +9.6    +5.8
+    (per-draw seeding, issue 7, changed every trajectory)
+
+- Single-seed gains range from +3.8 to +10.4 (mean about 7.0, spread about
+  1.8). The old test asserted +4 on seed 1 alone: it fails on the last
+  machine (+3.8) although DAEL leads there on every seed.
+- The mean over seeds 1 and 2 was +9.2, +6.3, +6.0 and +6.7 on the four
+  machines: at least 3.0 points above MARGIN everywhere, about 2.4 spreads of a
+  two-seed mean. A DAEL that only ties SourceOnly has a two-seed mean gain of
+  0 +- about 2.3 (SourceOnly alone varies 64.6-72.1 over seeds and machines),
+  so it passes with a chance of about 1 in 10.
+- A third seed would tighten both sides, but costs another 3-4 minutes on 2
+  cores; two seeds already take about 6 of the suite's minutes.
+- The same test on the previous configs (a random crop in the weak view) put
+  DAEL behind SourceOnly (64.2 vs 65.8 on seed 1), which this test rejects.
 """
 import json
 import os
@@ -34,28 +44,32 @@ from conftest import ROOT, run_train
 pytestmark = pytest.mark.accuracy
 
 EPOCHS = 15
-SEED = 1
-MARGIN = 4.0
+SEEDS = (1, 2)
+MARGIN = 3.0
 
 DS = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 CFG = {"DAEL": "configs/trainers/da/dael/embedded_digits.yaml",
        "SourceOnly": "configs/trainers/da/source_only/embedded_digits.yaml"}
 
 
-def _accuracy(tmp_path, data_root, trainer, extra=()):
-    out = tmp_path / trainer
+def _accuracy(tmp_path, data_root, trainer, seed):
+    out = tmp_path / f"{trainer}_{seed}"
     args = ["--engine", "builtin", "--trainer", trainer, "--root", data_root, "--dataset-config-file", DS,
             "--config-file", os.path.join(ROOT, CFG[trainer]), "--source-domains", "hand", "street", "font",
-            "--target-domains", "blend", "--output-dir", str(out), "--seed", str(SEED),
-            "OPTIM.MAX_EPOCH", str(EPOCHS), "USE_CUDA", "False"] + list(extra)
+            "--target-domains", "blend", "--output-dir", str(out), "--seed", str(seed),
+            "OPTIM.MAX_EPOCH", str(EPOCHS), "USE_CUDA", "False"]
     proc = run_train(args)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-    return json.loads((out / "results.json").read_text())
+    return json.loads((out / "results.json").read_text())["accuracy"]
 
 
 def test_dael_beats_source_only_on_the_target(tmp_path, data_root):
-    so = _accuracy(tmp_path, data_root, "SourceOnly")
-    dael = _accuracy(tmp_path, data_root, "DAEL")
-    print(f"target blend, {EPOCHS} epochs, seed {SEED}: SourceOnly {so['accuracy']:.2f}, DAEL {dael['accuracy']:.2f}, "
-          f"experts {dael['expert_accuracy']}")
-    assert dael["accuracy"] >= so["accuracy"] + MARGIN, (dael["accuracy"], so["accuracy"])
+    gains = []
+    for seed in SEEDS:
+        so = _accuracy(tmp_path, data_root, "SourceOnly", seed)
+        dael = _accuracy(tmp_path, data_root, "DAEL", seed)
+        gains.append(dael - so)
+        print(f"target blend, {EPOCHS} epochs, seed {seed}: SourceOnly {so:.2f}, DAEL {dael:.2f}, gain {dael - so:+.2f}")
+    mean = sum(gains) / len(gains)
+    print(f"mean gain over seeds {SEEDS}: {mean:+.2f} (margin {MARGIN})")
+    assert mean >= MARGIN, (gains, mean)

@@ -215,10 +215,45 @@ def test_ce_only_skips_strong_and_target_passes():
 
 
 def test_prediction_is_mean_of_expert_probabilities():
-    torch.manual_seed(0)
-    heads = ExpertHeads(3, 4, 3)
+    """Hand-worked, identity features, two classes.
+
+    Expert 0 passes the features through as logits, expert 1 outputs zeros.
+    For x = (log 3, 0): expert 0 gives (3/4, 1/4), expert 1 gives (1/2, 1/2),
+    so the prediction is their mean, (5/8, 3/8). Averaging logits instead would
+    give softmax((log 3)/2, 0) = (0.634, 0.366), which this test rejects.
+    """
+    heads = ExpertHeads(2, 2, 2).double()
+    with torch.no_grad():
+        heads.weight.copy_(torch.tensor([[[1.0, 0.0], [0.0, 1.0]], [[0.0, 0.0], [0.0, 0.0]]], dtype=torch.float64))
+        heads.bias.zero_()
     alg = DAEL(torch.nn.Identity(), heads, DAELHparams())
-    x = torch.randn(5, 3)
-    expected = torch.softmax(heads(x), -1).mean(1)
-    torch.testing.assert_close(alg.predict(x), expected)
-    assert torch.allclose(alg.predict(x).sum(-1), torch.ones(5))
+    x = torch.tensor([[math.log(3), 0.0], [0.0, math.log(4)]], dtype=torch.float64)
+    # row 1: expert 0 gives (1/5, 4/5), expert 1 (1/2, 1/2) -> (7/20, 13/20)
+    expected = torch.tensor([[5 / 8, 3 / 8], [7 / 20, 13 / 20]], dtype=torch.float64)
+    torch.testing.assert_close(alg.predict(x), expected, atol=1e-12, rtol=0)
+    torch.testing.assert_close(alg.predict_experts(x)[0], torch.tensor([[0.75, 0.25], [0.5, 0.5]], dtype=torch.float64))
+
+
+def test_consistency_averages_all_other_experts_when_a_batch_lacks_a_domain():
+    """N_DOMAIN below the number of sources: three experts, a batch from domains 0
+    and 1 only. Eq. 2's non-expert ensemble of sample 0 is experts 1 AND 2 (Dassl's
+    reference would use expert 1 alone, the only other domain in the batch)."""
+    target = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
+    strong = torch.tensor([[[0.9, 0.1], [0.6, 0.4], [0.2, 0.8]],
+                           [[0.5, 0.5], [0.3, 0.7], [0.7, 0.3]]], dtype=torch.float64)
+    loss = consistency_loss(target, strong.log(), torch.tensor([0, 1]))
+    # sample 0: mean(experts 1, 2) = (0.4, 0.6) -> (1-0.4)^2 + 0.6^2 = 0.72
+    # sample 1: mean(experts 0, 2) = (0.6, 0.4) -> 0.6^2 + (1-0.4)^2 = 0.72
+    assert loss.item() == pytest.approx(0.72, abs=1e-12)
+
+
+def test_split_domains_refuses_batches_that_are_not_domain_chunks():
+    from dael_plugin.batching import split_domains
+    from dael_plugin.errors import DAELConfigError
+
+    chunks, idx = split_domains(torch.tensor([0, 0, 2, 2, 1, 1]), 2, 3)
+    assert chunks == [2, 2, 2] and idx.tolist() == [0, 0, 2, 2, 1, 1]
+    for bad, why in [([0, 1, 0, 1], "contiguous single-domain"), ([0, 0, 1], "does not split"),
+                     ([0, 0, 3, 3], "contiguous single-domain")]:
+        with pytest.raises(DAELConfigError, match=why):
+            split_domains(torch.tensor(bad), 2, 3)

@@ -114,22 +114,58 @@ def _train(tmp_path, tiny_root, trainer, cfg_file, ds=DS_DA, extra=()):
         return json.load(f), proc
 
 
+def _log_value(text, prefix):
+    return [float(line.split(prefix, 1)[1].split("%")[0]) for line in text.splitlines() if line.startswith(prefix)]
+
+
 def test_dael_da_through_train_script(tmp_path, tiny_root):
     res, proc = _train(tmp_path, tiny_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml")
     assert "domain adaptation (L_u on)" in proc.stdout
     assert res["trainer"] == "DAEL" and res["engine"] == "dassl" and res["dataset"] == "EmbeddedDigits"
     assert res["source_domains"] == ["hand", "blend", "font"] and res["target_domains"] == ["street"]
     assert res["seed"] == 1 and res["epochs"] == 1 and res["wall_seconds"] > 0
-    assert 0 <= res["accuracy"] <= 100
-    assert set(res["expert_accuracy"]) == {"hand", "blend", "font"}
+    # The record is the run's own final test, as printed by Dassl's evaluator ...
+    assert _log_value(proc.stdout, "* accuracy: ") == [pytest.approx(res["accuracy"], abs=0.05)]
+    experts = proc.stdout.split("* expert accuracy: ", 1)[1].splitlines()[0]
+    for name, acc in res["expert_accuracy"].items():
+        assert f"{name} {acc:.2f}%" in experts
+    # ... and the weights it saved reproduce it.
+    state = torch.load(tmp_path / "DAEL" / "checkpoint.pth.tar", weights_only=True)
+    assert state["epoch"] == 1 and state["engine"] == "dassl" and set(state["models"]) == {"F", "E"}
     assert os.path.isdir(tmp_path / "DAEL" / "tensorboard")
-    assert "loss_u" in open(tmp_path / "DAEL" / "log.txt").read()
+    log = open(tmp_path / "DAEL" / "log.txt").read()
+    assert "loss_u" in log and "mask_u" in log
 
 
 def test_dael_dg_through_train_script(tmp_path, tiny_root):
     res, proc = _train(tmp_path, tiny_root, "DAELDG", "configs/trainers/dg/daeldg/embedded_digits_dg.yaml", ds=DS_DG)
     assert "domain generalisation (no L_u)" in proc.stdout
     assert res["trainer"] == "DAELDG" and len(res["expert_accuracy"]) == 3
+    log = open(tmp_path / "DAELDG" / "log.txt").read()
+    assert "loss_x" in log and "loss_cr" in log and "loss_u" not in log and "mask_u" not in log
+
+
+def test_daeldg_on_a_da_dataset_never_reads_target_training_data(tmp_path, tiny_root, monkeypatch):
+    from dael_plugin.dassl_adapter import DAELTrainer
+
+    cfg = _reference_cfg(tiny_root, 0.95)
+    cfg.defrost()
+    cfg.TRAINER.NAME = "DAELDG"
+    cfg.TRAINER.DAELDG = cfg.TRAINER.DAEL.clone()
+    cfg.OUTPUT_DIR = str(tmp_path / "dg")
+    cfg.OPTIM.MAX_EPOCH = 1
+    trainer = DAELTrainer(cfg)
+    assert not trainer.is_da and trainer.train_loader_u is not None  # the DA dataset has a target split ...
+
+    class Refuse:  # ... which is never iterated nor measured
+        def __iter__(self):
+            raise AssertionError("DAELDG touched the target training data")
+
+        __len__ = __iter__
+
+    trainer.train_loader_u = Refuse()
+    trainer.train()
+    assert (tmp_path / "dg" / "checkpoint.pth.tar").exists()
 
 
 @pytest.mark.parametrize("trainer,cfg_file", [
@@ -148,8 +184,10 @@ def test_dassl_baselines_through_the_same_script(tmp_path, tiny_root, trainer, c
                           "--output-dir", str(tmp_path / "eval"), "--eval-only",
                           "--model-dir", str(tmp_path / trainer), "--load-epoch", "1"] + FAST)
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
-        with open(tmp_path / "eval" / "results.json") as f:
-            assert json.load(f)["accuracy"] == pytest.approx(res["accuracy"])
+        with open(tmp_path / "eval" / "results_eval.json") as f:
+            rec = json.load(f)
+        assert rec["accuracy"] == pytest.approx(res["accuracy"]) and rec["epochs"] == 1
+        assert not (tmp_path / "eval" / "results.json").exists()
 
 
 def test_timm_backbone_under_dassl(tmp_path, tiny_root):
@@ -167,25 +205,42 @@ def test_eval_only_reloads_the_last_checkpoint(tmp_path, tiny_root):
                       "--output-dir", str(tmp_path / "eval"), "--eval-only", "--model-dir", out,
                       "--load-epoch", "1"] + FAST)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    with open(tmp_path / "eval" / "results.json") as f:
+    with open(tmp_path / "eval" / "results_eval.json") as f:
         assert json.load(f)["accuracy"] == pytest.approx(res["accuracy"])
 
 
 def test_dassl_shipped_dael_configs_still_merge():
-    """Dassl's own DAEL / DAELDG YAML files work unchanged (same nodes and keys)."""
+    """Dassl's own DAEL / DAELDG YAML files work unchanged, with and without the
+    plugin's keys: the values in the files arrive, the plugin's keys keep the
+    paper's defaults, and a trainer node without them reads the same defaults."""
     from dassl.config import get_cfg_default
 
-    from dael_plugin import add_dael_config
-
     import dassl
+    from dael_plugin import add_dael_config
+    from dael_plugin.config import hparams_from_cfg
+    from dael_plugin.core import DAELHparams
 
     base = os.path.join(os.path.dirname(os.path.dirname(dassl.__file__)), "configs", "trainers")
-    files = [os.path.join(base, "da/dael", f) for f in ("digit5.yaml", "domainnet.yaml", "mini_domainnet.yaml")]
-    files += [os.path.join(base, "dg/daeldg", f) for f in ("pacs.yaml", "office_home_dg.yaml", "digits_dg.yaml")]
-    files = [f for f in files if os.path.isfile(f)]
-    if not files:
-        pytest.skip("Dassl was installed without its configs/ folder")
-    for f in files:
-        cfg = get_cfg_default()
-        add_dael_config(cfg)
-        cfg.merge_from_file(f)
+    files = {"da/dael/digit5.yaml": "DAEL", "da/dael/domainnet.yaml": "DAEL", "da/dael/mini_domainnet.yaml": "DAEL",
+             "dg/daeldg/pacs.yaml": "DAELDG", "dg/daeldg/office_home_dg.yaml": "DAELDG",
+             "dg/daeldg/digits_dg.yaml": "DAELDG"}
+    present = {f: t for f, t in files.items() if os.path.isfile(os.path.join(base, f))}
+    if not present:
+        pytest.skip(f"Dassl was installed without its configs/ folder (looked in {base})")
+    import yaml
+
+    for f, trainer in present.items():
+        path = os.path.join(base, f)
+        with open(path) as fh:
+            node = yaml.safe_load(fh)["TRAINER"][trainer]
+        for with_plugin_keys in (True, False):
+            cfg = get_cfg_default()
+            if with_plugin_keys:
+                add_dael_config(cfg)
+            cfg.merge_from_file(path)
+            cfg.TRAINER.NAME = trainer
+            assert list(cfg.TRAINER[trainer].STRONG_TRANSFORMS) == node["STRONG_TRANSFORMS"], f
+            hp = hparams_from_cfg(cfg)
+            assert hp.conf_thre == cfg.TRAINER[trainer].CONF_THRE and hp.weight_u == cfg.TRAINER[trainer].WEIGHT_U
+            assert (hp.cr_target, hp.cr_mode, hp.classifier, hp.pseudo_label, hp.views, hp.losses) == (
+                DAELHparams().cr_target, "collaborative", "experts", "expert", "weak_strong", "ce_cr_u")

@@ -98,8 +98,8 @@ def check_pretrained_reachable(model_name: str) -> None:
 class TimmBackbone(nn.Module):
     """Wraps ``timm.create_model(name, num_classes=0)``: pooled features only.
 
-    ``out_features`` is read from the model's ``num_features``, never
-    hard-coded. Weights: ``pretrained=False`` builds a random model;
+    ``out_features`` is read from the model (``head_hidden_size``, else
+    ``num_features``), never hard-coded. Weights: ``pretrained=False`` builds a random model;
     ``pretrained=True`` loads ``weights_file`` if given (a local state dict,
     through timm's ``pretrained_cfg_overlay``), otherwise timm's own cache.
     """
@@ -127,7 +127,10 @@ class TimmBackbone(nn.Module):
                 "or set MODEL.BACKBONE.PRETRAINED False"
             ) from None
         self.model_name = model_name
-        self.out_features = int(self.model.num_features)
+        # With num_classes=0 the model returns its pre-logits features: for most
+        # models that is num_features, but models with a head conv (MobileNetV3,
+        # EfficientNet-style heads) return head_hidden_size.
+        self.out_features = int(getattr(self.model, "head_hidden_size", None) or self.model.num_features)
 
     def forward(self, x):
         return self.model(x)

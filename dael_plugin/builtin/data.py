@@ -52,7 +52,7 @@ class _SeededDraw:
     def __enter__(self):
         if get_worker_info() is None:
             self.saved = (torch.get_rng_state(), np.random.get_state(), random.getstate())
-        torch.manual_seed(self.seed)
+        torch.default_generator.manual_seed(self.seed)  # the CPU generator only: augmentations run there
         np.random.seed(self.seed % (2 ** 32))
         random.seed(self.seed)
 

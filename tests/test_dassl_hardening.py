@@ -1,0 +1,222 @@
+"""Issue 7 on the Dassl engine: exact resume, safe loads, Dassl's own entry
+point and checkpoints, timm in Dassl's registry, and equivalence with Dassl's
+DAEL and DAELDG over several steps. Marked ``dassl``."""
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from conftest import ROOT
+from test_hardening import Evil, spawn, wait_for
+
+pytestmark = pytest.mark.dassl
+
+DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
+DS_DG = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
+DAEL_CFG = os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")
+DG_CFG = os.path.join(ROOT, "configs/trainers/dg/daeldg/embedded_digits_dg.yaml")
+FAST = ["USE_CUDA", "False", "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8",
+        "TRAIN.PRINT_FREQ", "3"]
+
+
+def dassl_args(root, out, epochs=1, trainer="DAEL", ds=DS_DA, cfg=DAEL_CFG, flags=(), extra=()):
+    return (["--engine", "dassl", "--trainer", trainer, "--root", root, "--dataset-config-file", ds,
+             "--config-file", cfg, "--source-domains", "hand", "blend", "font", "--target-domains", "street",
+             "--output-dir", str(out), "--seed", "3"] + list(flags) + FAST
+            + ["OPTIM.MAX_EPOCH", str(epochs)] + list(extra))
+
+
+def test_dassl_engine_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root):
+    """Dassl's loaders start new workers each epoch, seeded from the global torch
+    RNG, and its RandomDomainSampler draws from Python's random: restoring those
+    states at the epoch boundary makes the resumed run equal the uninterrupted one."""
+    workers = ["DATALOADER.NUM_WORKERS", "2"]
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    proc = spawn(dassl_args(tiny_root, full, epochs=3, extra=workers))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    proc = spawn(dassl_args(tiny_root, killed, epochs=3, extra=workers))
+    assert wait_for(str(killed / "log.txt"), "epoch [2/3] batch [3/", proc), "never reached epoch 2"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert not (killed / "results.json").exists()
+    proc = spawn(dassl_args(tiny_root, killed, epochs=3, extra=workers))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    # Wherever the kill landed (mid-epoch 2, or just after its checkpoint), it resumed, not restarted.
+    assert "will resume training from epoch 2" in out or "will resume training from epoch 3" in out
+    a = torch.load(full / "checkpoint.pth.tar", weights_only=True)["models"]
+    b = torch.load(killed / "checkpoint.pth.tar", weights_only=True)["models"]
+    for name in a:
+        for k in a[name]:
+            assert torch.equal(a[name][k], b[name][k]), (name, k)
+    ra, rb = (json.loads((d / "results.json").read_text()) for d in (full, killed))
+    assert ra["accuracy"] == rb["accuracy"] and ra["expert_accuracy"] == rb["expert_accuracy"]
+
+
+def test_dassl_engine_refuses_pickled_code_and_config_changes(tmp_path, tiny_root):
+    marker = tmp_path / "PWNED"
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    torch.save({"epoch": 1, "x": Evil(marker)}, victim / "checkpoint.pth.tar")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py")]
+                          + dassl_args(tiny_root, tmp_path / "new", flags=["--resume", str(victim)],
+                                       extra=["DATALOADER.NUM_WORKERS", "0"]),
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2 and "refusing to load" in proc.stderr.strip().splitlines()[-1]
+    assert not marker.exists() and "Traceback" not in proc.stderr
+
+    # A baseline's --eval-only goes through the plugin's loader too.
+    (victim / "model").mkdir()
+    torch.save({"state_dict": {}, "epoch": 1, "x": Evil(marker)}, victim / "model" / "model.pth.tar-1")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py")]
+                          + dassl_args(tiny_root, tmp_path / "ev", trainer="SourceOnly",
+                                       cfg=os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.yaml"),
+                                       flags=["--eval-only", "--model-dir", str(victim), "--load-epoch", "1"],
+                                       extra=["DATALOADER.NUM_WORKERS", "0"]),
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    assert proc.returncode == 2 and "refusing to load" in proc.stderr.strip().splitlines()[-1]
+    assert not marker.exists()
+
+
+def test_dassl_engine_divergence_exits_3_without_a_result(tmp_path, tiny_root):
+    out = tmp_path / "nan"
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py")]
+                          + dassl_args(tiny_root, out, epochs=2, extra=["DATALOADER.NUM_WORKERS", "0", "OPTIM.LR", "1e6"]),
+                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 3 and last.startswith("error: the ") and "NaN/inf at epoch 1" in last
+    assert not (out / "results.json").exists() and (out / "failed.json").exists()
+
+
+def _ref_cfg(root, trainer="DAEL", out="eq"):
+    from dassl.config import get_cfg_default
+
+    from dael_plugin import add_dael_config
+
+    cfg = add_dael_config(get_cfg_default())
+    da = trainer == "DAEL"
+    cfg.merge_from_file(DS_DA if da else DS_DG)
+    cfg.merge_from_file(DAEL_CFG if da else DG_CFG)
+    node = f"TRAINER.{trainer}"
+    cfg.merge_from_list([
+        "DATASET.ROOT", root, "DATASET.SOURCE_DOMAINS", ["hand", "blend", "font"],
+        "DATASET.TARGET_DOMAINS", ["street"], "TRAINER.NAME", trainer, "USE_CUDA", False,
+        "DATALOADER.NUM_WORKERS", 0, "VERBOSE", False, "OUTPUT_DIR", os.path.join(root, out),
+        f"{node}.STRONG_TRANSFORMS", ["random_crop", "randaugment2", "normalize"],
+        f"{node}.CONF_THRE", 0.25, "MODEL.BACKBONE.NAME", "cnn_digit5_m3sda",
+    ])
+    return cfg
+
+
+@pytest.mark.parametrize("trainer", ["DAEL", "DAELDG"])
+def test_three_steps_match_dassls_own_trainer(data_root, trainer):
+    """The same weights and batches, three SGD steps in a row: the losses and the
+    parameters after each step agree with Dassl's DAEL / DAELDG.
+
+    At lr 1e-3 (measured: losses within 1.3e-4, parameters and batch-norm
+    running statistics within 3.2e-5 after 3 steps; tolerance 1e-4). At the configs' lr 0.05 this network is chaotic: Dassl's own
+    trainer, started from weights perturbed by 1e-6, is 2e-4 away after one
+    step and 1e-2 after two, so no tight multi-step tolerance is meaningful
+    there. The loss gap is Dassl's log(p + 1e-5) against an exact log-softmax.
+    """
+    from dassl.engine.da.dael import DAEL as RefDAEL
+    from dassl.engine.dg.daeldg import DAELDG as RefDAELDG
+
+    from dael_plugin.dassl_adapter import DAELTrainer
+
+    cfg = _ref_cfg(data_root, trainer, out=f"eq_{trainer}")
+    cfg.defrost()
+    cfg.OPTIM.LR = 1e-3
+    torch.manual_seed(0)
+    ref = (RefDAEL if trainer == "DAEL" else RefDAELDG)(cfg)
+    ours = DAELTrainer(cfg)
+    ours.F.load_state_dict(ref.F.state_dict())
+    ours.E.load_state_dict(ref.E.state_dict())  # Dassl's linears.<k>.* layout, converted as it loads
+    it_x = iter(ours.train_loader_x)
+    it_u = iter(ours.train_loader_u) if trainer == "DAEL" else None
+    for m in (ref, ours):
+        m.batch_idx, m.num_batches = 0, 100
+        m.set_model_mode("train")
+    for step in range(3):
+        batch_x = next(it_x)
+        batch_u = next(it_u) if it_u is not None else None
+        torch.manual_seed(10 + step)
+        r = ref.forward_backward(batch_x, batch_u) if trainer == "DAEL" else ref.forward_backward(batch_x)
+        torch.manual_seed(10 + step)
+        o = {k: float(v) for k, v in ours.forward_backward(batch_x, batch_u).items()}
+        assert ("loss_u" in o) == (trainer == "DAEL")
+        for key in ["loss_x", "loss_cr"] + (["loss_u"] if trainer == "DAEL" else []):
+            assert abs(r[key] - o[key]) < 2e-4, (step, key, r[key], o[key])
+        for (name, p_ref), p_ours in zip(ref.F.state_dict().items(), ours.F.state_dict().values()):
+            diff = (p_ours.float() - p_ref.float()).abs().max().item()
+            assert diff < 1e-4, (step, name, diff)
+        for k, lin in enumerate(ref.E.linears):
+            torch.testing.assert_close(ours.E.weight[k], lin.weight, atol=1e-4, rtol=0)
+
+
+def test_a_checkpoint_of_dassls_dael_loads_with_the_experts_converted(data_root, tmp_path):
+    from dassl.engine.da.dael import DAEL as RefDAEL
+
+    from dael_plugin.dassl_adapter import DAELTrainer
+
+    cfg = _ref_cfg(data_root, out="conv")
+    torch.manual_seed(0)
+    ref = RefDAEL(cfg)
+    ref.save_model(0, str(tmp_path))  # Dassl's layout: F/model.pth.tar-1, E/model.pth.tar-1
+    torch.manual_seed(1)  # different initial weights, so a silent non-load would show
+    ours = DAELTrainer(cfg)
+    assert ours.load_model(str(tmp_path), epoch=1) == 1
+    x = next(iter(ours.test_loader))["img"]
+    ref.set_model_mode("eval")
+    ours.set_model_mode("eval")
+    with torch.no_grad():
+        torch.testing.assert_close(ours.model_inference(x), ref.model_inference(x), atol=1e-6, rtol=0)
+
+
+def _dassl_tools_train(tmp_path):
+    import dassl
+
+    src = os.path.join(os.path.dirname(os.path.dirname(dassl.__file__)), "tools", "train.py")
+    if not os.path.isfile(src):
+        pytest.skip(f"Dassl was installed without tools/train.py (looked for {src})")
+    dst = tmp_path / "dassl_train.py"
+    shutil.copy(src, dst)
+    text = dst.read_text()
+    dst.write_text("import dael_plugin  # the only line added\n" + text)
+    return str(dst)
+
+
+@pytest.mark.parametrize("trainer", ["DAEL", "DAELDG"])
+def test_dassls_own_train_script_runs_the_plugin_with_one_import(tmp_path, tiny_root, trainer):
+    script = _dassl_tools_train(tmp_path)
+    ds, cfg = (DS_DA, DAEL_CFG) if trainer == "DAEL" else (DS_DG, DG_CFG)
+    out = tmp_path / "out"
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, script, "--root", tiny_root, "--trainer", trainer,
+                           "--source-domains", "hand", "blend", "font", "--target-domains", "street",
+                           "--dataset-config-file", ds, "--config-file", cfg, "--output-dir", str(out),
+                           "--seed", "1", "OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False"],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "replaced Dassl's built-in trainer" in proc.stdout and "* accuracy:" in proc.stdout
+    assert "CR_TARGET" not in proc.stdout  # the plugin's keys were never added: defaults were used
+    assert (out / "checkpoint.pth.tar").exists()
+
+
+@pytest.mark.parametrize("name", ["timm_resnet18", "timm_test_convnext", "timm_mobilenetv3_small_050",
+                                  "timm_resnet18.tv_in1k"])
+def test_dassls_build_backbone_takes_any_timm_model(name):
+    import dael_plugin  # noqa: F401
+    from dassl.modeling import build_backbone
+
+    m = build_backbone(name, verbose=False, pretrained=False)
+    x = torch.randn(2, 3, 32, 32)
+    assert m(x).shape == (2, m.out_features)
+    with pytest.raises(ValueError):
+        build_backbone("timm_no_such_model_xyz", verbose=False, pretrained=False)

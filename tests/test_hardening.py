@@ -465,3 +465,32 @@ def test_test_split_is_honoured_and_each_epoch_prefers_val(tmp_path, tiny_root, 
     # A dataset without a validation split says so when each epoch reads the test split.
     code, stdout, _ = cli(args_for(tiny_root, tmp_path / "da", flags=["--eval-each-epoch"]), capsys)
     assert code == 0 and "there is no validation split, so --eval-each-epoch reads the target *test* split" in stdout
+
+
+def test_n_domain_below_the_number_of_sources_trains_every_expert(tmp_path, tiny_root, capsys, monkeypatch):
+    """Two of the three source domains per batch: each batch's chunks map to the
+    right experts (checked on every step), and L_cr averages the K-1 = 2 other
+    experts (Eq. 2), not only the one other domain present."""
+    from dael_plugin.builtin import trainer as bt
+    from dael_plugin.core import losses
+
+    seen, others = [], []
+    real_losses = bt.DAEL.losses
+    real_cr = losses.consistency_loss
+
+    def spy(self, x_views, labels, expert_idx, chunk_sizes, u_views=None):
+        seen.append((tuple(chunk_sizes), sorted(set(expert_idx.tolist()))))
+        return real_losses(self, x_views, labels, expert_idx, chunk_sizes, u_views)
+
+    def spy_cr(target, pred_log_probs, expert_idx, mode="collaborative", kind="mse"):
+        others.append(pred_log_probs.shape[1])
+        return real_cr(target, pred_log_probs, expert_idx, mode, kind)
+
+    monkeypatch.setattr(bt.DAEL, "losses", spy)
+    monkeypatch.setattr(losses, "consistency_loss", spy_cr)
+    code, stdout, _ = cli(args_for(tiny_root, tmp_path / "nd", extra=["DATALOADER.TRAIN_X.N_DOMAIN", "2",
+                                                                       "DATALOADER.TRAIN_X.BATCH_SIZE", "16"]), capsys)
+    assert code == 0
+    assert seen and all(chunks == (8, 8) and len(experts) == 2 for chunks, experts in seen)
+    assert {e for _, experts in seen for e in experts} == {0, 1, 2}  # every expert gets batches
+    assert set(others) == {3}  # the consistency term sees all three experts' predictions

@@ -58,6 +58,14 @@ def make_trainers(args, device):
     ours.hparams = DAELHparams(conf_thre=args.conf_thre)
     ours.algorithm = Core(ours.F, ours.E, ours.hparams)
     ours.is_da = True
+    # What DAELTrainer.__init__ sets beside Dassl's machinery (divergence flag, config for PRINT_FREQ).
+    from yacs.config import CfgNode as CN
+
+    from dael_plugin.guard import FiniteGuard
+
+    ours.guard, ours.bad_images = FiniteGuard(), set()
+    ours.cfg = CN({"TRAIN": {"PRINT_FREQ": 10**9}, "OPTIM": {"LR": 0.01}})
+    ours.output_dir = ""
     for t in (ref, ours):
         t.register_model("F", t.F, optim(t.F), None)
         t.register_model("E", t.E, optim(t.E), None)

@@ -150,7 +150,16 @@ class BuiltinTrainer:
         return {"format": ckpt.FORMAT, "engine": "builtin", "trainer": self.cfg.TRAINER.NAME,
                 "epoch": epochs_done, "model": self.modules.state_dict(), "optim": self.optim.state_dict(),
                 "sched": self.sched.state_dict(), "rng": ckpt.rng_state(), "config": self.cfg.dump(),
-                "bad_images": sorted(self.bad_images)}
+                "data": self._data_state(epochs_done), "bad_images": sorted(self.bad_images)}
+
+    def _loaders(self):
+        return [l for l in (self.train_loader_x, self.train_loader_u) if l is not None]
+
+    def _data_state(self, epochs_done: int) -> dict:
+        """The samplers' (seed, next epoch) and the loaders' generators. Every draw is
+        derived from these, so they are all the data pipeline's randomness."""
+        return {"sampler_seed": self.seed, "next_epoch": epochs_done,
+                "loader_generators": [l.generator.get_state() for l in self._loaders()]}
 
     def save(self, epoch: int) -> None:
         out = self.cfg.OUTPUT_DIR
@@ -169,7 +178,7 @@ class BuiltinTrainer:
             print("No checkpoint found, train from scratch")
             return 0
         state = ckpt.load_checkpoint(path, map_location=self.device)
-        if state.get("format") != ckpt.FORMAT or "rng" not in state:
+        if state.get("format") != ckpt.FORMAT or "rng" not in state or "data" not in state:
             raise ckpt.CheckpointError(
                 f"{path} was written by an older dael-plugin and cannot be resumed exactly; "
                 "pass a new --output-dir to start fresh (it still loads with --eval-only)"
@@ -179,6 +188,8 @@ class BuiltinTrainer:
         self.optim.load_state_dict(state["optim"])
         self.sched.load_state_dict(state["sched"])
         ckpt.set_rng_state(state["rng"])
+        for loader, gen in zip(self._loaders(), state["data"]["loader_generators"]):
+            loader.generator.set_state(gen)
         self.bad_images.update(state.get("bad_images", []))
         print(f"Found checkpoint at {path} (will resume training from epoch {state['epoch'] + 1})")
         return int(state["epoch"])

@@ -33,6 +33,10 @@ def _dael_node_keys(node: CN) -> None:
     node.CR_LOSS = _DEFAULTS.cr_loss  # "mse" | "kl"                       (Eq. 2 footnote)
     node.VIEWS = _DEFAULTS.views  # "weak_strong" | "strong_weak" | "strong_strong"
     node.LOSSES = _DEFAULTS.losses  # "ce_cr_u" | "ce_cr" | "ce"          (Fig. 4)
+    # Execution, not method: one backbone call over a view's source chunks with
+    # per-chunk batch-norm statistics (the reference's semantics); off by default
+    # until the demo's accuracy is re-measured with it (issue 8).
+    node.FUSE_CHUNKS = False
     # Extra magnitude knobs for torchvision's augmentations in STRONG_TRANSFORMS.
     node.TV_RANDAUGMENT_N = 2
     node.TV_RANDAUGMENT_M = 9
@@ -84,6 +88,10 @@ def hparams_from_cfg(cfg: CN) -> DAELHparams:
         )
     except ValueError as exc:
         raise DAELConfigError(f"{prefix}{exc}") from None
+
+
+def fuse_chunks_from_cfg(cfg: CN) -> bool:
+    return bool(trainer_node(cfg).get("FUSE_CHUNKS", False))
 
 
 def uses_target_data(cfg: CN) -> bool:

@@ -29,7 +29,7 @@ from tqdm import tqdm
 from .. import checkpoint as ckpt
 from ..augment import build_test_transform, build_train_transform, build_views, check_names
 from ..backbones import build_backbone
-from ..config import check_dael_cfg, hparams_from_cfg, trainer_node, uses_target_data
+from ..config import check_dael_cfg, fuse_chunks_from_cfg, hparams_from_cfg, trainer_node, uses_target_data
 from ..core import DAEL, build_heads
 from ..data.folders import load_splits
 from ..errors import DAELConfigError
@@ -387,7 +387,7 @@ class DAELBuiltin(BuiltinTrainer):
         b = self.cfg.MODEL.BACKBONE
         backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
         heads = build_heads(backbone.out_features, self.num_classes, len(self.sources), self.hparams)
-        self.algorithm = DAEL(backbone, heads, self.hparams)
+        self.algorithm = DAEL(backbone, heads, self.hparams, fuse_chunks=fuse_chunks_from_cfg(self.cfg))
         return {"F": backbone, "E": heads}
 
     def forward_backward(self, batch_x, batch_u):

@@ -12,6 +12,7 @@ from typing import Callable, Dict, Optional, Sequence
 import torch
 from torch import nn
 
+from .chunk_norm import per_chunk_batch_norm, unfusable_reason
 from .heads import ExpertHeads
 from .hparams import DAELHparams
 from .losses import dael_losses, ensemble_probs
@@ -25,6 +26,10 @@ class DAEL:
         heads: the K experts (``ExpertHeads`` with K = number of source
             domains, or 1 for the single-classifier ablation).
         hparams: loss weights and design switches.
+        fuse_chunks: run the source chunks of a view through the backbone in
+            one call with per-chunk batch-norm statistics (same semantics as
+            one call per chunk; see :mod:`.chunk_norm`). Falls back to one call
+            per chunk, saying why once, where that is not exact.
     """
 
     def __init__(
@@ -32,20 +37,34 @@ class DAEL:
         featurizer: Callable[[torch.Tensor], torch.Tensor],
         heads: ExpertHeads,
         hparams: DAELHparams,
+        fuse_chunks: bool = False,
     ) -> None:
         self.featurizer = featurizer
         self.heads = heads
         self.hparams = hparams
+        self.fuse_chunks = fuse_chunks
+        self._fusable: Optional[bool] = None
+
+    def _can_fuse(self) -> bool:
+        if self._fusable is None:
+            reason = unfusable_reason(self.featurizer) if isinstance(self.featurizer, torch.nn.Module) else "not a module"
+            self._fusable = reason is None
+            if reason is not None:
+                print(f"dael_plugin: FUSE_CHUNKS falls back to one backbone call per domain chunk: {reason}")
+        return self._fusable
 
     def encode(self, x: torch.Tensor, chunk_sizes: Sequence[int]) -> torch.Tensor:
-        """Features of ``x``, one backbone call per chunk.
+        """Features of ``x`` with batch-norm statistics per domain chunk.
 
-        One call per source-domain chunk keeps batch-norm statistics per
-        domain, as in Dassl's reference DAEL. This is the single place a
-        fused (grouped-statistics) backbone call would replace.
+        One backbone call per source-domain chunk, as in Dassl's reference
+        DAEL, or, with ``fuse_chunks`` and equal chunks, one call in which
+        each chunk is normalised with its own statistics.
         """
         if len(chunk_sizes) == 1:
             return self.featurizer(x)
+        if self.fuse_chunks and len(set(chunk_sizes)) == 1 and self._can_fuse():
+            with per_chunk_batch_norm(self.featurizer, len(chunk_sizes)):
+                return self.featurizer(x)
         return torch.cat([self.featurizer(c) for c in torch.split(x, list(chunk_sizes))], 0)
 
     def losses(

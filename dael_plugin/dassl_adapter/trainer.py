@@ -29,7 +29,7 @@ from dassl.utils import count_num_param
 from .. import checkpoint as ckpt
 from ..augment import build_views, check_names
 from ..batching import split_domains
-from ..config import check_dael_cfg, hparams_from_cfg, trainer_node, uses_target_data
+from ..config import check_dael_cfg, fuse_chunks_from_cfg, hparams_from_cfg, trainer_node, uses_target_data
 from ..core import DAEL, build_heads
 from ..errors import DAELConfigError
 from ..guard import FiniteGuard, divergence_error, params_finite
@@ -102,7 +102,7 @@ class DAELTrainer(TrainerXU):
         self.optim_E = build_optimizer(self.E, cfg.OPTIM)
         self.sched_E = build_lr_scheduler(self.optim_E, cfg.OPTIM)
         self.register_model("E", self.E, self.optim_E, self.sched_E)
-        self.algorithm = DAEL(self.F, self.E, self.hparams)
+        self.algorithm = DAEL(self.F, self.E, self.hparams, fuse_chunks=fuse_chunks_from_cfg(cfg))
 
     def run_epoch(self):
         self.guard.reset()

@@ -56,7 +56,7 @@ def make_trainers(args, device):
     ours.F = copy.deepcopy(backbone)
     ours.E = ExpertHeads(backbone.out_features, c, k).to(device).load_from_linears(ref_experts.linears)
     ours.hparams = DAELHparams(conf_thre=args.conf_thre)
-    ours.algorithm = Core(ours.F, ours.E, ours.hparams)
+    ours.algorithm = Core(ours.F, ours.E, ours.hparams, fuse_chunks=args.fuse)
     ours.is_da = True
     # What DAELTrainer.__init__ sets beside Dassl's machinery (divergence flag, config for PRINT_FREQ).
     from yacs.config import CfgNode as CN
@@ -100,6 +100,8 @@ def main():
     p.add_argument("--warmup", type=int, default=3)
     p.add_argument("--repeats", type=int, default=15)
     p.add_argument("--device", default="auto", choices=("auto", "cpu", "cuda"))
+    p.add_argument("--no-fuse", dest="fuse", action="store_false",
+                   help="one backbone call per domain chunk, as Dassl (default: the fused per-chunk-BN pass)")
     args = p.parse_args()
 
     import dael_plugin  # noqa: F401
@@ -128,7 +130,7 @@ def main():
     diff = max(abs(r[k] - o[k]) for k in ("loss_x", "loss_cr", "loss_u"))
     print(f"device: {device} ({torch.cuda.get_device_name() if device.type == 'cuda' else 'CPU, %d threads' % torch.get_num_threads()})")
     print(f"backbone: {args.backbone}; batch: {args.domains} domains x {args.per_domain} + {args.target} target; "
-          f"{args.size}x{args.size}")
+          f"{args.size}x{args.size}; plugin: {'fused per-chunk batch norm' if args.fuse else 'one call per chunk'}")
     print(f"losses ref {r['loss_x']:.5f}/{r['loss_cr']:.5f}/{r['loss_u']:.5f} "
           f"ours {o['loss_x']:.5f}/{o['loss_cr']:.5f}/{o['loss_u']:.5f} (max abs diff {diff:.2e})")
     for _ in range(args.warmup):

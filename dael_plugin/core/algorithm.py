@@ -99,10 +99,17 @@ class DAEL:
         if use_u:
             with torch.no_grad():
                 logits_u_t = self.heads(self.featurizer(u_views[t]))
-        logits_x_t = self.heads(self.encode(x_views[t], chunk_sizes))
         logits_x_p = None
-        if hp.use_cr:
-            logits_x_p = self.heads(self.encode(x_views[p], chunk_sizes))
+        if hp.use_cr and self.fuse_chunks and x_views[t].shape == x_views[p].shape:
+            # Both views in one call: 2K chunks in the reference's call order
+            # (target view d1..dK, then prediction view d1..dK), so batch-norm
+            # statistics and running-statistic updates are unchanged.
+            feats = self.encode(torch.cat([x_views[t], x_views[p]]), list(chunk_sizes) * 2)
+            logits_x_t, logits_x_p = self.heads(feats).split(x_views[t].shape[0])
+        else:
+            logits_x_t = self.heads(self.encode(x_views[t], chunk_sizes))
+            if hp.use_cr:
+                logits_x_p = self.heads(self.encode(x_views[p], chunk_sizes))
         if use_u:
             logits_u_p = self.heads(self.featurizer(u_views[p]))
 

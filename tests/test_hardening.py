@@ -323,7 +323,7 @@ def test_a_domain_smaller_than_its_batch_share_is_a_warning(tiny_root, tmp_path,
 
 @pytest.mark.parametrize("mode", ["I;16", "RGBA", "P", "L", "LA", "CMYK"])
 def test_images_in_other_modes_decode_to_rgb(tmp_path, mode):
-    from dael_plugin.builtin.data import decode
+    from dael_plugin.data.images import decode
 
     arr = (np.arange(64).reshape(8, 8) * 4).astype(np.uint8)
     if mode == "I;16":

@@ -11,7 +11,7 @@ paths it could not read (``bad_path``) so the trainer can log and count them.
 from __future__ import annotations
 
 import random
-from typing import Callable, Dict, List, Optional, Sequence, Set, Union
+from typing import Callable, Dict, List, Sequence, Set, Union
 
 import numpy as np
 import torch
@@ -19,26 +19,11 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..data.folders import Item
+from ..data.images import MAX_REPLACEMENTS, decode
 from ..errors import DAELConfigError
 from .sampler import DomainBalancedBatchSampler, SeededRandomBatchSampler
 
 Transform = Callable[[Image.Image], torch.Tensor]
-MAX_REPLACEMENTS = 32
-
-
-def decode(path: str) -> Image.Image:
-    """Decode to RGB (16-bit, RGBA, palette and grey images included); raises on a bad file."""
-    with Image.open(path) as f:
-        f.load()
-        if f.mode in ("I;16", "I;16B", "I;16L", "I"):
-            arr = np.asarray(f, dtype=np.float64)
-            peak = 65535.0 if f.mode.startswith("I;16") else max(float(arr.max()), 1.0)
-            f = Image.fromarray(np.clip(arr / peak * 255.0, 0, 255).astype(np.uint8), "L")
-        elif f.mode in ("RGBA", "LA", "PA") or (f.mode == "P" and "transparency" in f.info):
-            f = f.convert("RGBA")
-            bg = Image.new("RGBA", f.size, (0, 0, 0, 255))
-            f = Image.alpha_composite(bg, f)
-        return f.convert("RGB")
 
 
 class _SeededDraw:

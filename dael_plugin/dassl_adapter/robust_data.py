@@ -13,7 +13,7 @@ import numpy as np
 from dassl.data.data_manager import DatasetWrapper
 from PIL import Image
 
-from ..builtin.data import MAX_REPLACEMENTS, decode
+from ..data.images import MAX_REPLACEMENTS, decode
 from ..errors import DAELConfigError
 
 

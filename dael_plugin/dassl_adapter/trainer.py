@@ -12,7 +12,6 @@ and at the end of an epoch, and unreadable images replaced by path.
 """
 from __future__ import annotations
 
-import os
 import os.path as osp
 import sys
 from typing import List, Optional, Set

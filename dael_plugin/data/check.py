@@ -16,7 +16,7 @@ from ..errors import DAELConfigError
 
 
 def _try_decode(path: str) -> Optional[str]:
-    from ..builtin.data import decode
+    from .images import decode
 
     try:
         decode(path)

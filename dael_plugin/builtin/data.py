@@ -11,7 +11,7 @@ paths it could not read (``bad_path``) so the trainer can log and count them.
 from __future__ import annotations
 
 import random
-from typing import Callable, Dict, List, Sequence, Set, Union
+from typing import Callable, Dict, List, Sequence, Union
 
 import numpy as np
 import torch
@@ -19,8 +19,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..data.folders import Item
-from ..data.images import MAX_REPLACEMENTS, decode
-from ..errors import DAELConfigError
+from ..data.images import ReplacingReader, decode
 from .sampler import DomainBalancedBatchSampler, SeededRandomBatchSampler
 
 Transform = Callable[[Image.Image], torch.Tensor]
@@ -48,6 +47,19 @@ class _SeededDraw:
             random.setstate(self.saved[2])
 
 
+class _Picker:
+    """Replacement choices that depend on the draw's seed alone; the generator is
+    made only when an image turns out unreadable (not on every draw)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.rng = seed, None
+
+    def __call__(self, members: np.ndarray) -> int:
+        if self.rng is None:
+            self.rng = np.random.default_rng([self.seed, 0xBAD])
+        return int(members[self.rng.integers(len(members))])
+
+
 class ImageList(Dataset):
     """Items as Dassl-style dicts: ``img``, ``img2``, ... (one per transform), ``label``, ``domain``."""
 
@@ -56,9 +68,7 @@ class ImageList(Dataset):
         self.transforms = transforms if isinstance(transforms, (list, tuple)) else [transforms]
         self.replace_bad = replace_bad
         self._cache: Dict[int, Image.Image] = {}
-        self._bad: Set[int] = set()
-        domains = np.asarray([i.domain for i in self.items], dtype=np.int64)
-        self._by_domain = {int(d): np.flatnonzero(domains == d) for d in np.unique(domains)} if len(domains) else {}
+        self.reader = ReplacingReader([i.impath for i in self.items], [i.domain for i in self.items], self._image)
 
     def __len__(self) -> int:
         return len(self.items)
@@ -71,31 +81,9 @@ class ImageList(Dataset):
                 self._cache[idx] = img
         return img
 
-    def _readable(self, idx: int, seed: int):
-        """(index, image, first unreadable path or "") with same-domain replacements."""
-        bad_path = ""
-        rng = None
-        for _ in range(MAX_REPLACEMENTS + 1):
-            if idx not in self._bad:
-                try:
-                    return idx, self._image(idx), bad_path
-                except Exception:  # any decoder failure: truncated, empty, not an image
-                    self._bad.add(idx)
-            bad_path = bad_path or self.items[idx].impath
-            if not self.replace_bad:
-                return idx, None, bad_path
-            if rng is None:
-                rng = np.random.default_rng([seed, 0xBAD])
-            members = self._by_domain[self.items[idx].domain]
-            idx = int(members[rng.integers(len(members))])
-        raise DAELConfigError(
-            f"could not find a readable image in domain {self.items[idx].domain} after {MAX_REPLACEMENTS} "
-            f"tries (first unreadable: {bad_path}); run with --check-data to list every bad file"
-        )
-
     def __getitem__(self, key) -> dict:
         idx, seed = key if isinstance(key, tuple) else (key, int(key))
-        idx, img, bad_path = self._readable(int(idx), int(seed))
+        idx, img, bad_path = self.reader.read(int(idx), self.replace_bad, _Picker(int(seed)))
         item = self.items[idx]
         out = {"label": item.label, "domain": item.domain, "index": idx, "bad_path": bad_path,
                "valid": img is not None}

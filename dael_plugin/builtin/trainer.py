@@ -32,6 +32,7 @@ from ..backbones import build_backbone
 from ..config import check_dael_cfg, fuse_chunks_from_cfg, hparams_from_cfg, trainer_node, uses_target_data
 from ..core import DAEL, build_heads
 from ..data.folders import load_splits
+from ..data.images import LEFT_OUT, REPLACED, note_unreadable
 from ..errors import DAELConfigError
 from ..guard import FiniteGuard, divergence_error, params_finite
 from . import data as bdata
@@ -257,12 +258,8 @@ class BuiltinTrainer:
 
     def _note_bad(self, *batches) -> None:
         for b in batches:
-            if b is None:
-                continue
-            for p in b.get("bad_path", []):
-                if p and p not in self.bad_images:
-                    self.bad_images.add(p)
-                    print(f"warning: cannot decode {p}; replaced by another image of the same domain")
+            if b is not None:
+                note_unreadable(self.bad_images, b.get("bad_path", []), REPLACED)
 
     def run_epoch(self) -> None:
         self.modules.train()
@@ -321,10 +318,7 @@ class BuiltinTrainer:
         y_true, y_pred, skipped = [], [], 0
         for batch in tqdm(loader, leave=False, dynamic_ncols=True, disable=not show_progress()):
             valid = batch["valid"]
-            for p in batch["bad_path"]:
-                if p and p not in self.bad_images:
-                    self.bad_images.add(p)
-                    print(f"warning: cannot decode {p}; left out of the evaluation")
+            note_unreadable(self.bad_images, batch["bad_path"], LEFT_OUT)
             skipped += int((~valid).sum())
             x = batch["img"][valid].to(self.device, non_blocking=True)
             y = batch["label"][valid].to(self.device, non_blocking=True)

@@ -30,6 +30,7 @@ from ..augment import build_views, check_names
 from ..batching import split_domains
 from ..config import check_dael_cfg, fuse_chunks_from_cfg, hparams_from_cfg, trainer_node, uses_target_data
 from ..core import DAEL, build_heads
+from ..data.images import LEFT_OUT, REPLACED, note_unreadable
 from ..errors import DAELConfigError
 from ..guard import FiniteGuard, divergence_error, params_finite
 from .checks import check_dataset_cfg
@@ -115,10 +116,8 @@ class DAELTrainer(TrainerXU):
 
     def _note_bad(self, *batches) -> None:
         for b in batches:
-            for p in (b or {}).get("bad_path", []):
-                if p and p not in self.bad_images:
-                    self.bad_images.add(p)
-                    print(f"warning: cannot decode {p}; replaced by another image of the same domain")
+            if b is not None:
+                note_unreadable(self.bad_images, b.get("bad_path", []), REPLACED)
 
     def forward_backward(self, batch_x, batch_u: Optional[dict] = None):
         self._note_bad(batch_x, batch_u)
@@ -222,10 +221,7 @@ class DAELTrainer(TrainerXU):
             input, label = self.parse_batch_test(batch)
             if "valid" in batch:
                 keep = batch["valid"].to(self.device)
-                for p in batch["bad_path"]:
-                    if p and p not in self.bad_images:
-                        self.bad_images.add(p)
-                        print(f"warning: cannot decode {p}; left out of the evaluation")
+                note_unreadable(self.bad_images, batch["bad_path"], LEFT_OUT)
                 input, label = input[keep], label[keep]
                 if label.numel() == 0:
                     continue

@@ -21,3 +21,57 @@ def decode(path: str) -> Image.Image:
             bg = Image.new("RGBA", f.size, (0, 0, 0, 255))
             f = Image.alpha_composite(bg, f)
         return f.convert("RGB")
+
+
+class ReplacingReader:
+    """Decode item ``idx``; if it cannot be decoded, remember it and (in training)
+    try other items of the same domain, chosen by ``pick(members) -> index``.
+
+    Shared by the built-in loader and the Dassl engine's dataset wrapper, which
+    differ only in where the replacement's randomness comes from.
+    """
+
+    def __init__(self, impaths, domains, load=None) -> None:
+        self.impaths = list(impaths)
+        self.domains = np.asarray(domains, dtype=np.int64)
+        self.load = load or (lambda idx: decode(self.impaths[idx]))
+        self.bad: set = set()
+        self._members = {}
+
+    def _same_domain(self, idx: int) -> np.ndarray:
+        d = int(self.domains[idx])
+        if d not in self._members:
+            self._members[d] = np.flatnonzero(self.domains == d)
+        return self._members[d]
+
+    def read(self, idx: int, replace: bool, pick):
+        """``(index, image or None, first unreadable path or "")``."""
+        bad_path = ""
+        for _ in range(MAX_REPLACEMENTS + 1):
+            if idx not in self.bad:
+                try:
+                    return idx, self.load(idx), bad_path
+                except Exception:  # any decoder failure: truncated, empty, not an image
+                    self.bad.add(idx)
+            bad_path = bad_path or self.impaths[idx]
+            if not replace:
+                return idx, None, bad_path
+            idx = int(pick(self._same_domain(idx)))
+        from ..errors import DAELConfigError
+
+        raise DAELConfigError(
+            f"could not find a readable image in domain {int(self.domains[idx])} after {MAX_REPLACEMENTS} "
+            f"tries (first unreadable: {bad_path}); run with --check-data to list every bad file"
+        )
+
+
+def note_unreadable(seen: set, paths, what: str) -> None:
+    """Log each newly met unreadable path once (``paths``: a batch's ``bad_path`` list)."""
+    for p in paths:
+        if p and p not in seen:
+            seen.add(p)
+            print(f"warning: cannot decode {p}; {what}")
+
+
+REPLACED = "replaced by another image of the same domain"
+LEFT_OUT = "left out of the evaluation"

@@ -29,12 +29,14 @@ from tqdm import tqdm
 from .. import checkpoint as ckpt
 from ..augment import build_test_transform, build_train_transform, build_views, check_names
 from ..backbones import build_backbone
-from ..config import check_dael_cfg, fuse_chunks_from_cfg, hparams_from_cfg, trainer_node, uses_target_data
+from ..config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node, uses_target_data
 from ..core import DAEL, build_heads
 from ..data.folders import load_splits
 from ..data.images import LEFT_OUT, REPLACED, note_unreadable
 from ..errors import DAELConfigError
+from ..execution import fused_optimizer
 from ..guard import FiniteGuard, divergence_error, params_finite
+from ..step import DeviceMeters, ExpertTally, make_step, prepare_model
 from . import data as bdata
 
 CKPT = ckpt.LAST
@@ -71,9 +73,11 @@ class BuiltinTrainer:
         self.build_loaders()
         self.val_loader = self._test_loader(self.splits["val"]) if self.splits["val"] else None
         self.modules = nn.ModuleDict(self.build_model()).to(self.device)
+        self.guard = FiniteGuard()
+        self.prepare_model()
         self.optim = self._build_optim(self.modules.parameters())
         self.sched = self._build_sched(self.optim)
-        self.guard = FiniteGuard()
+        self.build_step()
         self.start_epoch = 0
         self.epoch = 0
         self.expert_accuracy: List[float] = []
@@ -91,6 +95,12 @@ class BuiltinTrainer:
 
     def build_model(self) -> Dict[str, nn.Module]:
         raise NotImplementedError
+
+    def prepare_model(self) -> None:
+        """Layout changes to the model on its device, before the optimiser exists."""
+
+    def build_step(self) -> None:
+        """Whatever the training step needs beyond the model and optimiser."""
 
     def forward_backward(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         raise NotImplementedError
@@ -116,13 +126,15 @@ class BuiltinTrainer:
             print(f"warning: source domain {self.sources[d]!r} has {n} training images, fewer than its "
                   f"per-batch share of {sampler.per_domain}; its images repeat within each batch")
 
-    def _build_optim(self, params):
+    def _build_optim(self, params, fused: bool = False):
         o = self.cfg.OPTIM
         if o.NAME == "sgd":
-            return torch.optim.SGD(params, lr=o.LR, momentum=o.MOMENTUM, weight_decay=o.WEIGHT_DECAY,
-                                   dampening=o.SGD_DAMPNING, nesterov=o.SGD_NESTEROV)
-        cls = torch.optim.Adam if o.NAME == "adam" else torch.optim.AdamW
-        return cls(params, lr=o.LR, weight_decay=o.WEIGHT_DECAY, betas=(o.ADAM_BETA1, o.ADAM_BETA2))
+            opt = torch.optim.SGD(params, lr=o.LR, momentum=o.MOMENTUM, weight_decay=o.WEIGHT_DECAY,
+                                  dampening=o.SGD_DAMPNING, nesterov=o.SGD_NESTEROV)
+        else:
+            cls = torch.optim.Adam if o.NAME == "adam" else torch.optim.AdamW
+            opt = cls(params, lr=o.LR, weight_decay=o.WEIGHT_DECAY, betas=(o.ADAM_BETA1, o.ADAM_BETA2))
+        return fused_optimizer(opt) if fused else opt
 
     def _build_sched(self, optim):
         o = self.cfg.OPTIM
@@ -265,7 +277,7 @@ class BuiltinTrainer:
         self.modules.train()
         cfg = self.cfg
         n = len(self.train_loader_x)
-        sums: Dict[str, torch.Tensor] = {}
+        meters = DeviceMeters()
         self.guard.reset()
         tty = show_progress()
         bar = tqdm(total=n, desc=f"epoch {self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}", dynamic_ncols=True,
@@ -274,15 +286,14 @@ class BuiltinTrainer:
         for i, (batch_x, batch_u) in enumerate(self._batches()):
             self._note_bad(batch_x, batch_u)
             out = self.forward_backward(batch_x, batch_u)
-            for k, v in out.items():
-                sums[k] = sums.get(k, 0) + v.detach()
+            meters.update(out)
             bar.update(1)
             if (i + 1) % cfg.TRAIN.PRINT_FREQ == 0 or i + 1 == n:
                 # The host reads the running means and the divergence flag only here.
                 if self.guard.tripped():
                     bar.close()
                     raise divergence_error(self.epoch + 1, i + 1, cfg.OPTIM.LR, cfg.OUTPUT_DIR)
-                means = {k: float(v) / (i + 1) for k, v in sums.items()}
+                means = meters.means()
                 lr = self.optim.param_groups[0]["lr"]
                 step = self.epoch * n + i
                 for k, v in means.items():
@@ -296,7 +307,7 @@ class BuiltinTrainer:
                     print(f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batch [{i + 1}/{n}] {info} "
                           f"lr {lr:.4e} eta {eta:.0f}s")
         bar.close()
-        means = {k: float(v) / max(n, 1) for k, v in sums.items()}
+        means = meters.means()
         info = " ".join(f"{k} {v:.4f}" for k, v in means.items())
         print(f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batches {n} {info} lr {self.optim.param_groups[0]['lr']:.4e}")
 
@@ -314,8 +325,8 @@ class BuiltinTrainer:
             else:
                 loader = self.val_loader
         print(f"Evaluate on the *{split}* set")
-        correct = None
-        y_true, y_pred, skipped = [], [], 0
+        tally = ExpertTally()
+        skipped = 0
         for batch in tqdm(loader, leave=False, dynamic_ncols=True, disable=not show_progress()):
             valid = batch["valid"]
             note_unreadable(self.bad_images, batch["bad_path"], LEFT_OUT)
@@ -324,15 +335,10 @@ class BuiltinTrainer:
             y = batch["label"][valid].to(self.device, non_blocking=True)
             if y.numel() == 0:
                 continue
-            probs = self.predict_experts(x)
-            pred = probs.mean(1).argmax(-1)
-            hits = (probs.argmax(-1) == y.unsqueeze(1)).sum(0)
-            correct = hits if correct is None else correct + hits
-            y_true.append(y.cpu())
-            y_pred.append(pred.cpu())
-        if not y_true:
+            tally.update(self.predict_experts(x), y)
+        if tally.total == 0:
             raise DAELConfigError(f"no readable image in the {split} split; run with --check-data to list the bad files")
-        yt, yp = torch.cat(y_true).numpy(), torch.cat(y_pred).numpy()
+        yt, yp = (t.numpy() for t in tally.labels())
         total = len(yt)
         n_correct = int((yt == yp).sum())
         acc = 100.0 * n_correct / total
@@ -341,7 +347,8 @@ class BuiltinTrainer:
               f"* error: {100 - acc:.1f}%\n* macro_f1: {f1:.1f}%")
         if skipped:
             print(f"* unreadable images left out: {skipped}")
-        self.expert_accuracy = (100.0 * correct.float() / total).tolist() if correct.numel() > 1 else []
+        per_expert = tally.expert_accuracy()
+        self.expert_accuracy = per_expert if len(per_expert) > 1 else []
         if self.expert_accuracy:
             print("* expert accuracy: " + ", ".join(f"{n} {a:.2f}%" for n, a in zip(self.sources, self.expert_accuracy)))
         if self.writer is not None:
@@ -362,6 +369,7 @@ class DAELBuiltin(BuiltinTrainer):
         node = trainer_node(self.cfg)
         check_names(node.STRONG_TRANSFORMS, f"TRAINER.{self.cfg.TRAINER.NAME.upper()}.STRONG_TRANSFORMS", dassl=False)
         self.hparams = hparams_from_cfg(self.cfg)
+        self.execution = execution_from_cfg(self.cfg)
 
     def build_loaders(self) -> None:
         cfg = self.cfg
@@ -381,25 +389,22 @@ class DAELBuiltin(BuiltinTrainer):
         b = self.cfg.MODEL.BACKBONE
         backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
         heads = build_heads(backbone.out_features, self.num_classes, len(self.sources), self.hparams)
-        self.algorithm = DAEL(backbone, heads, self.hparams, fuse_chunks=fuse_chunks_from_cfg(self.cfg))
+        e = self.execution
+        self.algorithm = DAEL(backbone, heads, self.hparams, fuse_chunks=e.fuse_chunks, chunk_bn=e.chunk_bn)
         return {"F": backbone, "E": heads}
 
-    def forward_backward(self, batch_x, batch_u):
-        from ..batching import split_domains
+    def prepare_model(self) -> None:
+        self.channels_last = prepare_model(self.execution, self.modules["F"], self.cfg, self.device)
 
-        keys = ["img", "img2", "img3"][: self.hparams.num_views]
-        dev = self.device
-        chunks, expert_idx = split_domains(batch_x["domain"], self.per_domain, len(self.sources))
-        x_views = [batch_x[k].to(dev, non_blocking=True) for k in keys]
-        labels = batch_x["label"].to(dev, non_blocking=True)
-        u_views = [batch_u[k].to(dev, non_blocking=True) for k in keys] if batch_u is not None else None
-        out = self.algorithm.losses(x_views, labels, expert_idx.to(dev, non_blocking=True), chunks, u_views)
-        self.guard.update(out["loss"])
-        self.optim.zero_grad(set_to_none=True)
-        out["loss"].backward()
-        self.optim.step()
-        keys_out = ["loss_x", "acc_x", "loss_cr"] + (["loss_u", "mask_u"] if self.is_da else [])
-        return {k: out[k] for k in keys_out}
+    def _build_optim(self, params, fused: bool = False):
+        return super()._build_optim(params, fused=self.execution.fused_optim)
+
+    def build_step(self) -> None:
+        self.step = make_step(self.execution, self.algorithm, [self.optim], self.device, len(self.sources),
+                              self.per_domain, self.is_da, self.guard, self.channels_last, self.cfg)
+
+    def forward_backward(self, batch_x, batch_u):
+        return self.step(batch_x, batch_u)
 
     def predict_experts(self, x):
         return self.algorithm.predict_experts(x)

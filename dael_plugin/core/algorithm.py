@@ -26,10 +26,13 @@ class DAEL:
         heads: the K experts (``ExpertHeads`` with K = number of source
             domains, or 1 for the single-classifier ablation).
         hparams: loss weights and design switches.
-        fuse_chunks: run the source chunks of a view through the backbone in
-            one call with per-chunk batch-norm statistics (same semantics as
-            one call per chunk; see :mod:`.chunk_norm`). Falls back to one call
-            per chunk, saying why once, where that is not exact.
+        fuse_chunks: run every chunk that takes a gradient (the source chunks
+            of both views and the target batch) through the backbone in one
+            call with per-chunk batch-norm statistics: the same semantics as one
+            call per chunk (see :mod:`.chunk_norm`). Falls back to one call per
+            chunk, saying why once, where that is not possible.
+        chunk_bn: the per-chunk batch-norm implementation, ``auto``, ``split``
+            or ``grouped`` (:mod:`.chunk_norm`).
     """
 
     def __init__(
@@ -37,33 +40,36 @@ class DAEL:
         featurizer: Callable[[torch.Tensor], torch.Tensor],
         heads: ExpertHeads,
         hparams: DAELHparams,
-        fuse_chunks: bool = False,
+        fuse_chunks: bool = True,
+        chunk_bn: str = "auto",
     ) -> None:
         self.featurizer = featurizer
         self.heads = heads
         self.hparams = hparams
         self.fuse_chunks = fuse_chunks
+        self.chunk_bn = chunk_bn
         self._fusable: Optional[bool] = None
 
     def _can_fuse(self) -> bool:
         if self._fusable is None:
-            reason = unfusable_reason(self.featurizer) if isinstance(self.featurizer, torch.nn.Module) else "not a module"
+            reason = unfusable_reason(self.featurizer)
             self._fusable = reason is None
             if reason is not None:
                 print(f"dael_plugin: FUSE_CHUNKS falls back to one backbone call per domain chunk: {reason}")
         return self._fusable
 
     def encode(self, x: torch.Tensor, chunk_sizes: Sequence[int]) -> torch.Tensor:
-        """Features of ``x`` with batch-norm statistics per domain chunk.
+        """Features of ``x`` with batch-norm statistics per chunk.
 
-        One backbone call per source-domain chunk, as in Dassl's reference
-        DAEL, or, with ``fuse_chunks`` and equal chunks, one call in which
-        each chunk is normalised with its own statistics.
+        One backbone call per chunk, as in Dassl's reference DAEL, or, with
+        ``fuse_chunks``, one call in which each chunk is normalised with its
+        own statistics (:mod:`.chunk_norm`): the same normalisation and the
+        same running-statistic updates, in the same order.
         """
         if len(chunk_sizes) == 1:
             return self.featurizer(x)
-        if self.fuse_chunks and len(set(chunk_sizes)) == 1 and self._can_fuse():
-            with per_chunk_batch_norm(self.featurizer, len(chunk_sizes)):
+        if self.fuse_chunks and self._can_fuse():
+            with per_chunk_batch_norm(self.featurizer, list(chunk_sizes), self.chunk_bn, x.device):
                 return self.featurizer(x)
         return torch.cat([self.featurizer(c) for c in torch.split(x, list(chunk_sizes))], 0)
 
@@ -95,33 +101,29 @@ class DAEL:
         logits_u_t = logits_u_p = None
         use_u = hp.use_u and u_views is not None
         # Same backbone-call order as the reference: the target pseudo-label
-        # pass first (no gradient), so running BN statistics evolve identically.
+        # pass first (no gradient), then the source chunks of the target view,
+        # those of the prediction view, then the target batch's prediction view.
+        # Fused, the last three are one call with a chunk each, so batch-norm
+        # statistics and running-statistic updates are unchanged.
         if use_u:
             with torch.no_grad():
                 logits_u_t = self.heads(self.featurizer(u_views[t]))
-        logits_x_p = None
-        if hp.use_cr and self.fuse_chunks and x_views[t].shape == x_views[p].shape:
-            # Both views in one call: 2K chunks in the reference's call order
-            # (target view d1..dK, then prediction view d1..dK), so batch-norm
-            # statistics and running-statistic updates are unchanged.
-            feats = self.encode(torch.cat([x_views[t], x_views[p]]), list(chunk_sizes) * 2)
-            logits_x_t, logits_x_p = self.heads(feats).split(x_views[t].shape[0])
+        source_views = [x_views[t], x_views[p]] if hp.use_cr else [x_views[t]]
+        parts = source_views + ([u_views[p]] if use_u else [])
+        part_chunks = [list(chunk_sizes)] * len(source_views) + ([[u_views[p].shape[0]]] if use_u else [])
+        if self.fuse_chunks and all(v.shape[1:] == parts[0].shape[1:] for v in parts):
+            feats = self.encode(torch.cat(parts), [c for cs in part_chunks for c in cs])
         else:
-            logits_x_t = self.heads(self.encode(x_views[t], chunk_sizes))
-            if hp.use_cr:
-                logits_x_p = self.heads(self.encode(x_views[p], chunk_sizes))
+            feats = torch.cat([self.encode(v, cs) for v, cs in zip(parts, part_chunks)])
+        logits = self.heads(feats)
+        sizes = [v.shape[0] for v in parts]
+        pieces = list(logits.split(sizes))
+        logits_x_t = pieces[0]
+        logits_x_p = pieces[1] if hp.use_cr else logits_x_t
         if use_u:
-            logits_u_p = self.heads(self.featurizer(u_views[p]))
+            logits_u_p = pieces[-1]
 
-        return dael_losses(
-            logits_x_t,
-            logits_x_p if logits_x_p is not None else logits_x_t,
-            labels,
-            expert_idx,
-            hp,
-            logits_u_t,
-            logits_u_p,
-        )
+        return dael_losses(logits_x_t, logits_x_p, labels, expert_idx, hp, logits_u_t, logits_u_p)
 
     def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         """Each expert's class probabilities, ``(B, K, C)``."""

@@ -1,50 +1,110 @@
-"""One backbone call over K equal chunks, each batch-normalised with its own statistics.
+"""One backbone call over several domain chunks, each batch-normalised with its own statistics.
 
-Dassl's reference DAEL calls the backbone once per source-domain chunk, so in
-training every chunk is normalised with its own batch statistics and the
-running statistics receive K updates in chunk order. :func:`per_chunk_batch_norm`
-keeps exactly those semantics inside ONE backbone call: while it is active,
-each ``nn.BatchNorm{1,2,3}d`` of the module views its ``(K*n, C, ...)`` input as
-``(n, K*C, ...)`` and runs the native batch-norm kernel once, so each
-(chunk, channel) pair gets its own mean and variance, and the running
-statistics are updated in closed form as K sequential updates would leave them:
+Dassl's reference DAEL calls the backbone once per source-domain chunk (and
+once for the target batch), so in training every chunk is normalised with its
+own batch statistics and the running statistics receive one update per chunk,
+in chunk order. :func:`per_chunk_batch_norm` keeps exactly those semantics
+inside ONE backbone call: every layer that is not a batch norm (convolutions,
+linear layers, pooling, activations) runs once over the whole batch, and only
+the batch-norm layers see the chunks. Two implementations:
 
-    r_K = (1 - m)^K r_0 + sum_k m (1 - m)^(K-1-k) s_k
+``split`` (any ``_BatchNorm`` subclass, any chunk sizes)
+    The layer's own forward runs once per chunk on a view of the input and
+    the outputs are concatenated. It is *bitwise* the chunked calls'
+    normalisation, and the running statistics get the same sequential
+    updates (``momentum=None`` included). One copy per layer (the concat).
+``grouped`` (plain ``BatchNorm1d/2d/3d``, equal chunks)
+    The ``(K*n, C, ...)`` input is viewed as ``(n, K*C, ...)`` and the
+    native kernel runs once, so each (chunk, channel) gets its own mean and
+    variance; the running statistics are updated in closed form as K
+    sequential updates would leave them:
+    ``r_K = (1 - m)^K r_0 + sum_k m (1 - m)^(K-1-k) s_k``.
+    One kernel launch per layer but two transposing copies.
 
-Features match the chunked calls exactly in fp32 on CPU, running statistics
-and gradients to float rounding (tested). Evaluation mode, which uses the
-running statistics, is unchanged.
+``auto`` takes ``grouped`` on CUDA (where launches cost more than copies) when
+it applies, and ``split`` elsewhere (on a 2-core CPU the split is 1.7x faster
+than the grouped form for a 64-channel 32x32 layer: 70 ms against 122 ms
+forward and backward at 7 chunks of 32).
+
+Layers are converted in place the first time (their class gains a mixin; the
+parameters, buffers, hooks and state-dict keys are unchanged). Outside the
+context, or in evaluation mode (running statistics), a converted layer is the
+original layer.
 """
 from __future__ import annotations
 
 import contextlib
-from typing import Iterator, Optional
+from typing import Dict, Iterator, List, Optional, Sequence, Union
 
 import torch
 from torch import nn
 from torch.nn import functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
-SUPPORTED = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+PLAIN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
+IMPLS = ("auto", "split", "grouped")
 
 
-def unfusable_reason(module: nn.Module) -> Optional[str]:
-    """Why ``module`` cannot take the fused pass, or None when it can."""
-    for name, m in module.named_modules():
-        if isinstance(m, _BatchNorm):
-            if type(m) not in SUPPORTED:
-                return f"{name or 'the backbone'} is a {type(m).__name__}, not a plain BatchNorm1d/2d/3d"
-            if m.momentum is None:
-                return f"{name} uses a cumulative moving average (momentum=None)"
+def unfusable_reason(module) -> Optional[str]:
+    """Why ``module`` cannot take the fused pass at all, or None when it can."""
+    if not isinstance(module, nn.Module):
+        return f"the featurizer is a {type(module).__name__}, not an nn.Module"
     return None
 
 
+def _grouped_ok(bn: _BatchNorm) -> bool:
+    base = type(bn).__bases__[1] if isinstance(bn, _ChunkedMixin) else type(bn)
+    return base in PLAIN and bn.momentum is not None
+
+
+class _ChunkedMixin:
+    """Batch statistics per chunk while ``_dael_chunks`` is set (see module docstring)."""
+
+    _dael_chunks: Optional[List[int]] = None
+    _dael_impl: str = "split"
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        sizes = self._dael_chunks
+        uses_batch_stats = self.training or not self.track_running_stats
+        if sizes is None or not uses_batch_stats:
+            return super().forward(x)
+        if isinstance(sizes, int):
+            sizes = equal_chunks(x.shape[0], sizes)
+        if len(sizes) == 1:
+            return super().forward(x)
+        if x.shape[0] != sum(sizes):
+            raise ValueError(f"per-chunk batch norm: a batch of {x.shape[0]} is not chunks of {list(sizes)}")
+        if self._dael_impl == "grouped" and len(set(sizes)) == 1 and _grouped_ok(self):
+            return _grouped_forward(self, len(sizes), x)
+        return torch.cat([super(_ChunkedMixin, self).forward(c) for c in x.split(list(sizes))])
+
+
+_CLASSES: Dict[type, type] = {}
+
+
+def _chunked_class(cls: type) -> type:
+    if cls not in _CLASSES:
+        name = f"Chunked{cls.__name__}"
+        new = type(name, (_ChunkedMixin, cls), {"__module__": __name__, "__qualname__": name})
+        _CLASSES[cls] = new
+        globals().setdefault(name, new)  # so a pickled whole module finds its class
+    return _CLASSES[cls]
+
+
+for _cls in PLAIN:
+    _chunked_class(_cls)
+
+
+def convert(module: nn.Module) -> List[_BatchNorm]:
+    """Give every batch-norm layer of ``module`` the per-chunk mode (idempotent); returns them."""
+    bns = [m for m in module.modules() if isinstance(m, _BatchNorm)]
+    for m in bns:
+        if not isinstance(m, _ChunkedMixin):
+            m.__class__ = _chunked_class(type(m))
+    return bns
+
+
 def _grouped_forward(bn: _BatchNorm, k: int, x: torch.Tensor) -> torch.Tensor:
-    uses_batch_stats = bn.training or not bn.track_running_stats
-    if not uses_batch_stats:
-        return type(bn).forward(bn, x)
-    if x.shape[0] % k:
-        raise ValueError(f"per-chunk batch norm: a batch of {x.shape[0]} does not split into {k} equal chunks")
     n, c, rest = x.shape[0] // k, x.shape[1], x.shape[2:]
     # (K*n, C, ...) -> (n, K*C, ...): channel k*C + c holds chunk k's channel c.
     xs = x.reshape(k, n, c, *rest).transpose(0, 1).reshape(n, k * c, *rest)
@@ -67,25 +127,40 @@ def _grouped_forward(bn: _BatchNorm, k: int, x: torch.Tensor) -> torch.Tensor:
     return y.reshape(n, k, c, *rest).transpose(0, 1).reshape(x.shape)
 
 
+def resolve_impl(impl: str, device: torch.device) -> str:
+    if impl not in IMPLS:
+        raise ValueError(f"per-chunk batch norm: impl must be one of {IMPLS}, got {impl!r}")
+    if impl == "auto":
+        return "grouped" if device.type == "cuda" else "split"
+    return impl
+
+
 @contextlib.contextmanager
-def per_chunk_batch_norm(module: nn.Module, num_chunks: int) -> Iterator[None]:
-    """Within this block, ``module(x)`` on K equal chunks normalises each chunk
-    with its own statistics, as K separate calls would."""
+def per_chunk_batch_norm(
+    module: nn.Module, chunks: Union[int, Sequence[int]], impl: str = "auto", device: Optional[torch.device] = None
+) -> Iterator[None]:
+    """Within this block, ``module(x)`` normalises each chunk of ``x`` (a count
+    of equal chunks, or their sizes) with its own statistics, as separate calls would."""
     reason = unfusable_reason(module)
     if reason is not None:
         raise ValueError(f"per-chunk batch norm cannot fuse this module: {reason}")
-    bns = [m for m in module.modules() if isinstance(m, _BatchNorm)]
+    bns = convert(module)
+    if device is None:
+        p = next(module.parameters(), None)
+        device = p.device if p is not None else torch.device("cpu")
+    mode = resolve_impl(impl, device)
     for m in bns:
-        m.forward = _bound(m, num_chunks)  # an instance attribute shadows the class's forward
+        m._dael_impl = mode
+        m._dael_chunks = chunks
     try:
         yield
     finally:
         for m in bns:
-            del m.forward
+            m._dael_chunks = None
 
 
-def _bound(bn: _BatchNorm, k: int):
-    def forward(x: torch.Tensor) -> torch.Tensor:
-        return _grouped_forward(bn, k, x)
+def equal_chunks(n: int, k: int) -> List[int]:
+    if n % k:
+        raise ValueError(f"per-chunk batch norm: a batch of {n} does not split into {k} equal chunks")
+    return [n // k] * k
 
-    return forward

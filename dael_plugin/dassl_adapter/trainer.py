@@ -12,8 +12,10 @@ and at the end of an epoch, and unreadable images replaced by path.
 """
 from __future__ import annotations
 
+import datetime
 import os.path as osp
 import sys
+import time
 from typing import List, Optional, Set
 
 import torch
@@ -23,16 +25,17 @@ from dassl.data import DataManager
 from dassl.engine import TrainerX, TrainerXU
 from dassl.engine.trainer import SimpleNet
 from dassl.optim import build_lr_scheduler, build_optimizer
-from dassl.utils import count_num_param
+from dassl.utils import AverageMeter, count_num_param
 
 from .. import checkpoint as ckpt
 from ..augment import build_views, check_names
-from ..batching import split_domains
-from ..config import check_dael_cfg, fuse_chunks_from_cfg, hparams_from_cfg, trainer_node, uses_target_data
+from ..config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node, uses_target_data
 from ..core import DAEL, build_heads
 from ..data.images import LEFT_OUT, REPLACED, note_unreadable
 from ..errors import DAELConfigError
+from ..execution import fused_optimizer
 from ..guard import FiniteGuard, divergence_error, params_finite
+from ..step import DeviceMeters, ExpertTally, make_step, prepare_model
 from .checks import check_dataset_cfg
 from .robust_data import RobustDatasetWrapper
 
@@ -44,6 +47,7 @@ class DAELTrainer(TrainerXU):
 
     def __init__(self, cfg):
         self.hparams = hparams_from_cfg(cfg)
+        self.execution = execution_from_cfg(cfg)
         self.guard = FiniteGuard()
         self.bad_images: Set[str] = set()
         super().__init__(cfg)
@@ -91,7 +95,9 @@ class DAELTrainer(TrainerXU):
         self.F = SimpleNet(cfg, cfg.MODEL, 0)
         self.F.to(self.device)
         print(f"# params: {count_num_param(self.F):,}")
-        self.optim_F = build_optimizer(self.F, cfg.OPTIM)
+        self.channels_last = prepare_model(self.execution, self.F, cfg, self.device)
+        fuse_optim = fused_optimizer if self.execution.fused_optim else (lambda o: o)
+        self.optim_F = fuse_optim(build_optimizer(self.F, cfg.OPTIM))
         self.sched_F = build_lr_scheduler(self.optim_F, cfg.OPTIM)
         self.register_model("F", self.F, self.optim_F, self.sched_F)
 
@@ -99,20 +105,66 @@ class DAELTrainer(TrainerXU):
         self.E = build_heads(self.F.fdim, self.num_classes, self.num_source_domains, self.hparams)
         self.E.to(self.device)
         print(f"# params: {count_num_param(self.E):,}")
-        self.optim_E = build_optimizer(self.E, cfg.OPTIM)
+        self.optim_E = fuse_optim(build_optimizer(self.E, cfg.OPTIM))
         self.sched_E = build_lr_scheduler(self.optim_E, cfg.OPTIM)
         self.register_model("E", self.E, self.optim_E, self.sched_E)
-        self.algorithm = DAEL(self.F, self.E, self.hparams, fuse_chunks=fuse_chunks_from_cfg(cfg))
+        e = self.execution
+        self.algorithm = DAEL(self.F, self.E, self.hparams, fuse_chunks=e.fuse_chunks, chunk_bn=e.chunk_bn)
+        self.step = make_step(e, self.algorithm, [self.optim_F, self.optim_E], self.device,
+                              self.num_source_domains, self.split_batch_size(), self.is_da, self.guard,
+                              self.channels_last, cfg)
+
+    def split_batch_size(self) -> int:
+        n_domain = self.cfg.DATALOADER.TRAIN_X.N_DOMAIN
+        return self.cfg.DATALOADER.TRAIN_X.BATCH_SIZE // (n_domain if n_domain > 0 else self.num_source_domains)
 
     def run_epoch(self):
-        self.guard.reset()
-        if self.is_da:
-            return TrainerXU.run_epoch(self)
-        return TrainerX.run_epoch(self)
+        """Dassl's ``TrainerXU``/``TrainerX`` epoch with the meters on the device.
 
-    def _views(self, batch) -> List[torch.Tensor]:
-        keys = ["img", "img2", "img3"][: self.hparams.num_views]
-        return [batch[k].to(self.device, non_blocking=True) for k in keys]
+        Dassl's ``MetricMeter`` reads every loss on the host after every step,
+        which makes the host wait for the device each step. Here the running
+        sums stay on the device and are read (with the divergence flag) only at
+        ``PRINT_FREQ``, where the log line, in Dassl's format, and the
+        TensorBoard scalars are written.
+        """
+        self.guard.reset()
+        self.set_model_mode("train")
+        meters = DeviceMeters()
+        batch_time, data_time = AverageMeter(), AverageMeter()
+        n_x = len(self.train_loader_x)
+        if self.is_da:
+            n_u = len(self.train_loader_u)
+            count = self.cfg.TRAIN.COUNT_ITER
+            self.num_batches = {"train_x": n_x, "train_u": n_u, "smaller_one": min(n_x, n_u)}[count]
+        else:
+            self.num_batches = n_x
+        it_x = iter(self.train_loader_x)
+        it_u = iter(self.train_loader_u) if self.is_da else None
+        freq = self.cfg.TRAIN.PRINT_FREQ
+        end = time.time()
+        for self.batch_idx in range(self.num_batches):
+            batch_x, it_x = _next(it_x, self.train_loader_x)
+            batch_u = None
+            if it_u is not None:
+                batch_u, it_u = _next(it_u, self.train_loader_u)
+            data_time.update(time.time() - end)
+            meters.update(self.forward_backward(batch_x, batch_u))
+            batch_time.update(time.time() - end)
+            if (self.batch_idx + 1) % freq == 0 or self.num_batches < freq:
+                if self.guard.tripped():
+                    raise divergence_error(self.epoch + 1, self.batch_idx + 1, self.cfg.OPTIM.LR, self.output_dir)
+                last, avg = meters.read()
+                remain = self.num_batches - self.batch_idx - 1 + (self.max_epoch - self.epoch - 1) * self.num_batches
+                eta = datetime.timedelta(seconds=int(batch_time.avg * remain))
+                info = " ".join(f"{k} {last[k]:.4f} ({avg[k]:.4f})" for k in avg)
+                print(f"epoch [{self.epoch + 1}/{self.max_epoch}] batch [{self.batch_idx + 1}/{self.num_batches}] "
+                      f"time {batch_time.val:.3f} ({batch_time.avg:.3f}) data {data_time.val:.3f} "
+                      f"({data_time.avg:.3f}) {info} lr {self.get_current_lr():.4e} eta {eta}")
+                n_iter = self.epoch * self.num_batches + self.batch_idx
+                for k, v in avg.items():
+                    self.write_scalar("train/" + k, v, n_iter)
+                self.write_scalar("train/lr", self.get_current_lr(), n_iter)
+            end = time.time()
 
     def _note_bad(self, *batches) -> None:
         for b in batches:
@@ -121,19 +173,7 @@ class DAELTrainer(TrainerXU):
 
     def forward_backward(self, batch_x, batch_u: Optional[dict] = None):
         self._note_bad(batch_x, batch_u)
-        chunk_sizes, expert_idx = split_domains(batch_x["domain"], self.split_batch, self.num_source_domains)
-        x_views = self._views(batch_x)
-        labels = batch_x["label"].to(self.device, non_blocking=True)
-        expert_idx = expert_idx.to(self.device, non_blocking=True)
-        u_views = self._views(batch_u) if (self.is_da and batch_u is not None) else None
-        out = self.algorithm.losses(x_views, labels, expert_idx, chunk_sizes, u_views)
-        self.guard.update(out["loss"])
-        self.model_backward_and_update(out["loss"])
-        if (self.batch_idx + 1) % self.cfg.TRAIN.PRINT_FREQ == 0 and self.guard.tripped():
-            raise divergence_error(self.epoch + 1, self.batch_idx + 1, self.cfg.OPTIM.LR, self.output_dir)
-        keys = ["loss_x", "acc_x", "loss_cr"] + (["loss_u", "mask_u"] if self.is_da else [])
-        # 0-dim tensors: Dassl's MetricMeter reads them on the host, outside this step.
-        return {k: out[k].detach() for k in keys}
+        return self.step(batch_x, batch_u if self.is_da else None)
 
     def detect_anomaly(self, loss):
         # Dassl's check syncs the host every step and raises a bare RuntimeError;
@@ -215,8 +255,7 @@ class DAELTrainer(TrainerXU):
             split = "test"
             data_loader = self.test_loader
         print(f"Evaluate on the *{split}* set")
-        correct = torch.zeros(self.E.num_experts, device=self.device)
-        total = 0
+        tally = ExpertTally()
         for batch in tqdm(data_loader, disable=not sys.stderr.isatty()):
             input, label = self.parse_batch_test(batch)
             if "valid" in batch:
@@ -225,12 +264,9 @@ class DAELTrainer(TrainerXU):
                 input, label = input[keep], label[keep]
                 if label.numel() == 0:
                     continue
-            probs = self.algorithm.predict_experts(input)
-            self.evaluator.process(probs.mean(1), label)
-            correct += (probs.argmax(-1) == label.unsqueeze(1)).sum(0)
-            total += label.shape[0]
+            self.evaluator.process(tally.update(self.algorithm.predict_experts(input), label), label)
         results = self.evaluator.evaluate()
-        self.expert_accuracy = (100.0 * correct / max(total, 1)).tolist()
+        self.expert_accuracy = tally.expert_accuracy()
         names = list(self.cfg.DATASET.SOURCE_DOMAINS) if self.E.num_experts > 1 else ["single"]
         print("* expert accuracy: " + ", ".join(f"{n} {a:.2f}%" for n, a in zip(names, self.expert_accuracy)))
         for k, v in results.items():
@@ -287,3 +323,12 @@ def load_dassl_checkpoints(trainer, directory: str, epoch: Optional[int] = None,
         epoch_done = int(state.get("epoch", 0))
         print(f"Load {path} to {name} (epoch={epoch_done}, val_result={state.get('val_result')})")
     return epoch_done
+
+
+def _next(it, loader):
+    """The next batch, restarting the loader when it runs out (as Dassl's loop does)."""
+    try:
+        return next(it), it
+    except StopIteration:
+        it = iter(loader)
+        return next(it), it

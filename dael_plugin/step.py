@@ -1,0 +1,202 @@
+"""The DAEL training step and the evaluation tallies, shared by both engines.
+
+Each engine parses its loader's batches into a dict of views (``img``,
+``img2``, ...), labels and domain labels; :class:`DAELStep` does the rest,
+once, for both: it checks the domain chunks (on the loader's CPU tensors, no
+device sync), moves the views to the device, optionally makes them there
+(``AUG_ON_DEVICE``), runs the core's losses under the chosen precision and
+layout (optionally compiled), the backward pass and the optimiser steps, and
+flags a non-finite loss on the device. Nothing in it reads a device value on
+the host, so a step never waits for the device (fp16's loss scaler is the one
+exception: PyTorch's GradScaler checks for inf on the host).
+
+:class:`DeviceMeters` keeps running sums on the device for the log, read at
+``PRINT_FREQ``; :class:`ExpertTally` counts each expert's and the ensemble's
+hits over a test set.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from . import execution as ex
+from .batching import split_domains
+from .core import DAEL
+from .guard import FiniteGuard
+
+VIEW_KEYS = ("img", "img2", "img3")
+
+
+class DAELStep:
+    """One DAEL step: ``step(batch_x, batch_u) -> {name: 0-dim device tensor}``.
+
+    Args:
+        algorithm: the core :class:`~dael_plugin.core.DAEL`.
+        optimizers: every optimiser of the model (stepped together).
+        device: the training device.
+        num_domains: number of source domains (experts).
+        per_domain: images per domain chunk in a source batch.
+        is_da: use target batches (L_u).
+        prec: ``fp32``, ``bf16`` or ``fp16`` (autocast; weights stay fp32).
+        channels_last: feed the views in ``channels_last`` (set when the model was converted).
+        compile_mode: ``none``, ``default`` or ``reduce-overhead`` (``torch.compile``
+            of the forward and losses; the backward is compiled with it).
+        device_views: makes the views on the device from uint8 images
+            (``AUG_ON_DEVICE``), or None when the loader made them.
+        guard: the divergence flag to update.
+    """
+
+    def __init__(
+        self,
+        algorithm: DAEL,
+        optimizers: Sequence[torch.optim.Optimizer],
+        device: torch.device,
+        num_domains: int,
+        per_domain: int,
+        is_da: bool,
+        prec: str = "fp32",
+        channels_last: bool = False,
+        compile_mode: str = "none",
+        device_views: Optional[Callable[[torch.Tensor], List[torch.Tensor]]] = None,
+        guard: Optional[FiniteGuard] = None,
+        compile_backend: str = "inductor",
+    ) -> None:
+        self.algorithm = algorithm
+        self.optimizers = list(optimizers)
+        self.device = device
+        self.num_domains = num_domains
+        self.per_domain = per_domain
+        self.is_da = is_da
+        self.prec = prec
+        self.channels_last = channels_last
+        self.device_views = device_views
+        self.guard = guard if guard is not None else FiniteGuard()
+        self.scaler = ex.grad_scaler(prec, device)
+        self.num_views = algorithm.hparams.num_views
+        self.keys = ["loss_x", "acc_x", "loss_cr"] + (["loss_u", "mask_u"] if is_da else [])
+        self._losses = self._forward
+        if compile_mode != "none":
+            # The whole forward and the losses in one graph (fullgraph: a host
+            # sync or anything else that would break it is an error, not a
+            # silent slowdown); static shapes, as the loaders drop last batches.
+            self._losses = torch.compile(self._forward, mode=compile_mode, fullgraph=True, dynamic=False,
+                                         backend=compile_backend)
+
+    # -- batches ---------------------------------------------------------------
+    def views(self, batch: dict) -> List[torch.Tensor]:
+        """The batch's views on the device, in the step's layout."""
+        if self.device_views is not None:
+            views = self.device_views(batch["img"].to(self.device, non_blocking=True))
+        else:
+            views = [batch[k].to(self.device, non_blocking=True) for k in VIEW_KEYS[: self.num_views]]
+        if self.channels_last:
+            views = [v.contiguous(memory_format=torch.channels_last) for v in views]
+        return views
+
+    def _forward(self, x_views, labels, expert_idx, chunk_sizes, u_views):
+        with ex.autocast(self.prec, self.device):
+            out = self.algorithm.losses(x_views, labels, expert_idx, chunk_sizes, u_views)
+        return out
+
+    # -- the step --------------------------------------------------------------
+    def __call__(self, batch_x: dict, batch_u: Optional[dict] = None) -> Dict[str, torch.Tensor]:
+        chunk_sizes, expert_idx = split_domains(batch_x["domain"], self.per_domain, self.num_domains)
+        x_views = self.views(batch_x)
+        labels = batch_x["label"].to(self.device, non_blocking=True)
+        expert_idx = expert_idx.to(self.device, non_blocking=True)
+        u_views = self.views(batch_u) if (self.is_da and batch_u is not None) else None
+        out = self._losses(x_views, labels, expert_idx, chunk_sizes, u_views)
+        loss = out["loss"]
+        self.guard.update(loss)
+        for o in self.optimizers:
+            o.zero_grad(set_to_none=True)
+        if self.scaler is None:
+            loss.backward()
+            for o in self.optimizers:
+                o.step()
+        else:
+            self.scaler.scale(loss).backward()
+            for o in self.optimizers:
+                self.scaler.step(o)
+            self.scaler.update()
+        return {k: out[k].detach().float() for k in self.keys}
+
+
+class DeviceMeters:
+    """Running sums of a step's 0-dim tensors, kept on the device; ``read()`` and
+    ``means()`` copy them to the host in one transfer."""
+
+    def __init__(self) -> None:
+        self.sums: Dict[str, torch.Tensor] = {}
+        self.last: Dict[str, torch.Tensor] = {}
+        self.count = 0
+
+    def update(self, values: Dict[str, torch.Tensor]) -> None:
+        for k, v in values.items():
+            v = v.detach().float()
+            self.sums[k] = v.clone() if k not in self.sums else self.sums[k].add_(v)
+            self.last[k] = v
+        self.count += 1
+
+    def read(self):
+        """``(last, mean)`` dicts of floats: the latest step's values and the running means."""
+        if not self.sums:
+            return {}, {}
+        names = list(self.sums)
+        host = torch.stack([self.last[k] for k in names] + [self.sums[k] for k in names]).cpu().tolist()
+        n = len(names)
+        return dict(zip(names, host[:n])), {k: v / self.count for k, v in zip(names, host[n:])}
+
+    def means(self) -> Dict[str, float]:
+        return self.read()[1]
+
+
+class ExpertTally:
+    """Hits of the ensemble (mean of the experts' probabilities) and of each expert, on the device."""
+
+    def __init__(self) -> None:
+        self.correct: Optional[torch.Tensor] = None
+        self.total = 0
+        self.y_true: List[torch.Tensor] = []
+        self.y_pred: List[torch.Tensor] = []
+
+    def update(self, probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """``probs`` ``(B, K, C)``; returns the ensemble's ``(B, C)`` probabilities."""
+        ens = probs.mean(1)
+        hits = (probs.argmax(-1) == labels.unsqueeze(1)).sum(0)
+        self.correct = hits if self.correct is None else self.correct + hits
+        self.total += labels.shape[0]
+        self.y_true.append(labels)
+        self.y_pred.append(ens.argmax(-1))
+        return ens
+
+    def expert_accuracy(self) -> List[float]:
+        if self.correct is None or self.total == 0:
+            return []
+        return (100.0 * self.correct.float() / self.total).tolist()
+
+    def labels(self):
+        """(true, predicted) as CPU tensors."""
+        return torch.cat(self.y_true).cpu(), torch.cat(self.y_pred).cpu()
+
+
+def prepare_model(execution, backbone: torch.nn.Module, cfg, device: torch.device) -> bool:
+    """Put the backbone in ``channels_last`` where that is on and it runs in it; returns whether it is."""
+    if not execution.channels_last:
+        return False
+    shape = (3, *[int(s) for s in cfg.INPUT.SIZE])
+    return ex.use_channels_last(backbone, shape, device, name=str(cfg.MODEL.BACKBONE.NAME))
+
+
+def make_step(execution, algorithm: DAEL, optimizers, device, num_domains: int, per_domain: int, is_da: bool,
+              guard: FiniteGuard, channels_last: bool, cfg) -> DAELStep:
+    """The step for an engine, from the ``Execution`` options (``TRAINER.<NAME>.*``)."""
+    device_views = None
+    if execution.aug_on_device:
+        from .augment_device import build_device_views
+
+        device_views = build_device_views(cfg, algorithm.hparams.num_views, device)
+    return DAELStep(algorithm, optimizers, device, num_domains, per_domain, is_da, prec=execution.prec,
+                    channels_last=channels_last, compile_mode=execution.compile, device_views=device_views,
+                    guard=guard)

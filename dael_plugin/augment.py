@@ -180,3 +180,19 @@ def build_views(cfg, strong_choices: Sequence[str], num_views: int, dassl_node=N
     weak = build_train_transform(cfg, cfg.INPUT.TRANSFORMS, dassl_node, use_dassl)
     strong = build_train_transform(cfg, strong_choices, dassl_node, use_dassl)
     return [weak] + [strong] * (num_views - 1)
+
+
+def build_loader_uint8(cfg) -> Callable:
+    """The loader's only work under ``AUG_ON_DEVICE``: decode (done by the
+    reader) and resize to ``INPUT.SIZE``, as uint8 ``(C, H, W)`` tensors; the
+    views are made on the device (:mod:`.augment_device`)."""
+    inp = cfg.INPUT
+    return T.Compose([T.Resize(tuple(inp.SIZE), interpolation=INTERPOLATION[inp.INTERPOLATION]), T.PILToTensor()])
+
+
+def build_train_views(cfg, node, num_views: int, use_dassl: bool, on_device: bool) -> List[Callable]:
+    """The loader's transforms for a DAEL training batch: every view, or with
+    ``on_device`` one uint8 image the device turns into the views."""
+    if on_device:
+        return [build_loader_uint8(cfg)]
+    return build_views(cfg, node.STRONG_TRANSFORMS, num_views, node, use_dassl=use_dassl)

@@ -161,7 +161,11 @@ def check_dael_cfg(cfg: CN) -> None:
     node = trainer_node(cfg)
     prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}"
     hparams_from_cfg(cfg)
-    execution_from_cfg(cfg)
+    if execution_from_cfg(cfg).aug_on_device:
+        from .augment_device import check_device_names
+
+        check_device_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS")
+        check_device_names(node.get("STRONG_TRANSFORMS", ()), f"{prefix}.STRONG_TRANSFORMS")
     sources = list(cfg.DATASET.SOURCE_DOMAINS)
     targets = list(cfg.DATASET.TARGET_DOMAINS)
     if len(sources) < 2:

@@ -1,7 +1,7 @@
 """The main job on the embedded set: DAEL against SourceOnly on one
 leave-one-domain-out split, then a small table.
 
-    python scripts/demo.py [--target blend] [--seeds 1] [--epochs 15] [--root data]
+    python scripts/demo.py [--target blend] [--seeds 1] [--epochs 15] [--root data] [--set KEY VALUE ...]
 
 Runs through scripts/train.py with the engine chosen automatically (Dassl if
 installed, else the built-in engine). Each run writes results.json; the table
@@ -34,6 +34,8 @@ def run(trainer, cfg, target, seed, args):
            "--config-file", os.path.join(ROOT, cfg), "--source-domains", *sources,
            "--target-domains", target, "--output-dir", out, "--seed", str(seed),
            "OPTIM.MAX_EPOCH", str(args.epochs)]
+    if trainer == "DAEL":
+        cmd += [str(v) for v in args.set]
     print(f"[demo] {trainer} seed {seed}: {' '.join(cmd[1:])}", flush=True)
     proc = subprocess.run(cmd, cwd=ROOT)
     if proc.returncode != 0:
@@ -66,7 +68,11 @@ def main(argv=None):
     p.add_argument("--root", default=os.path.join(ROOT, "data"))
     p.add_argument("--output", default=os.path.join(ROOT, "output", "demo"))
     p.add_argument("--engine", default="auto", choices=("auto", "dassl", "builtin"))
+    p.add_argument("--set", nargs="+", default=[], metavar="KEY VALUE",
+                   help="extra config options for the DAEL runs, e.g. --set TRAINER.DAEL.FUSE_CHUNKS False")
     args = p.parse_args(argv)
+    if len(args.set) % 2:
+        p.error("--set takes KEY VALUE pairs")
 
     rows = []
     for seed in args.seeds:

@@ -31,9 +31,11 @@ def fused_optimizer(optim: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return optim
     if any(g.get("differentiable") or g.get("foreach") for g in optim.param_groups):
         return optim
+    # Every hyper-parameter travels in the groups (they hold all of them).
     groups = [{**g, "fused": True, "foreach": None} for g in optim.param_groups]
-    defaults = {k: v for k, v in optim.defaults.items() if k not in ("fused", "foreach")}
-    return type(optim)(groups, **defaults, fused=True)
+    fused = type(optim)(groups, fused=True)
+    fused.defaults.update({k: v for k, v in optim.defaults.items() if k not in ("fused", "foreach")})
+    return fused
 
 
 def channels_last_reason(module: nn.Module, sample_shape: Sequence[int], device: torch.device) -> Optional[str]:

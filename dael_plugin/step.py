@@ -76,7 +76,8 @@ class DAELStep:
         self.num_views = algorithm.hparams.num_views
         self.keys = ["loss_x", "acc_x", "loss_cr"] + (["loss_u", "mask_u"] if is_da else [])
         self._losses = self._forward
-        if compile_mode != "none":
+        self.compiled = compile_mode != "none"
+        if self.compiled:
             # The whole forward and the losses in one graph (fullgraph: a host
             # sync or anything else that would break it is an error, not a
             # silent slowdown); static shapes, as the loaders drop last batches.
@@ -120,7 +121,8 @@ class DAELStep:
             for o in self.optimizers:
                 self.scaler.step(o)
             self.scaler.update()
-        return {k: out[k].detach().float() for k in self.keys}
+        # Copies: under CUDA graphs the next replay overwrites the graph's outputs.
+        return {k: out[k].detach().float().clone() if self.compiled else out[k].detach().float() for k in self.keys}
 
 
 class DeviceMeters:

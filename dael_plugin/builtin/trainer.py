@@ -27,7 +27,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from .. import checkpoint as ckpt
-from ..augment import build_test_transform, build_train_transform, build_views, check_names
+from ..augment import build_test_transform, build_train_transform, build_train_views, check_names
 from ..backbones import build_backbone
 from ..config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node, uses_target_data
 from ..core import DAEL, build_heads
@@ -374,7 +374,7 @@ class DAELBuiltin(BuiltinTrainer):
     def build_loaders(self) -> None:
         cfg = self.cfg
         node = trainer_node(cfg)
-        views = build_views(cfg, node.STRONG_TRANSFORMS, self.hparams.num_views, node, use_dassl=False)
+        views = build_train_views(cfg, node, self.hparams.num_views, False, self.execution.aug_on_device)
         c = cfg.DATALOADER
         self.train_loader_x = bdata.train_loader(self.splits["train_x"], views, c.TRAIN_X.BATCH_SIZE, c.NUM_WORKERS,
                                                  self.pin, self.seed, domain_balanced=True, n_domain=c.TRAIN_X.N_DOMAIN)

@@ -12,7 +12,7 @@ from typing import Callable, Dict, Optional, Sequence
 import torch
 from torch import nn
 
-from .chunk_norm import per_chunk_batch_norm, unfusable_reason
+from .chunk_norm import convert, per_chunk_batch_norm, unfusable_reason
 from .heads import ExpertHeads
 from .hparams import DAELHparams
 from .losses import dael_losses, ensemble_probs
@@ -49,6 +49,8 @@ class DAEL:
         self.fuse_chunks = fuse_chunks
         self.chunk_bn = chunk_bn
         self._fusable: Optional[bool] = None
+        if fuse_chunks and unfusable_reason(featurizer) is None:
+            convert(featurizer)  # here, not in a (possibly compiled) step: it swaps layer classes
 
     def _can_fuse(self) -> bool:
         if self._fusable is None:

@@ -28,7 +28,7 @@ from dassl.optim import build_lr_scheduler, build_optimizer
 from dassl.utils import AverageMeter, count_num_param
 
 from .. import checkpoint as ckpt
-from ..augment import build_views, check_names
+from ..augment import build_train_views, check_names
 from ..config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node, uses_target_data
 from ..core import DAEL, build_heads
 from ..data.images import LEFT_OUT, REPLACED, note_unreadable
@@ -68,7 +68,7 @@ class DAELTrainer(TrainerXU):
     def build_data_loader(self):
         cfg = self.cfg
         node = trainer_node(cfg)
-        views = build_views(cfg, node.STRONG_TRANSFORMS, self.hparams.num_views, node, use_dassl=True)
+        views = build_train_views(cfg, node, self.hparams.num_views, True, self.execution.aug_on_device)
         dm = DataManager(cfg, custom_tfm_train=views, dataset_wrapper=RobustDatasetWrapper)
         self.train_loader_x = dm.train_loader_x
         self.train_loader_u = dm.train_loader_u

@@ -1,0 +1,172 @@
+"""The shared training step and its execution options, on CPU: each option
+against the plain fp32 step, hand-worked meters and tallies."""
+import copy
+
+import pytest
+import torch
+from torch import nn
+
+from dael_plugin import execution as ex
+from dael_plugin.backbones import build_backbone
+from dael_plugin.core import DAEL, DAELHparams, ExpertHeads
+from dael_plugin.step import DAELStep, DeviceMeters, ExpertTally
+
+
+def _batch(seed=0, per=8, size=32):
+    g = torch.Generator().manual_seed(seed)
+    n = 3 * per
+    bx = {"img": torch.randn(n, 3, size, size, generator=g), "img2": torch.randn(n, 3, size, size, generator=g),
+          "label": torch.randint(0, 10, (n,), generator=g), "domain": torch.arange(3).repeat_interleave(per)}
+    bu = {"img": torch.randn(per, 3, size, size, generator=g), "img2": torch.randn(per, 3, size, size, generator=g)}
+    return bx, bu
+
+
+def _make(fuse=True, fused_optim=False, **kw):
+    torch.manual_seed(0)
+    f = build_backbone("dael_small_cnn")
+    h = ExpertHeads(f.out_features, 10, 3)
+    cl = kw.pop("channels_last", False)
+    if cl:
+        assert ex.use_channels_last(f, (3, 32, 32), torch.device("cpu"))
+    opt = torch.optim.SGD(list(f.parameters()) + list(h.parameters()), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    if fused_optim:
+        opt = ex.fused_optimizer(opt)
+    alg = DAEL(f, h, DAELHparams(conf_thre=0.0), fuse_chunks=fuse)
+    return DAELStep(alg, [opt], torch.device("cpu"), 3, 8, True, channels_last=cl, **kw), f, h
+
+
+def _run(step, n=3):
+    outs = []
+    for i in range(n):
+        torch.manual_seed(100 + i)
+        outs.append({k: float(v) for k, v in step(*_batch(i)).items()})
+    return outs
+
+
+def _params_close(a, b, atol):
+    for (name, pa), pb in zip(a.state_dict().items(), b.state_dict().values()):
+        torch.testing.assert_close(pb.float(), pa.float(), atol=atol, rtol=atol, msg=lambda m: f"{name}: {m}")
+
+
+def test_step_equals_the_core_by_hand():
+    step, f, h = _make(fuse=False)
+    f2, h2 = copy.deepcopy(f), copy.deepcopy(h)
+    alg = DAEL(f2, h2, DAELHparams(conf_thre=0.0), fuse_chunks=False)
+    opt = torch.optim.SGD(list(f2.parameters()) + list(h2.parameters()), lr=0.01, momentum=0.9, weight_decay=5e-4)
+    bx, bu = _batch(0)
+    torch.manual_seed(1)
+    out = step(bx, bu)
+    torch.manual_seed(1)
+    ref = alg.losses([bx["img"], bx["img2"]], bx["label"], bx["domain"], [8, 8, 8], [bu["img"], bu["img2"]])
+    opt.zero_grad()
+    ref["loss"].backward()
+    opt.step()
+    for k in out:
+        assert float(out[k]) == pytest.approx(ref[k].item(), abs=1e-6), k
+    _params_close(f2, f, 1e-6)
+    assert set(out) == {"loss_x", "acc_x", "loss_cr", "loss_u", "mask_u"}
+
+
+@pytest.mark.parametrize("option", ["fuse", "fused_optim", "channels_last"])
+def test_each_fp32_option_keeps_the_numbers(option):
+    base, fb, hb = _make(fuse=False)
+    kw = {"fuse": option == "fuse", "fused_optim": option == "fused_optim", "channels_last": option == "channels_last"}
+    other, fo, ho = _make(**kw)
+    for a, b in zip(_run(base), _run(other)):
+        for k in a:
+            assert a[k] == pytest.approx(b[k], abs=1e-4), (option, k)
+    _params_close(fb, fo, 1e-4)
+
+
+def test_compiled_step_is_one_graph_and_the_same_numbers():
+    # aot_eager compiles the same graph as inductor without a C++ build (fast on
+    # CPU); fullgraph=True makes any host sync or other graph break an error.
+    eager, fe, _ = _make()
+    compiled, fc, _ = _make(compile_mode="default", compile_backend="aot_eager")
+    for a, b in zip(_run(eager), _run(compiled)):
+        for k in a:
+            assert a[k] == pytest.approx(b[k], abs=1e-5), k
+    _params_close(fe, fc, 1e-5)
+
+
+@pytest.mark.parametrize("prec", ["bf16", "fp16"])
+def test_low_precision_keeps_fp32_weights_and_close_losses(prec):
+    base, fb, _ = _make()
+    low, fl, _ = _make(prec=prec)
+    assert (low.scaler is not None) == (prec == "fp16")
+    a, b = _run(base, 2), _run(low, 2)
+    for k in ("loss_x", "loss_cr", "loss_u"):
+        assert b[0][k] == pytest.approx(a[0][k], rel=0.05, abs=0.02), k
+    assert all(p.dtype == torch.float32 for p in fl.parameters())
+    assert not all(torch.equal(p, q) for p, q in zip(fb.parameters(), fl.parameters()))  # it did train
+
+
+def test_a_backbone_that_views_its_feature_map_stays_in_the_default_layout(capsys):
+    class Flat(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv = nn.Conv2d(3, 4, 3, padding=1)
+
+        def forward(self, x):
+            return self.conv(x).view(x.shape[0], -1)  # as Dassl's cnn_digit5_m3sda
+
+    net = Flat()
+    assert not ex.use_channels_last(net, (3, 8, 8), torch.device("cpu"), "flat")
+    out = capsys.readouterr().out
+    assert out.count("CHANNELS_LAST is off for flat") == 1 and "view" in out
+    assert net.conv.weight.is_contiguous() and net.training
+    good = build_backbone("dael_small_cnn")
+    assert ex.use_channels_last(good, (3, 32, 32), torch.device("cpu"))
+    assert good.features[0].weight.is_contiguous(memory_format=torch.channels_last)
+
+
+def test_fused_optimizer_matches_and_leaves_others_alone():
+    torch.manual_seed(0)
+    for cls, kw in ((torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True}),
+                    (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 1e-2})):
+        m1 = nn.Linear(6, 4)
+        m2 = copy.deepcopy(m1)
+        o1, o2 = cls(m1.parameters(), **kw), ex.fused_optimizer(cls(m2.parameters(), **kw))
+        assert o2.param_groups[0]["fused"] is True
+        for i in range(4):
+            x = torch.randn(5, 6)
+            for m, o in ((m1, o1), (m2, o2)):
+                o.zero_grad()
+                m(x).pow(2).sum().backward()
+                o.step()
+        _params_close(m1, m2, 1e-6)
+    rms = torch.optim.RMSprop(nn.Linear(2, 2).parameters())
+    assert ex.fused_optimizer(rms) is rms
+
+
+def test_meters_read_last_and_mean_in_one_go():
+    m = DeviceMeters()
+    for v in (1.0, 2.0, 6.0):
+        m.update({"a": torch.tensor(v), "b": torch.tensor(10 * v)})
+    last, mean = m.read()
+    assert last == {"a": 6.0, "b": 60.0} and mean == {"a": 3.0, "b": 30.0}
+    assert DeviceMeters().read() == ({}, {})
+
+
+def test_expert_tally_by_hand():
+    t = ExpertTally()
+    # Two samples, two experts, three classes; the ensemble is the probability mean.
+    probs = torch.tensor([[[0.6, 0.3, 0.1], [0.1, 0.2, 0.7]],
+                          [[0.2, 0.5, 0.3], [0.1, 0.8, 0.1]]])
+    ens = t.update(probs, torch.tensor([2, 1]))
+    torch.testing.assert_close(ens, torch.tensor([[0.35, 0.25, 0.4], [0.15, 0.65, 0.2]]))
+    assert t.expert_accuracy() == [50.0, 100.0]
+    true, pred = t.labels()
+    assert true.tolist() == [2, 1] and pred.tolist() == [2, 1]
+
+
+@pytest.mark.parametrize("key,value,msg", [
+    ("PREC", "fp8", "PREC='fp8' is invalid"),
+    ("COMPILE", "max", "COMPILE='max' is invalid"),
+    ("CHUNK_BN", "fast", "CHUNK_BN='fast' is invalid"),
+])
+def test_bad_execution_keys_are_one_line(tmp_path, tiny_root, capsys, key, value, msg):
+    from test_hardening import args_for, cli, one_error_line
+
+    code, _, err = cli(args_for(tiny_root, tmp_path / "o", extra=[f"TRAINER.DAEL.{key}", value]), capsys)
+    assert code == 2 and msg in one_error_line(err)

@@ -38,37 +38,80 @@ def fused_optimizer(optim: torch.optim.Optimizer) -> torch.optim.Optimizer:
     return fused
 
 
-def channels_last_reason(module: nn.Module, sample_shape: Sequence[int], device: torch.device) -> Optional[str]:
-    """Why ``module`` cannot run in ``channels_last``, or None when it can.
-
-    A forward of two blank images in evaluation mode, without gradients, so no
-    running statistic and no random stream moves. Backbones that ``.view`` a
-    4-D feature map (Dassl's ``cnn_digit5_m3sda``) fail here.
-    """
-    if len(sample_shape) != 3:
-        return f"its input is not an image batch (sample shape {tuple(sample_shape)})"
+def _probe(module: nn.Module, sample_shape: Sequence[int], device: torch.device, memory_format) -> Optional[str]:
+    """Run two blank images through ``module`` in ``memory_format``, in evaluation
+    mode and without gradients (no running statistic or random stream moves)."""
     was_training = module.training
-    module.to(memory_format=torch.channels_last).eval()
-    x = torch.zeros((2, *sample_shape), device=device).contiguous(memory_format=torch.channels_last)
+    module.eval()
+    param = next(module.parameters(), None)
+    dtype = param.dtype if param is not None and param.is_floating_point() else torch.float32
+    x = torch.zeros((2, *sample_shape), device=device, dtype=dtype).contiguous(memory_format=memory_format)
     try:
         with torch.no_grad():
             module(x)
         return None
     except RuntimeError as exc:
-        module.to(memory_format=torch.contiguous_format)
-        first = str(exc).strip().splitlines()[0]
-        return first[:160]
+        return str(exc).strip().splitlines()[0][:160]
     finally:
         module.train(was_training)
 
 
+def _last_4d_module(module: nn.Module, sample_shape: Sequence[int], device: torch.device) -> Optional[str]:
+    """The name of the last module, in call order, that outputs a 4-D map."""
+    order = []
+    hooks = [m.register_forward_hook(lambda m_, i, o, n=n: order.append(n) if torch.is_tensor(o) and o.dim() == 4
+                                     else None)
+             for n, m in module.named_modules() if n and not list(m.children())]
+    try:
+        _probe(module, sample_shape, device, torch.contiguous_format)
+    finally:
+        for h in hooks:
+            h.remove()
+    return order[-1] if order else None
+
+
+def _contiguous_output(_module, _inputs, output):
+    return output.contiguous()
+
+
+def channels_last_reason(module: nn.Module, sample_shape: Sequence[int], device: torch.device) -> Optional[str]:
+    """Put ``module`` in ``channels_last``; None when it runs so, else why not (and it is put back).
+
+    A backbone that flattens its feature map with ``.view`` (Dassl's
+    ``cnn_digit5_m3sda``) fails in ``channels_last``. Then the output of the
+    last module that makes a 4-D map is made contiguous by a forward hook, so
+    everything up to there (the convolutions and pooling) still runs in
+    ``channels_last``; the values are unchanged.
+    """
+    if len(sample_shape) != 3:
+        return f"its input is not an image batch (sample shape {tuple(sample_shape)})"
+    module.to(memory_format=torch.channels_last)
+    reason = _probe(module, sample_shape, device, torch.channels_last)
+    if reason is None:
+        return None
+    last = _last_4d_module(module, sample_shape, device)
+    if last is not None:
+        handle = module.get_submodule(last).register_forward_hook(_contiguous_output)
+        if _probe(module, sample_shape, device, torch.channels_last) is None:
+            module._dael_channels_last_boundary = last
+            return None
+        handle.remove()
+    module.to(memory_format=torch.contiguous_format)
+    return reason
+
+
 def use_channels_last(module: nn.Module, sample_shape: Sequence[int], device: torch.device, name: str = "") -> bool:
-    """Put ``module`` in ``channels_last`` when it runs in it; else one log line and no change."""
+    """Put ``module`` in ``channels_last`` where it runs in it; else one log line and no change."""
+    name = name or type(module).__name__
     reason = channels_last_reason(module, sample_shape, device)
     if reason is not None:
-        print(f"dael_plugin: CHANNELS_LAST is off for {name or type(module).__name__}: it fails in "
-              f"channels_last ({reason}); running in the default layout")
+        print(f"dael_plugin: CHANNELS_LAST is off for {name}: it fails in channels_last ({reason}); "
+              "running in the default layout")
         return False
+    boundary = getattr(module, "_dael_channels_last_boundary", None)
+    if boundary is not None:
+        print(f"dael_plugin: CHANNELS_LAST for {name} up to {boundary!r}, whose output is made contiguous "
+              "(the backbone flattens its feature map with .view after it)")
     return True
 
 

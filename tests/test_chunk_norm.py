@@ -192,6 +192,8 @@ def test_fuse_chunks_key_reaches_the_algorithm(tmp_path, tiny_root, capsys, monk
         real(self, *a, **k)
 
     monkeypatch.setattr(bt.DAEL, "__init__", spy)
-    code, _, err = cli(args_for(tiny_root, tmp_path / "f", extra=["TRAINER.DAEL.FUSE_CHUNKS", "True"]), capsys)
+    code, _, err = cli(args_for(tiny_root, tmp_path / "f"), capsys)
     assert code == 0, err
-    assert seen == [True]
+    code, _, err = cli(args_for(tiny_root, tmp_path / "g", extra=["TRAINER.DAEL.FUSE_CHUNKS", "False"]), capsys)
+    assert code == 0, err
+    assert seen == [True, False]  # on by default; the key turns it off

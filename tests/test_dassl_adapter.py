@@ -62,13 +62,20 @@ LOSS_ATOL = 2e-4
 PARAM_ATOL = 1e-5
 
 
-@pytest.mark.parametrize("conf_thre", [0.0, 0.25])
-def test_losses_and_update_match_dassl_reference_dael(data_root, conf_thre):
+@pytest.mark.parametrize("conf_thre,channels_last", [(0.0, False), (0.25, False), (0.0, True)])
+def test_losses_and_update_match_dassl_reference_dael(data_root, conf_thre, channels_last):
+    """The default execution (fused pass, fused optimiser) within PARAM_ATOL; with
+    channels_last, the CPU channels_last batch-norm kernel's rounding (normalised
+    outputs 2e-5 from float64, against 4e-7) grows to 1.2e-4 through one step at
+    lr 0.05, the same order as Dassl's own trainer moves (2e-4) when its weights
+    are perturbed by 1e-6: tolerance 3e-4 there."""
     from dassl.engine.da.dael import DAEL as Reference
 
     from dael_plugin.dassl_adapter import DAELTrainer
 
     cfg = _reference_cfg(data_root, conf_thre)
+    cfg.merge_from_list(["TRAINER.DAEL.CHANNELS_LAST", channels_last])
+    param_atol = 3e-4 if channels_last else PARAM_ATOL
     torch.manual_seed(0)
     ref = Reference(cfg)
     ours = DAELTrainer(cfg)
@@ -96,10 +103,10 @@ def test_losses_and_update_match_dassl_reference_dael(data_root, conf_thre):
         assert 0.0 < o["mask_u"] < 1.0, "pick a threshold that masks some samples"
 
     for (name, p_ref), p_ours in zip(ref.F.state_dict().items(), ours.F.state_dict().values()):
-        torch.testing.assert_close(p_ours.float(), p_ref.float(), atol=PARAM_ATOL, rtol=0, msg=name)
+        torch.testing.assert_close(p_ours.float(), p_ref.float(), atol=param_atol, rtol=0, msg=name)
     for k, lin in enumerate(ref.E.linears):
-        torch.testing.assert_close(ours.E.weight[k], lin.weight, atol=PARAM_ATOL, rtol=0)
-        torch.testing.assert_close(ours.E.bias[k], lin.bias, atol=PARAM_ATOL, rtol=0)
+        torch.testing.assert_close(ours.E.weight[k], lin.weight, atol=param_atol, rtol=0)
+        torch.testing.assert_close(ours.E.bias[k], lin.bias, atol=param_atol, rtol=0)
 
 
 def _train(tmp_path, tiny_root, trainer, cfg_file, ds=DS_DA, extra=()):
@@ -244,3 +251,15 @@ def test_dassl_shipped_dael_configs_still_merge():
             assert hp.conf_thre == cfg.TRAINER[trainer].CONF_THRE and hp.weight_u == cfg.TRAINER[trainer].WEIGHT_U
             assert (hp.cr_target, hp.cr_mode, hp.classifier, hp.pseudo_label, hp.views, hp.losses) == (
                 DAELHparams().cr_target, "collaborative", "experts", "expert", "weak_strong", "ce_cr_u")
+
+
+def test_dael_on_dassl_with_views_on_the_device_and_a_log_per_print_freq(tmp_path, tiny_root):
+    res, proc = _train(tmp_path, tiny_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml",
+                       extra=["TRAINER.DAEL.AUG_ON_DEVICE", "True", "TRAIN.PRINT_FREQ", "2"])
+    assert 0.0 <= res["accuracy"] <= 100.0
+    # The device-side meters are read at PRINT_FREQ, in Dassl's line format: "name last (mean)".
+    lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("epoch [1/1] batch [")]
+    assert lines and all(" loss_u " in ln and " (" in ln and " eta " in ln for ln in lines)
+    total = int(lines[0].split("batch [")[1].split("/")[1].split("]")[0])
+    printed = [int(ln.split("batch [")[1].split("/")[0]) for ln in lines]
+    assert printed == ([b for b in range(1, total + 1) if b % 2 == 0] if total >= 2 else [1])

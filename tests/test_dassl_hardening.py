@@ -114,8 +114,8 @@ def _ref_cfg(root, trainer="DAEL", out="eq"):
     return cfg
 
 
-@pytest.mark.parametrize("trainer", ["DAEL", "DAELDG"])
-def test_three_steps_match_dassls_own_trainer(data_root, trainer):
+@pytest.mark.parametrize("trainer,channels_last", [("DAEL", False), ("DAELDG", False), ("DAEL", True)])
+def test_three_steps_match_dassls_own_trainer(data_root, trainer, channels_last):
     """The same weights and batches, three SGD steps in a row: the losses and the
     parameters after each step agree with Dassl's DAEL / DAELDG.
 
@@ -124,6 +124,11 @@ def test_three_steps_match_dassls_own_trainer(data_root, trainer):
     trainer, started from weights perturbed by 1e-6, is 2e-4 away after one
     step and 1e-2 after two, so no tight multi-step tolerance is meaningful
     there. The loss gap is Dassl's log(p + 1e-5) against an exact log-softmax.
+
+    The default execution (fused pass, fused optimiser) is held to that
+    tolerance; channels_last adds the CPU channels_last batch-norm kernel's
+    rounding (its normalised outputs are 2e-5 from float64 against 4e-7 in
+    the default layout), measured 1.0e-4 after 3 steps: tolerance 3e-4.
     """
     from dassl.engine.da.dael import DAEL as RefDAEL
     from dassl.engine.dg.daeldg import DAELDG as RefDAELDG
@@ -133,6 +138,8 @@ def test_three_steps_match_dassls_own_trainer(data_root, trainer):
     cfg = _ref_cfg(data_root, trainer, out=f"eq_{trainer}")
     cfg.defrost()
     cfg.OPTIM.LR = 1e-3
+    cfg.TRAINER[trainer].CHANNELS_LAST = channels_last
+    tol = 3e-4 if channels_last else 1e-4
     torch.manual_seed(0)
     ref = (RefDAEL if trainer == "DAEL" else RefDAELDG)(cfg)
     ours = DAELTrainer(cfg)
@@ -155,9 +162,9 @@ def test_three_steps_match_dassls_own_trainer(data_root, trainer):
             assert abs(r[key] - o[key]) < 2e-4, (step, key, r[key], o[key])
         for (name, p_ref), p_ours in zip(ref.F.state_dict().items(), ours.F.state_dict().values()):
             diff = (p_ours.float() - p_ref.float()).abs().max().item()
-            assert diff < 1e-4, (step, name, diff)
+            assert diff < tol, (step, name, diff)
         for k, lin in enumerate(ref.E.linears):
-            torch.testing.assert_close(ours.E.weight[k], lin.weight, atol=1e-4, rtol=0)
+            torch.testing.assert_close(ours.E.weight[k], lin.weight, atol=tol, rtol=0)
 
 
 def test_a_checkpoint_of_dassls_dael_loads_with_the_experts_converted(data_root, tmp_path):
@@ -248,8 +255,13 @@ def test_bench_script_runs_and_its_losses_agree(tmp_path):
     """scripts/bench.py builds both trainers by hand; a new attribute of the
     trainer must not break it silently."""
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "--repeats", "1", "--warmup", "0",
-                           "--per-domain", "4", "--target", "4", "--device", "cpu"],
+                           "--per-domain", "4", "--device", "cpu", "--epoch", "--epoch-images", "20",
+                           "--workers", "0"],
                           capture_output=True, text=True, cwd=ROOT, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    diff = float(proc.stdout.split("max abs diff ", 1)[1].split(")")[0])
-    assert diff < 2e-4 and proc.stdout.strip().splitlines()[-1].startswith("speedup_vs_dassl_dael: ")
+    out = proc.stdout
+    diff = float(out.split("max abs diff ", 1)[1].split()[0])
+    assert diff < 2e-4 and out.strip().splitlines()[-1].startswith("speedup_vs_dassl_dael: ")
+    for line in ("+ fused pass", "+ fused optimiser", "+ channels_last", "share fused pass", "share aug on device",
+                 "epoch ratio dael_plugin:", "epoch ratio dael_plugin + aug on device:"):
+        assert line in out, line

@@ -101,23 +101,43 @@ def test_low_precision_keeps_fp32_weights_and_close_losses(prec):
     assert not all(torch.equal(p, q) for p, q in zip(fb.parameters(), fl.parameters()))  # it did train
 
 
-def test_a_backbone_that_views_its_feature_map_stays_in_the_default_layout(capsys):
-    class Flat(nn.Module):
+def test_channels_last_stops_before_a_view_of_the_feature_map_or_falls_back(capsys):
+    class Flat(nn.Module):  # as Dassl's cnn_digit5_m3sda: .view on a conv map
         def __init__(self):
             super().__init__()
             self.conv = nn.Conv2d(3, 4, 3, padding=1)
+            self.bn = nn.BatchNorm2d(4)
+            self.fc = nn.Linear(4 * 64, 5)
 
         def forward(self, x):
-            return self.conv(x).view(x.shape[0], -1)  # as Dassl's cnn_digit5_m3sda
+            return self.fc(torch.relu(self.bn(self.conv(x))).view(x.shape[0], -1))
 
+    torch.manual_seed(0)
     net = Flat()
-    assert not ex.use_channels_last(net, (3, 8, 8), torch.device("cpu"), "flat")
+    x = torch.randn(6, 3, 8, 8)
+    ref = net(x)
+    assert ex.use_channels_last(net, (3, 8, 8), torch.device("cpu"), "flat")
     out = capsys.readouterr().out
-    assert out.count("CHANNELS_LAST is off for flat") == 1 and "view" in out
-    assert net.conv.weight.is_contiguous() and net.training
+    assert out.count("CHANNELS_LAST for flat up to 'bn'") == 1
+    assert net.conv.weight.is_contiguous(memory_format=torch.channels_last) and net.training
+    torch.testing.assert_close(net(x.contiguous(memory_format=torch.channels_last)), ref, atol=1e-6, rtol=1e-6)
+
+    class Raw(nn.Module):  # views its input: nothing can run in channels_last
+        def __init__(self):
+            super().__init__()
+            self.fc = nn.Linear(3 * 64, 5)
+
+        def forward(self, x):
+            return self.fc(x.view(x.shape[0], -1))
+
+    raw = Raw()
+    assert not ex.use_channels_last(raw, (3, 8, 8), torch.device("cpu"), "raw")
+    out = capsys.readouterr().out
+    assert out.count("CHANNELS_LAST is off for raw") == 1 and "view" in out
     good = build_backbone("dael_small_cnn")
     assert ex.use_channels_last(good, (3, 32, 32), torch.device("cpu"))
     assert good.features[0].weight.is_contiguous(memory_format=torch.channels_last)
+    assert capsys.readouterr().out == ""  # runs in channels_last as it is: nothing to say
 
 
 def test_fused_optimizer_matches_and_leaves_others_alone():

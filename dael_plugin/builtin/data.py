@@ -11,7 +11,7 @@ paths it could not read (``bad_path``) so the trainer can log and count them.
 from __future__ import annotations
 
 import random
-from typing import Callable, Dict, List, Sequence, Union
+from typing import Callable, List, Sequence, Union
 
 import numpy as np
 import torch
@@ -19,7 +19,7 @@ from PIL import Image
 from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..data.folders import Item
-from ..data.images import ReplacingReader, decode
+from ..data.images import ReplacingReader
 from .sampler import DomainBalancedBatchSampler, SeededRandomBatchSampler
 
 Transform = Callable[[Image.Image], torch.Tensor]
@@ -67,19 +67,10 @@ class ImageList(Dataset):
         self.items = list(items)
         self.transforms = transforms if isinstance(transforms, (list, tuple)) else [transforms]
         self.replace_bad = replace_bad
-        self._cache: Dict[int, Image.Image] = {}
-        self.reader = ReplacingReader([i.impath for i in self.items], [i.domain for i in self.items], self._image)
+        self.reader = ReplacingReader([i.impath for i in self.items], [i.domain for i in self.items])
 
     def __len__(self) -> int:
         return len(self.items)
-
-    def _image(self, idx: int) -> Image.Image:
-        img = self._cache.get(idx)
-        if img is None:
-            img = decode(self.items[idx].impath)
-            if img.width * img.height <= 64 * 64:  # small images: keep decoded in this worker
-                self._cache[idx] = img
-        return img
 
     def __getitem__(self, key) -> dict:
         idx, seed = key if isinstance(key, tuple) else (key, int(key))
@@ -102,7 +93,8 @@ def _loader(dataset, num_workers: int, pin: bool, seed: int, **kwargs) -> DataLo
         dataset,
         num_workers=num_workers,
         pin_memory=pin,
-        persistent_workers=num_workers > 0,
+        persistent_workers=num_workers > 0,  # workers and their decoded-image caches live across epochs
+        prefetch_factor=4 if num_workers > 0 else None,
         generator=torch.Generator().manual_seed(seed),
         **kwargs,
     )

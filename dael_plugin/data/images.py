@@ -23,6 +23,11 @@ def decode(path: str) -> Image.Image:
         return f.convert("RGB")
 
 
+# Images up to this many pixels stay decoded in a loader process (64x64: digit
+# sets, whose decode dominates their loading; a 100k-image set is ~1.2 GB per worker).
+CACHE_PIXELS = 64 * 64
+
+
 class ReplacingReader:
     """Decode item ``idx``; if it cannot be decoded, remember it and (in training)
     try other items of the same domain, chosen by ``pick(members) -> index``.
@@ -31,12 +36,24 @@ class ReplacingReader:
     differ only in where the replacement's randomness comes from.
     """
 
-    def __init__(self, impaths, domains, load=None) -> None:
+    def __init__(self, impaths, domains, load=None, cache_pixels: int = CACHE_PIXELS) -> None:
         self.impaths = list(impaths)
         self.domains = np.asarray(domains, dtype=np.int64)
-        self.load = load or (lambda idx: decode(self.impaths[idx]))
+        self.load = load or self._decode_cached
+        self.cache_pixels = cache_pixels
+        self._cache = {}
         self.bad: set = set()
         self._members = {}
+
+    def _decode_cached(self, idx: int) -> Image.Image:
+        """Decode, keeping small images (at most ``cache_pixels``) decoded in this
+        process: with persistent workers, later epochs skip the PNG/JPEG decode."""
+        img = self._cache.get(idx)
+        if img is None:
+            img = decode(self.impaths[idx])
+            if img.width * img.height <= self.cache_pixels:
+                self._cache[idx] = img
+        return img
 
     def _same_domain(self, idx: int) -> np.ndarray:
         d = int(self.domains[idx])

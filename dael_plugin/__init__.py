@@ -17,7 +17,7 @@ if os.environ.get("DAEL_PLUGIN_HIDE_DASSL") == "1":
 from .config import add_dael_config
 from .errors import DAELConfigError
 
-__version__ = "0.2.0"
+__version__ = "0.3.0"
 
 try:
     import dassl  # noqa: F401

@@ -29,10 +29,11 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 
 start=$(date +%s)
 # Step at both shapes + views on the device + the epoch at 96x96 (about 5 minutes).
-timeout 360 python scripts/bench.py --shape both --epoch --workers 12 2>&1 | tee "$out/bench.txt"
+timeout 330 python scripts/bench.py --shape both --epoch --workers 12 2>&1 | tee "$out/bench.txt"
 bench_rc=${PIPESTATUS[0]}
 # The no-host-sync checks of both engines' steps (about 1 minute).
-timeout 100 python -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.txt"
+timeout 30 python scripts/bench_device_aug.py --device cuda --batch 256 --size 96 2>&1 | tee "$out/device_aug.txt"
+timeout 90 python -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.txt"
 tests_rc=${PIPESTATUS[0]}
 echo "gpu_bench: bench exit $bench_rc, GPU tests exit $tests_rc, $(( $(date +%s) - start )) s" | tee -a "$out/bench.txt"
 [ "$bench_rc" -eq 0 ] && [ "$tests_rc" -eq 0 ]

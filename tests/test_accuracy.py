@@ -19,7 +19,9 @@ split and schedule (15 epochs):
     2-core CPU "B"                       before v0.2  +5.8    +6.7    +6.7
     H200 GPU, torch 2.11                 before v0.2  +5.8    +6.2    +7.5
     2-core Intel Xeon, torch 2.14.1      per-draw     +3.8    +9.6    +5.8
-    (per-draw seeding, issue 7, changed every trajectory)
+    2-core Intel Xeon, torch 2.14.1      0.3 fast     +5.8    +7.1    +1.7
+    (per-draw seeding, issue 7, changed every trajectory; so did 0.3's fused
+    pass, fused optimiser and channels_last, issue 8)
 
 - Single-seed gains range from +3.8 to +10.4 (mean about 7.0, spread about
   1.8). The old test asserted +4 on seed 1 alone: it fails on the last

@@ -85,8 +85,19 @@ def _blend(a: torch.Tensor, b: torch.Tensor, factor: torch.Tensor) -> torch.Tens
     return (a + _b(factor) * (b - a)).clamp_(0, 1)
 
 
+_CONSTANTS: dict = {}
+
+
+def _constant(key, make, device, dtype=torch.float32) -> torch.Tensor:
+    """A small constant made once per device: no host-to-device copy inside a step."""
+    k = (key, str(device), dtype)
+    if k not in _CONSTANTS:
+        _CONSTANTS[k] = torch.as_tensor(make(), dtype=dtype).to(device)
+    return _CONSTANTS[k]
+
+
 def _sharpen_base(x: torch.Tensor) -> torch.Tensor:
-    k = torch.tensor([[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]], device=x.device, dtype=x.dtype) / 13
+    k = _constant("sharpen", lambda: [[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]], x.device, x.dtype) / 13
     c = x.shape[1]
     blurred = F.conv2d(x, k.expand(c, 1, 3, 3), padding=1, groups=c)
     out = x.clone()  # PIL leaves the one-pixel border as it was
@@ -134,8 +145,8 @@ def _warp(x: torch.Tensor, inv: torch.Tensor, fill: torch.Tensor) -> torch.Tenso
     outside the image, ``fill`` (B,)."""
     b, c, h, w = x.shape
     # Continuous pixel coordinates <-> grid_sample's [-1, 1] (align_corners=False).
-    to_px = torch.tensor([[w / 2, 0, w / 2], [0, h / 2, h / 2], [0, 0, 1]], device=x.device, dtype=x.dtype)
-    to_norm = torch.linalg.inv(to_px)
+    to_px = _constant(("to_px", h, w), lambda: [[w / 2, 0, w / 2], [0, h / 2, h / 2], [0, 0, 1]], x.device, x.dtype)
+    to_norm = _constant(("to_norm", h, w), lambda: [[2 / w, 0, -1], [0, 2 / h, -1], [0, 0, 1]], x.device, x.dtype)
     theta = (to_norm @ inv @ to_px)[:, :2]
     grid = F.affine_grid(theta, [b, c, h, w], align_corners=False)
     ones = torch.ones_like(x[:, :1])
@@ -204,7 +215,7 @@ class RandAugmentBatch:
                 out = _colour_op(name, x, v)
                 if out is not None:
                     colour = torch.where(_b(sel), out, colour)
-            geometric = on & torch.tensor(self.geometric, device=dev)[pick]
+            geometric = on & _constant(("geometric", tuple(self.geometric)), lambda: self.geometric, dev, torch.bool)[pick]
             x = torch.where(_b(geometric), _warp(x, inv, torch.zeros(b, device=dev)), colour)
         return x
 
@@ -315,7 +326,9 @@ class DeviceViews:
         for op in ops:
             x = op(x)
         if normalize:
-            x = (x - self.mean.to(x.device)) / self.std.to(x.device)
+            mean = _constant(("mean", tuple(self.mean.flatten().tolist())), lambda: self.mean, x.device)
+            std = _constant(("std", tuple(self.std.flatten().tolist())), lambda: self.std, x.device)
+            x = (x - mean) / std
         return x
 
     def __call__(self, images: torch.Tensor) -> List[torch.Tensor]:
@@ -375,7 +388,7 @@ def _cutout(x: torch.Tensor, n_holes: int, length, fill=None) -> torch.Tensor:
     hole = hole.unsqueeze(1)
     if fill is None:
         return x.masked_fill(hole, 0.0)
-    value = torch.tensor(fill[:c], device=x.device, dtype=x.dtype).view(1, c, 1, 1)
+    value = _constant(("fill", tuple(fill[:c])), lambda: fill[:c], x.device, x.dtype).view(1, c, 1, 1)
     return torch.where(hole, value, x)
 
 

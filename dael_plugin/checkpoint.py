@@ -36,6 +36,16 @@ RESUME_FREE_KEYS = (
 )
 
 
+# Keys added after a checkpoint was written: what the code that wrote it did
+# without them. A checkpoint without the key is compared with this value.
+LEGACY_VALUES = {
+    f"TRAINER.{node}.{key}": value
+    for node in ("DAEL", "DAELDG")
+    for key, value in (("CHUNK_BN", "auto"), ("PREC", "fp32"), ("CHANNELS_LAST", False), ("COMPILE", "none"),
+                       ("FUSED_OPTIM", False), ("AUG_ON_DEVICE", False))
+}
+
+
 class CheckpointError(DAELConfigError):
     """A checkpoint that cannot or must not be loaded; the message names the file."""
 
@@ -140,6 +150,9 @@ def config_diff(saved_yaml: str, cfg, free: Iterable[str] = RESUME_FREE_KEYS) ->
     """``(key, checkpoint value, current value)`` for each training-relevant difference."""
     saved = _flatten(yaml.safe_load(saved_yaml) or {})
     now = _flatten(yaml.safe_load(cfg.dump()) or {})
+    for key, value in LEGACY_VALUES.items():
+        if key in now and key not in saved:
+            saved[key] = value
     free = tuple(free)
     out = []
     for key in sorted(set(saved) | set(now)):

@@ -10,13 +10,54 @@ Sweeps aggregate these records instead of regex-parsing ``log.txt``.
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
+import subprocess
 import time
 from typing import Dict, List, Optional, Sequence
 
 SCHEMA_VERSION = 1
+
+
+def code_version() -> str:
+    """``git describe`` of the plugin's checkout where it is one, else the package version."""
+    from . import __version__
+
+    here = os.path.dirname(os.path.abspath(__file__))
+    try:
+        out = subprocess.run(["git", "-C", here, "describe", "--always", "--dirty", "--tags"],
+                             capture_output=True, text=True, timeout=5)
+        if out.returncode == 0 and out.stdout.strip():
+            return f"{__version__} ({out.stdout.strip()})"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return __version__
+
+
+def provenance(cfg) -> Dict[str, object]:
+    """What a table cell needs to be traced back to its run: the merged config and
+    its hash, the code and library versions, and the device."""
+    import torch
+
+    from . import HAS_DASSL
+
+    versions = {"torch": torch.__version__}
+    for name in ("torchvision", "timm", "dassl"):
+        if name == "dassl" and not HAS_DASSL:
+            versions[name] = None
+            continue
+        try:
+            mod = __import__(name)
+            versions[name] = getattr(mod, "__version__", "installed")
+        except ImportError:
+            versions[name] = None
+    use_cuda = bool(cfg.get("USE_CUDA", True)) and torch.cuda.is_available()
+    device = f"cuda: {torch.cuda.get_device_name(0)}" if use_cuda else f"cpu: {os.cpu_count()} cores"
+    text = cfg.dump()
+    return {"code_version": code_version(), "versions": versions, "device": device,
+            "config_sha256": hashlib.sha256(text.encode()).hexdigest(), "config": text}
 
 
 def results_record(
@@ -54,6 +95,7 @@ def results_record(
         "output_dir": os.path.abspath(cfg.OUTPUT_DIR),
         "host": socket.gethostname(),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "provenance": provenance(cfg),
     }
 
 

@@ -1,10 +1,14 @@
 """scripts/train.py on the built-in engine (run as on a machine without Dassl), and bad input."""
 import glob
+import hashlib
 import json
 import os
 
 import pytest
+import torch
 import yaml
+
+import dael_plugin
 
 from conftest import ROOT, run_train
 
@@ -34,6 +38,15 @@ def test_auto_engine_without_dassl_runs_dael_da_and_writes_results(tmp_path, tin
     assert (out / "log.txt").exists() and glob.glob(str(out / "tensorboard" / "events.*"))
     assert (out / "checkpoint.pth.tar").exists() and (out / "model.pth.tar-1").exists()
     assert "loss_u" in (out / "log.txt").read_text()
+    # Provenance: the merged config and its hash, the code and library versions, the device.
+    prov = res["provenance"]
+    assert hashlib.sha256(prov["config"].encode()).hexdigest() == prov["config_sha256"]
+    merged = yaml.safe_load(prov["config"])
+    assert merged["SEED"] == 2 and merged["DATASET"]["TARGET_DOMAINS"] == ["street"]
+    assert merged["TRAINER"]["DAEL"]["FUSE_CHUNKS"] is True
+    assert prov["versions"]["torch"] == torch.__version__ and prov["versions"]["dassl"] is None  # hidden here
+    assert prov["code_version"].startswith(dael_plugin.__version__)
+    assert prov["device"].startswith("cpu" if not torch.cuda.is_available() else "cuda")
 
 
 def test_builtin_dg_and_rerun_into_a_finished_run(tmp_path, tiny_root):

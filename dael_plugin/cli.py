@@ -343,6 +343,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         wall_seconds=time.time() - start, epochs=epochs, eval_only=args.eval_only,
         unreadable_images=sorted(getattr(trainer, "bad_images", ()) or ()),
         model_dir=os.path.abspath(args.model_dir) if args.eval_only else None,
+        per_class_accuracy=getattr(trainer, "per_class_accuracy", None),
     )
     path = write_results(cfg.OUTPUT_DIR, record, name="results_eval.json" if args.eval_only else "results.json")
     print(f"dael_plugin: wrote {path}")

@@ -70,6 +70,7 @@ def results_record(
     eval_only: bool = False,
     unreadable_images: Sequence[str] = (),
     model_dir: Optional[str] = None,
+    per_class_accuracy: Optional[Dict[str, Dict[str, float]]] = None,
 ) -> Dict[str, object]:
     sources = list(cfg.DATASET.SOURCE_DOMAINS)
     names: List[str] = sources if len(expert_accuracy) == len(sources) else [f"expert{i}" for i in range(len(expert_accuracy))]
@@ -86,6 +87,9 @@ def results_record(
         "backbone": cfg.MODEL.BACKBONE.NAME,
         "accuracy": None if accuracy is None else round(float(accuracy), 4),
         "expert_accuracy": {n: round(float(a), 4) for n, a in zip(names, expert_accuracy)},
+        # class name -> % for the ensemble; the same per expert under per_class_expert_accuracy
+        "per_class_accuracy": (per_class_accuracy or {}).get("ensemble"),
+        "per_class_expert_accuracy": {k: v for k, v in (per_class_accuracy or {}).items() if k != "ensemble"} or None,
         "epochs": int(cfg.OPTIM.MAX_EPOCH if epochs is None else epochs),
         "eval_only": bool(eval_only),
         "model_dir": model_dir,

@@ -122,7 +122,15 @@ class DAELStep:
                 self.scaler.step(o)
             self.scaler.update()
         # Copies: under CUDA graphs the next replay overwrites the graph's outputs.
-        return {k: out[k].detach().float().clone() if self.compiled else out[k].detach().float() for k in self.keys}
+        result = {k: out[k].detach().float().clone() if self.compiled else out[k].detach().float() for k in self.keys}
+        if u_views is not None and "pseudo_label_u" in out and "label" in batch_u:
+            # Diagnostics only (never in the loss): the accuracy of the kept pseudo-labels,
+            # where the target data carries labels (Dassl's benchmark datasets do).
+            true = batch_u["label"].to(self.device, non_blocking=True)
+            kept = out["pseudo_mask_u"].detach().float()
+            result["pl_hits_u"] = ((out["pseudo_label_u"].detach() == true).float() * kept).sum()
+            result["pl_kept_u"] = kept.sum()  # DeviceMeters reads the two as pl_acc_u
+        return result
 
 
 class DeviceMeters:
@@ -148,7 +156,14 @@ class DeviceMeters:
         names = list(self.sums)
         host = torch.stack([self.last[k] for k in names] + [self.sums[k] for k in names]).cpu().tolist()
         n = len(names)
-        return dict(zip(names, host[:n])), {k: v / self.count for k, v in zip(names, host[n:])}
+        last = dict(zip(names, host[:n]))
+        mean = {k: v / self.count for k, v in zip(names, host[n:])}
+        for d in (last, mean):
+            # The accuracy of the kept pseudo-labels, over all kept ones (not a mean of batch ratios).
+            if "pl_hits_u" in d:
+                hits, kept = d.pop("pl_hits_u"), d.pop("pl_kept_u")
+                d["pl_acc_u"] = 100.0 * hits / kept if kept > 0 else float("nan")
+        return last, mean
 
     def means(self) -> Dict[str, float]:
         return self.read()[1]
@@ -162,6 +177,7 @@ class ExpertTally:
         self.total = 0
         self.y_true: List[torch.Tensor] = []
         self.y_pred: List[torch.Tensor] = []
+        self.expert_pred: List[torch.Tensor] = []
 
     def update(self, probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """``probs`` ``(B, K, C)``; returns the ensemble's ``(B, C)`` probabilities."""
@@ -171,6 +187,7 @@ class ExpertTally:
         self.total += labels.shape[0]
         self.y_true.append(labels)
         self.y_pred.append(ens.argmax(-1))
+        self.expert_pred.append(probs.argmax(-1))
         return ens
 
     def expert_accuracy(self) -> List[float]:
@@ -181,6 +198,23 @@ class ExpertTally:
     def labels(self):
         """(true, predicted) as CPU tensors."""
         return torch.cat(self.y_true).cpu(), torch.cat(self.y_pred).cpu()
+
+    def per_class(self, classnames: Sequence[str], expert_names: Sequence[str] = ()) -> Dict[str, Dict[str, float]]:
+        """``{"ensemble": {class: %}, <expert>: {class: %}}`` over the classes present."""
+        true = torch.cat(self.y_true).cpu()
+        preds = {"ensemble": torch.cat(self.y_pred).cpu()}
+        experts = torch.cat(self.expert_pred).cpu()
+        if experts.shape[1] > 1:
+            for k, name in enumerate(expert_names or [f"expert{i}" for i in range(experts.shape[1])]):
+                preds[name] = experts[:, k]
+        out: Dict[str, Dict[str, float]] = {}
+        for who, pred in preds.items():
+            out[who] = {}
+            for c in true.unique().tolist():
+                sel = true == c
+                name = classnames[c] if c < len(classnames) else str(c)
+                out[who][name] = round(100.0 * float((pred[sel] == c).float().mean()), 2)
+        return out
 
 
 def prepare_model(execution, backbone: torch.nn.Module, cfg, device: torch.device) -> bool:

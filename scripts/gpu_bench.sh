@@ -10,10 +10,10 @@
 # from its own repository, or put a checkout's root on PYTHONPATH); this
 # script installs nothing. Every ratio it prints is measured in this one run.
 set -uo pipefail
-out=${1:-output/gpu_bench}
+out=$(realpath -m "${1:-output/gpu_bench}")
+cd "$(dirname "$0")/.."
 mkdir -p "$out"
 export PYTHONUNBUFFERED=1
-cd "$(dirname "$0")/.."
 
 python - <<'EOF' || exit 2
 import sys, torch

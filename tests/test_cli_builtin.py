@@ -47,6 +47,12 @@ def test_auto_engine_without_dassl_runs_dael_da_and_writes_results(tmp_path, tin
     assert prov["versions"]["torch"] == torch.__version__ and prov["versions"]["dassl"] is None  # hidden here
     assert prov["code_version"].startswith(dael_plugin.__version__)
     assert prov["device"].startswith("cpu" if not torch.cuda.is_available() else "cuda")
+    # Diagnostics: per-class accuracy of the ensemble and each expert, and the kept
+    # pseudo-labels' accuracy in the log (the embedded target split carries labels).
+    assert set(res["per_class_accuracy"]) <= {str(d) for d in range(10)} and res["per_class_accuracy"]
+    assert set(res["per_class_expert_accuracy"]) == {"hand", "blend", "font"}
+    log = (out / "log.txt").read_text()
+    assert "pl_acc_u" in log and "* per-class accuracy: " in log
 
 
 def test_builtin_dg_and_rerun_into_a_finished_run(tmp_path, tiny_root):

@@ -132,6 +132,8 @@ def test_dael_da_through_train_script(tmp_path, tiny_root):
     assert res["source_domains"] == ["hand", "blend", "font"] and res["target_domains"] == ["street"]
     assert res["seed"] == 1 and res["epochs"] == 1 and res["wall_seconds"] > 0
     assert res["provenance"]["versions"]["dassl"] not in (None, "") and "SEED: 1" in res["provenance"]["config"]
+    assert res["per_class_accuracy"] and set(res["per_class_expert_accuracy"]) == {"hand", "blend", "font"}
+    assert "* per-class accuracy: " in proc.stdout
     # The record is the run's own final test, as printed by Dassl's evaluator ...
     assert _log_value(proc.stdout, "* accuracy: ") == [pytest.approx(res["accuracy"], abs=0.05)]
     experts = proc.stdout.split("* expert accuracy: ", 1)[1].splitlines()[0]

@@ -168,6 +168,23 @@ def test_meters_read_last_and_mean_in_one_go():
     assert DeviceMeters().read() == ({}, {})
 
 
+def test_pseudo_label_accuracy_is_over_all_kept_labels():
+    m = DeviceMeters()
+    m.update({"mask_u": torch.tensor(0.5), "pl_hits_u": torch.tensor(1.0), "pl_kept_u": torch.tensor(2.0)})
+    m.update({"mask_u": torch.tensor(1.0), "pl_hits_u": torch.tensor(3.0), "pl_kept_u": torch.tensor(4.0)})
+    last, mean = m.read()
+    assert last["pl_acc_u"] == pytest.approx(75.0) and mean["pl_acc_u"] == pytest.approx(100 * 4 / 6)
+    assert "pl_hits_u" not in mean and mean["mask_u"] == 0.75
+    # Through the step: a target batch with labels gives the counts; one without gives none.
+    step, _, _ = _make()
+    bx, bu = _batch(0)
+    out = step(bx, bu)
+    assert "pl_hits_u" not in out
+    bu["label"] = torch.randint(0, 10, (8,))
+    out = step(bx, bu)
+    assert float(out["pl_kept_u"]) == 8.0 and 0.0 <= float(out["pl_hits_u"]) <= 8.0  # CONF_THRE 0 keeps all
+
+
 def test_expert_tally_by_hand():
     t = ExpertTally()
     # Two samples, two experts, three classes; the ensemble is the probability mean.
@@ -178,6 +195,10 @@ def test_expert_tally_by_hand():
     assert t.expert_accuracy() == [50.0, 100.0]
     true, pred = t.labels()
     assert true.tolist() == [2, 1] and pred.tolist() == [2, 1]
+    t.update(torch.tensor([[[0.1, 0.1, 0.8], [0.7, 0.2, 0.1]]]), torch.tensor([1]))  # ensemble says 2: wrong
+    per = t.per_class(["zero", "one", "two"], ["a", "b"])
+    assert per == {"ensemble": {"one": 50.0, "two": 100.0}, "a": {"one": 50.0, "two": 0.0},
+                   "b": {"one": 50.0, "two": 100.0}}
 
 
 @pytest.mark.parametrize("key,value,msg", [

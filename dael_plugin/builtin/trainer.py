@@ -347,6 +347,8 @@ class BuiltinTrainer:
               f"* error: {100 - acc:.1f}%\n* macro_f1: {f1:.1f}%")
         if skipped:
             print(f"* unreadable images left out: {skipped}")
+        self.per_class_accuracy = tally.per_class(self.classnames, self.sources)
+        print("* per-class accuracy: " + ", ".join(f"{c} {a:.1f}%" for c, a in self.per_class_accuracy["ensemble"].items()))
         per_expert = tally.expert_accuracy()
         self.expert_accuracy = per_expert if len(per_expert) > 1 else []
         if self.expert_accuracy:
@@ -355,6 +357,8 @@ class BuiltinTrainer:
             self.writer.add_scalar(f"{split}/accuracy", acc, self.epoch)
             for n_, a in zip(self.sources, self.expert_accuracy):
                 self.writer.add_scalar(f"{split}/expert_{n_}", a, self.epoch)
+            for c, a in self.per_class_accuracy["ensemble"].items():
+                self.writer.add_scalar(f"{split}/class_{c}", a, self.epoch)
         self.last_accuracy = acc
         self.last_split = split
         return acc

@@ -122,7 +122,8 @@ def dael_losses(
     Returns:
         A dict of 0-dim tensors: ``loss`` (to back-propagate), ``loss_x``
         (L_ce), ``loss_cr``, ``loss_u``, ``acc_x`` (%, expert on its own
-        domain) and ``mask_u`` (fraction of target samples kept).
+        domain) and ``mask_u`` (fraction of target samples kept); with L_u also
+        ``pseudo_label_u`` and ``pseudo_mask_u`` ``(M,)``, for diagnostics.
     """
     n = labels_x.shape[0]
     log_probs_t = F.log_softmax(logits_x_target_view, dim=-1)
@@ -145,6 +146,7 @@ def dael_losses(
 
     loss_u = zero
     mask_u = zero
+    labels_u = mask = None
     if hparams.use_u and logits_u_target_view is not None and logits_u_pred_view is not None:
         with torch.no_grad():
             probs_u = F.softmax(logits_u_target_view.detach(), dim=-1)
@@ -157,7 +159,7 @@ def dael_losses(
         mask_u = mask.mean()
 
     loss = loss_x + loss_cr + hparams.weight_u * loss_u
-    return {
+    out = {
         "loss": loss,
         "loss_x": loss_x,
         "loss_cr": loss_cr,
@@ -165,6 +167,9 @@ def dael_losses(
         "acc_x": acc_x,
         "mask_u": mask_u,
     }
+    if labels_u is not None:  # for diagnostics only: (M,) pseudo-labels and their 0/1 mask
+        out["pseudo_label_u"], out["pseudo_mask_u"] = labels_u, mask
+    return out
 
 
 def ensemble_probs(logits: torch.Tensor) -> torch.Tensor:

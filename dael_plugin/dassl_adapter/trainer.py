@@ -268,6 +268,11 @@ class DAELTrainer(TrainerXU):
         results = self.evaluator.evaluate()
         self.expert_accuracy = tally.expert_accuracy()
         names = list(self.cfg.DATASET.SOURCE_DOMAINS) if self.E.num_experts > 1 else ["single"]
+        classnames = [self.lab2cname.get(i, str(i)) for i in range(self.num_classes)]
+        self.per_class_accuracy = tally.per_class(classnames, names)
+        print("* per-class accuracy: " + ", ".join(f"{c} {a:.1f}%" for c, a in self.per_class_accuracy["ensemble"].items()))
+        for c, a in self.per_class_accuracy["ensemble"].items():
+            self.write_scalar(f"{split}/class_{c}", a, self.epoch)
         print("* expert accuracy: " + ", ".join(f"{n} {a:.2f}%" for n, a in zip(names, self.expert_accuracy)))
         for k, v in results.items():
             self.write_scalar(f"{split}/{k}", v, self.epoch)

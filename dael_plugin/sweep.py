@@ -1,0 +1,325 @@
+"""Sweeps: trainers x targets x seeds x an override grid, as runs of scripts/train.py.
+
+    python scripts/sweep.py --root R --dataset-config-file DS --trainers DAEL SourceOnly \\
+        --seeds 1 2 3 [--targets T1 T2 ...] --output-dir DIR [--grid KEY V1 V2 ...]... \\
+        [--launcher local|submitit-local|slurm] [--workers N] [--dry-run] [--] [KEY VALUE ...]
+
+- Targets default to every leave-one-domain-out split of the dataset; the
+  other domains are the sources. The method config of a trainer defaults to
+  ``configs/trainers/<da|dg>/<trainer>/<dataset>.yaml``.
+- Each run's directory is ``DIR/<dataset>/<trainer>[/<grid setting>]/<target>/seed<N>``.
+- A run with ``results.json`` is done and skipped; one without it is started
+  and resumes from its checkpoint if it has one (scripts/train.py does that
+  for a used output directory), so a relaunched sweep loses no finished run.
+- Launchers: ``local`` runs N workers here, each pinned to one GPU through
+  ``CUDA_VISIBLE_DEVICES`` when GPUs exist; ``slurm`` submits a Slurm job array
+  through submitit; ``submitit-local`` is submitit's local executor, the same
+  code path without a cluster.
+- A failed run is reported with its log and the others go on; the exit code
+  is 1 when any run failed.
+"""
+from __future__ import annotations
+
+import argparse
+import itertools
+import os
+import re
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor, as_completed
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Sequence, Tuple
+
+from .errors import DAELConfigError
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TRAIN = os.path.join(ROOT, "scripts", "train.py")
+LOG = "sweep_log.txt"  # a run's stdout and stderr, in its directory
+
+
+@dataclass(frozen=True)
+class Run:
+    trainer: str
+    target: str
+    sources: Tuple[str, ...]
+    seed: int
+    grid: Tuple[Tuple[str, str], ...]
+    config_file: str
+    output_dir: str
+    argv: Tuple[str, ...] = field(compare=False)
+
+    @property
+    def name(self) -> str:
+        setting = ",".join(f"{_short(k)}={v}" for k, v in self.grid)
+        return f"{self.trainer}{'[' + setting + ']' if setting else ''} -> {self.target} seed {self.seed}"
+
+    def done(self) -> bool:
+        return os.path.isfile(os.path.join(self.output_dir, "results.json"))
+
+    def log_path(self) -> str:
+        return os.path.join(self.output_dir, LOG)
+
+
+def _short(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", text).strip("-")
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z][a-z])", "_", name).lower()
+
+
+def read_dataset(path: str) -> Tuple[str, str, List[str]]:
+    """``(DATASET.NAME, setting da|dg, its domains)`` from a dataset config file."""
+    import yaml
+
+    from .data.folders import SPECS
+
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+        name = doc["DATASET"]["NAME"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        raise DAELConfigError(f"--dataset-config-file {path}: not a dataset config with DATASET.NAME") from None
+    parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
+    setting = "dg" if "dg" in parts else "da" if "da" in parts else None
+    domains: Optional[List[str]] = None
+    spec = SPECS.get(name)
+    if spec is not None:
+        domains = list(spec.domains) if spec.domains else None
+        setting = setting or ("da" if spec.unlabeled_target else "dg")
+    if domains is None:
+        try:
+            from dassl.data.datasets import DATASET_REGISTRY
+
+            domains = list(getattr(DATASET_REGISTRY.get(name), "domains", []) or []) or None
+        except Exception:  # Dassl absent, or no such dataset there
+            domains = None
+    return name, setting or "da", domains or []
+
+
+def method_config(trainer: str, setting: str, dataset_cfg: str) -> str:
+    base = os.path.splitext(os.path.basename(dataset_cfg))[0]
+    path = os.path.join(ROOT, "configs", "trainers", setting, _snake(trainer), f"{base}.yaml")
+    if not os.path.isfile(path):
+        raise DAELConfigError(f"no method config for {trainer} at {path}; pass --config TRAINER=FILE")
+    return path
+
+
+def plan(args: argparse.Namespace) -> List[Run]:
+    """Every run of the sweep, in a fixed order."""
+    dataset, setting, domains = read_dataset(args.dataset_config_file)
+    targets = list(args.targets or domains)
+    if not targets:
+        raise DAELConfigError(f"the domains of {dataset} are not known here; pass --targets (and --sources)")
+    unknown = [t for t in targets if domains and t not in domains]
+    if unknown:
+        raise DAELConfigError(f"--targets {unknown} are not domains of {dataset} ({domains})")
+    overrides = dict(c.split("=", 1) for c in args.config)
+    runs = []
+    for trainer in args.trainers:
+        # A grid key of another trainer's node (TRAINER.DAEL.* for SourceOnly) is not
+        # this trainer's: its runs do not multiply by it.
+        grid = [(g[0], g[1:]) for g in args.grid
+                if not (g[0].startswith("TRAINER.") and g[0].split(".")[1].upper() != trainer.upper())]
+        cfg_file = overrides.get(trainer) or method_config(trainer, setting, args.dataset_config_file)
+        for target, combo, seed in itertools.product(targets, itertools.product(*[v for _, v in grid]), args.seeds):
+            sources = tuple(args.sources or [d for d in domains if d != target])
+            if not sources:
+                raise DAELConfigError(f"no source domains for target {target}; pass --sources")
+            setting_kv = tuple(zip([k for k, _ in grid], combo))
+            parts = [args.output_dir, dataset, trainer]
+            if setting_kv:
+                parts.append(_slug(",".join(f"{_short(k)}={v}" for k, v in setting_kv)))
+            out = os.path.join(*parts, _slug(target), f"seed{seed}")
+            argv = [sys.executable, TRAIN, "--engine", args.engine, "--trainer", trainer, "--root", args.root,
+                    "--dataset-config-file", args.dataset_config_file, "--config-file", cfg_file,
+                    "--source-domains", *sources, "--target-domains", target, "--output-dir", out,
+                    "--seed", str(seed), *args.opts]
+            for k, v in setting_kv:
+                argv += [k, str(v)]
+            runs.append(Run(trainer, target, sources, seed, setting_kv, cfg_file, out, tuple(argv)))
+    return runs
+
+
+def run_one(argv: Sequence[str], output_dir: str, env: Optional[Dict[str, str]] = None) -> int:
+    """Run one scripts/train.py command, its output to ``<output_dir>/sweep_log.txt``."""
+    os.makedirs(output_dir, exist_ok=True)
+    full_env = dict(os.environ)
+    full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env.update(env or {})
+    with open(os.path.join(output_dir, LOG), "a") as log:
+        log.write(f"$ {' '.join(argv)}\n")
+        log.flush()
+        return subprocess.run(list(argv), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT).returncode
+
+
+def _report(run: Run, code: int, n_done: int, total: int, seconds: float) -> str:
+    if code == 0 and run.done():
+        import json
+
+        with open(os.path.join(run.output_dir, "results.json")) as f:
+            acc = json.load(f).get("accuracy")
+        return f"[{n_done}/{total}] done   {run.name}: accuracy {acc} ({seconds:.0f} s) {run.output_dir}"
+    return f"[{n_done}/{total}] FAILED {run.name}: exit {code}; log {run.log_path()}"
+
+
+def launch_local(runs: List[Run], workers: int, bar) -> int:
+    """``workers`` runs at a time; with GPUs, each run holds one GPU slot while it runs."""
+    import queue
+
+    try:
+        import torch
+
+        gpus = torch.cuda.device_count()
+    except Exception:
+        gpus = 0
+    free: "queue.Queue[int]" = queue.Queue()
+    for slot in range(max(1, workers)):
+        free.put(slot)
+
+    def work(run: Run):
+        slot = free.get()
+        try:
+            env = {"CUDA_VISIBLE_DEVICES": str(slot % gpus)} if gpus else {}
+            t0 = time.time()
+            return run, run_one(run.argv, run.output_dir, env), time.time() - t0
+        finally:
+            free.put(slot)
+
+    failed = 0
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        futures = [pool.submit(work, r) for r in runs]
+        for n, fut in enumerate(as_completed(futures), 1):
+            run, code, secs = fut.result()
+            failed += int(code != 0 or not run.done())
+            bar.write(_report(run, code, n, len(runs), secs))
+            bar.update(1)
+    return failed
+
+
+def launch_submitit(runs: List[Run], args: argparse.Namespace, bar) -> int:
+    try:
+        import submitit
+    except ImportError:
+        raise DAELConfigError("--launcher slurm/submitit-local needs submitit: pip install submitit") from None
+    folder = os.path.join(args.output_dir, ".submitit", "%j")
+    if args.launcher == "slurm":
+        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        ex.update_parameters(timeout_min=args.time, slurm_partition=args.partition, gpus_per_node=args.gpus,
+                             cpus_per_task=args.cpus, slurm_array_parallelism=max(1, args.workers))
+    else:
+        ex = submitit.LocalExecutor(folder=folder)
+        ex.update_parameters(timeout_min=args.time, visible_gpus=tuple(range(args.gpus)) if args.gpus else ())
+    jobs = ex.map_array(run_one, [list(r.argv) for r in runs], [r.output_dir for r in runs])
+    t0, failed = time.time(), 0
+    pending = dict(zip(jobs, runs))
+    n = 0
+    while pending:
+        for job in [j for j in pending if j.done()]:
+            run = pending.pop(job)
+            try:
+                code = job.result()
+            except Exception as exc:  # the job itself failed (killed, timed out)
+                code = f"job error ({str(exc).splitlines()[0][:100]})"
+            n += 1
+            failed += int(code != 0 or not run.done())
+            bar.write(_report(run, code if isinstance(code, int) else 1, n, len(runs), time.time() - t0))
+            bar.update(1)
+        time.sleep(0.5)
+    return failed
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", required=True, help="DATASET.ROOT of every run")
+    p.add_argument("--dataset-config-file", required=True)
+    p.add_argument("--trainers", nargs="+", required=True)
+    p.add_argument("--seeds", type=int, nargs="+", default=[1])
+    p.add_argument("--targets", nargs="+", help="default: every domain, each against the rest")
+    p.add_argument("--sources", nargs="+", help="default: every domain but the target")
+    p.add_argument("--output-dir", required=True)
+    p.add_argument("--grid", nargs="+", action="append", default=[], metavar="KEY V",
+                   help="a config key and its values (repeatable): one run per combination")
+    p.add_argument("--config", action="append", default=[], metavar="TRAINER=FILE",
+                   help="the method config of a trainer (default configs/trainers/<da|dg>/<trainer>/<dataset>.yaml)")
+    p.add_argument("--engine", default="auto", choices=("auto", "dassl", "builtin"))
+    p.add_argument("--launcher", default="local", choices=("local", "submitit-local", "slurm"))
+    p.add_argument("--workers", type=int, default=1, help="runs at a time (local; slurm: array parallelism)")
+    p.add_argument("--partition", default=None, help="slurm partition")
+    p.add_argument("--time", type=int, default=24 * 60, help="minutes per job (submitit launchers)")
+    p.add_argument("--gpus", type=int, default=0, help="GPUs per job (submitit launchers)")
+    p.add_argument("--cpus", type=int, default=4, help="CPUs per job (slurm)")
+    p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
+    p.add_argument("opts", nargs="*", help="KEY VALUE options for every run, after every flag")
+    return p
+
+
+_KEY = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z0-9_]+)+$")
+
+
+def split_opts(argv: List[str]) -> Tuple[List[str], List[str]]:
+    """Flags, and the trailing ``KEY VALUE`` opts: they start at ``--`` or at the first
+    dotted upper-case key that does not follow ``--grid``."""
+    if "--" in argv:
+        i = argv.index("--")
+        return argv[:i], argv[i + 1:]
+    for i, tok in enumerate(argv):
+        if _KEY.match(tok) and (i == 0 or argv[i - 1] != "--grid"):
+            return argv[:i], argv[i:]
+    return argv, []
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    from tqdm import tqdm
+
+    p = build_parser()
+    flags, opts = split_opts(list(sys.argv[1:] if argv is None else argv))
+    args = p.parse_args(flags)
+    args.opts = list(args.opts) + opts
+    try:
+        bad = [g for g in args.grid if len(g) < 2]
+        if bad:
+            raise DAELConfigError(f"--grid {bad[0][0]} has no values; use --grid KEY V1 [V2 ...]")
+        if len(args.opts) % 2:
+            raise DAELConfigError(f"the trailing options {args.opts} are not KEY VALUE pairs")
+        if any("=" not in c for c in args.config):
+            raise DAELConfigError("--config takes TRAINER=FILE")
+        args.root = os.path.abspath(args.root)
+        args.output_dir = os.path.abspath(args.output_dir)
+        args.dataset_config_file = os.path.abspath(args.dataset_config_file)
+        runs = plan(args)
+    except DAELConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    todo = [r for r in runs if not r.done()]
+    print(f"sweep: {len(runs)} runs ({len(runs) - len(todo)} done, {len(todo)} to run) in {args.output_dir}")
+    if args.dry_run:
+        for r in runs:
+            state = "done" if r.done() else ("resume" if os.path.isfile(os.path.join(r.output_dir, "checkpoint.pth.tar"))
+                                              else "new")
+            print(f"  [{state:>6}] {r.name}: {r.output_dir}")
+        return 0
+    if not todo:
+        return 0
+    bar = tqdm(total=len(todo), desc="sweep", unit="run", disable=not sys.stderr.isatty())
+    try:
+        if args.launcher == "local":
+            failed = launch_local(todo, args.workers, bar)
+        else:
+            failed = launch_submitit(todo, args, bar)
+    except DAELConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    finally:
+        bar.close()
+    print(f"sweep: {len(todo) - failed} of {len(todo)} runs finished" + (f", {failed} failed" if failed else ""))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,128 @@
+"""scripts/sweep.py and scripts/collect.py on a cut-down grid (built-in engine, 1 epoch)."""
+import csv
+import json
+import os
+
+import pytest
+
+from conftest import ROOT
+
+DS = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
+FAST = ["OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False",
+        "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8", "TEST.NO_TEST", "False"]
+
+
+def sweep(argv, capsys):
+    from dael_plugin.sweep import main
+
+    code = main(argv)
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def base(root, out, *extra):
+    return ["--root", root, "--dataset-config-file", DS, "--output-dir", str(out), "--engine", "builtin", *extra]
+
+
+def test_the_plan(tmp_path, capsys):
+    code, out, _ = sweep(base("data", tmp_path, "--trainers", "DAEL", "SourceOnly", "--seeds", "1", "2",
+                              "--grid", "TRAINER.DAEL.WEIGHT_U", "0", "0.5", "--dry-run", *FAST), capsys)
+    assert code == 0
+    lines = [ln for ln in out.splitlines() if ln.startswith("  [")]
+    # DAEL: 4 targets x 2 weights x 2 seeds; SourceOnly does not read TRAINER.DAEL.*: 4 x 2.
+    assert len(lines) == 16 + 8 and out.startswith("sweep: 24 runs (0 done, 24 to run)")
+    assert any(ln.endswith(os.path.join("EmbeddedDigits", "DAEL", "WEIGHT_U=0.5", "blend", "seed2")) for ln in lines)
+    assert any(ln.endswith(os.path.join("EmbeddedDigits", "SourceOnly", "font", "seed1")) for ln in lines)
+    from dael_plugin.sweep import build_parser, plan, split_opts
+
+    flags, opts = split_opts(base("data", tmp_path, "--trainers", "DAEL", "--targets", "blend", *FAST))
+    assert opts == FAST
+    assert split_opts(["--grid", "OPTIM.LR", "0.1", "--", "SEED", "3"]) == (["--grid", "OPTIM.LR", "0.1"], ["SEED", "3"])
+    args = build_parser().parse_args(flags)
+    args.opts = opts
+    args.root, args.output_dir = os.path.abspath(args.root), os.path.abspath(args.output_dir)
+    (run,) = plan(args)
+    assert run.sources == ("hand", "street", "font") and run.config_file.endswith(
+        os.path.join("configs", "trainers", "da", "dael", "embedded_digits.yaml"))
+    assert list(run.argv[-len(FAST):]) == FAST
+
+
+@pytest.mark.parametrize("argv,msg", [
+    (["--trainers", "DAEL", "--targets", "mars"], "not domains of EmbeddedDigits"),
+    (["--trainers", "DAEL", "--grid", "OPTIM.LR"], "--grid OPTIM.LR has no values"),
+    (["--trainers", "Nope"], "no method config for Nope"),
+])
+def test_bad_sweeps_are_one_line(tmp_path, capsys, argv, msg):
+    code, _, err = sweep(base("data", tmp_path, *argv, "--dry-run"), capsys)
+    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1
+
+
+def test_local_sweep_skips_done_runs_and_resumes_an_interrupted_one(tmp_path, tiny_root, capsys):
+    argv = base(tiny_root, tmp_path, "--trainers", "DAEL", "SourceOnly", "--targets", "street", "--workers", "2", *FAST)
+    code, out, _ = sweep(argv, capsys)
+    assert code == 0, out
+    assert out.count("done   ") == 2 and "sweep: 2 of 2 runs finished" in out
+    code, out, _ = sweep(argv, capsys)  # relaunched: nothing to run
+    assert code == 0 and "(2 done, 0 to run)" in out
+    run = tmp_path / "EmbeddedDigits" / "DAEL" / "street" / "seed1"
+    (run / "results.json").unlink()  # as if killed after its last checkpoint
+    code, out, _ = sweep(argv, capsys)
+    assert code == 0 and "(1 done, 1 to run)" in out and (run / "results.json").exists()
+    assert "will resume training from epoch 2" in (run / "sweep_log.txt").read_text()
+
+
+def test_submitit_local_sweep_and_a_failed_run(tmp_path, tiny_root, capsys):
+    pytest.importorskip("submitit")
+    argv = base(tiny_root, tmp_path, "--trainers", "SourceOnly", "--targets", "street", "--seeds", "1", "2",
+                "--launcher", "submitit-local", *FAST)
+    code, out, _ = sweep(argv, capsys)
+    assert code == 0, out
+    assert out.count("done   ") == 2
+    assert (tmp_path / ".submitit").is_dir()
+    bad = base(tiny_root, tmp_path / "bad", "--trainers", "SourceOnly", "--targets", "street",
+               "--launcher", "submitit-local", *FAST, "OPTIM.LR", "-1")
+    code, out, _ = sweep(bad, capsys)
+    assert code == 1 and "FAILED SourceOnly -> street seed 1: exit 2; log " in out
+
+
+def _record(root, dataset, trainer, target, seed, acc, setting=None):
+    d = os.path.join(root, dataset, trainer, *( [setting] if setting else []), target, f"seed{seed}")
+    os.makedirs(d, exist_ok=True)
+    with open(os.path.join(d, "results.json"), "w") as f:
+        json.dump({"dataset": dataset, "trainer": trainer, "target_domains": [target], "accuracy": acc,
+                   "seed": seed}, f)
+    return d
+
+
+def test_collect_table_with_missing_and_failed_runs(tmp_path, capsys):
+    from dael_plugin.collect import main
+
+    root = str(tmp_path)
+    for seed, (a, b) in enumerate([(70.0, 80.0), (72.0, 84.0)], 1):
+        _record(root, "EmbeddedDigits", "DAEL", "blend", seed, a)
+        _record(root, "EmbeddedDigits", "DAEL", "street", seed, b)
+        _record(root, "EmbeddedDigits", "SourceOnly", "blend", seed, a - 10)
+    _record(root, "EmbeddedDigits", "DAEL", "blend", 1, 60.0, setting="WEIGHT_U=0")
+    failed = os.path.join(root, "EmbeddedDigits", "SourceOnly", "street", "seed1")
+    os.makedirs(failed)
+    open(os.path.join(failed, "failed.json"), "w").write("{}")
+    assert main([root]) == 0
+    out = capsys.readouterr().out
+    assert "| DAEL | 71.00 ± 1.41 | 82.00 ± 2.83 | 76.50 |" in out
+    assert "| SourceOnly | 61.00 ± 1.41 | failed | — |" in out
+    assert "| DAEL/WEIGHT_U=0 | 60.00 ± 0.00 (n=1) | missing | — |" in out
+    rows = list(csv.reader(open(os.path.join(root, "results.csv"))))
+    assert rows[0] == ["dataset", "setting", "row", "target", "mean", "std", "n", "state"]
+    assert ["EmbeddedDigits", "DA", "SourceOnly", "street", "", "", "0", "failed"] in rows
+    assert os.path.isfile(os.path.join(root, "results.md"))
+
+
+def test_collect_adds_the_papers_numbers(tmp_path, capsys):
+    from dael_plugin.collect import main
+
+    _record(str(tmp_path), "Digit5", "DAEL", "mnist_m", 1, 93.0)
+    assert main([str(tmp_path), "--paper", "--latex"]) == 0
+    out = capsys.readouterr().out
+    assert "paper rows: Table 1a (Digit-5)" in out
+    assert "| DAEL (paper) | 93.77 ± 0.12 |" in out and "| M3SDA (paper) | 82.15 ± 0.49 |" in out
+    assert "\\begin{tabular}" in out and "$\\pm$" in out

@@ -182,10 +182,15 @@ def launch_local(runs: List[Run], workers: int, bar) -> int:
     for slot in range(max(1, workers)):
         free.put(slot)
 
+    # On CPU, runs side by side share the cores instead of each taking all of them.
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
+
     def work(run: Run):
         slot = free.get()
         try:
             env = {"CUDA_VISIBLE_DEVICES": str(slot % gpus)} if gpus else {}
+            if not gpus and workers > 1:
+                env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
             t0 = time.time()
             return run, run_one(run.argv, run.output_dir, env), time.time() - t0
         finally:
@@ -215,20 +220,29 @@ def launch_submitit(runs: List[Run], args: argparse.Namespace, bar) -> int:
     else:
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(timeout_min=args.time, visible_gpus=tuple(range(args.gpus)) if args.gpus else ())
-    jobs = ex.map_array(run_one, [list(r.argv) for r in runs], [r.output_dir for r in runs])
-    t0, failed = time.time(), 0
-    pending = dict(zip(jobs, runs))
-    n = 0
-    while pending:
+    if args.launcher == "slurm":  # one job array; Slurm keeps --workers of them running
+        jobs = ex.map_array(run_one, [list(r.argv) for r in runs], [r.output_dir for r in runs])
+        now = time.time()
+        queue, pending = [], {j: (r, now) for j, r in zip(jobs, runs)}
+    else:  # the local executor starts every job at once: keep --workers of them running
+        threads = str(max(1, (os.cpu_count() or 1) // max(1, args.workers)))
+        env = {} if args.gpus else {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        queue, pending = list(runs), {}
+    failed, n = 0, 0
+    while pending or queue:
+        while queue and len(pending) < max(1, args.workers):
+            run = queue.pop(0)
+            pending[ex.submit(run_one, list(run.argv), run.output_dir, env)] = (run, time.time())
         for job in [j for j in pending if j.done()]:
-            run = pending.pop(job)
+            run, started = pending.pop(job)
             try:
                 code = job.result()
             except Exception as exc:  # the job itself failed (killed, timed out)
-                code = f"job error ({str(exc).splitlines()[0][:100]})"
+                print(f"submitit job {job.job_id} of {run.name} failed: {str(exc).splitlines()[0][:160]}")
+                code = 1
             n += 1
             failed += int(code != 0 or not run.done())
-            bar.write(_report(run, code if isinstance(code, int) else 1, n, len(runs), time.time() - t0))
+            bar.write(_report(run, code, n, len(runs), time.time() - started))
             bar.update(1)
         time.sleep(0.5)
     return failed

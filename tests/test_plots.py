@@ -1,0 +1,66 @@
+"""scripts/plots.py on small fixtures: each figure's files, axes and labels."""
+import json
+import os
+
+import pytest
+
+pytest.importorskip("matplotlib")
+
+
+def _rec(root, target, seed, acc, losses="ce_cr_u", weight_u=0.5, experts=(60.0, 70.0, 65.0)):
+    d = os.path.join(root, "EmbeddedDigits", "DAEL", f"L={losses},W={weight_u}", target, f"seed{seed}")
+    os.makedirs(d, exist_ok=True)
+    config = f"TRAINER:\n  DAEL:\n    LOSSES: {losses}\n    WEIGHT_U: {weight_u}\n    CLASSIFIER: experts\n"
+    rec = {"dataset": "EmbeddedDigits", "trainer": "DAEL", "target_domains": [target], "seed": seed,
+           "accuracy": acc, "expert_accuracy": dict(zip(["hand", "street", "font"], experts)),
+           "provenance": {"config": config}}
+    with open(os.path.join(d, "results.json"), "w") as f:
+        json.dump(rec, f)
+    return d
+
+
+def test_every_figure_from_a_fixture_sweep(tmp_path, monkeypatch, capsys):
+    from torch.utils.tensorboard import SummaryWriter
+
+    from dael_plugin import plots
+
+    root = str(tmp_path / "sweep")
+    for seed in (1, 2):
+        for losses, acc in (("ce", 60.0), ("ce_cr", 65.0), ("ce_cr_u", 70.0)):
+            _rec(root, "blend", seed, acc + seed, losses=losses)
+        for w in (0.0, 1.0):
+            _rec(root, "blend", seed, 66.0 + w + seed, weight_u=w)
+    run = _rec(root, "street", 1, 50.0)
+    writer = SummaryWriter(os.path.join(run, "tensorboard"))
+    for step, (m, a) in enumerate([(0.1, 80.0), (0.4, 85.0), (0.6, 90.0)]):
+        writer.add_scalar("train/mask_u", m, step)
+        writer.add_scalar("train/pl_acc_u", a, step)
+    writer.close()
+
+    seen = {}
+    real = plots._save
+
+    def spy(fig, out, name):
+        seen[name] = [(ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) for ax in fig.axes]
+        return real(fig, out, name)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    out = tmp_path / "figs"
+    assert plots.main([root, "--out", str(out)]) == 0
+    for name in ("loss_ablation", "weight_u", "experts", "curves"):
+        assert (out / f"{name}.png").stat().st_size > 0 and (out / f"{name}.pdf").exists(), name
+    assert seen["loss_ablation"][0][:2] == ("target domain", "target test accuracy (%)")
+    assert seen["weight_u"][0][0].startswith(r"$\lambda_u$") and "Fig. 5" in seen["weight_u"][0][2]
+    assert all(ylabel == "target test accuracy (%)" for _, ylabel, _ in seen["experts"])
+    assert [a[1] for a in seen["curves"]] == ["pseudo-labels kept (%)", "accuracy of kept pseudo-labels (%)"]
+
+
+def test_figures_the_sweep_cannot_support_are_skipped_with_a_reason(tmp_path, capsys):
+    from dael_plugin import plots
+
+    _rec(str(tmp_path), "blend", 1, 70.0)
+    assert plots.main([str(tmp_path), "--out", str(tmp_path / "f")]) == 0
+    out = capsys.readouterr().out
+    assert "loss_ablation: skipped (loss_ablation needs DAEL runs with at least two of" in out
+    assert "experts: " in out and "experts.png" in out
+    assert plots.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "f")]) == 2

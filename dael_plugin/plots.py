@@ -11,9 +11,15 @@
 - ``curves``: the pseudo-label mask rate ``mask_u`` and the kept pseudo-labels'
   accuracy ``pl_acc_u`` over training, read from each run's TensorBoard events.
 
+- ``top3``: each expert's and the ensemble's top-3 predictions on a few target
+  test images (Fig. 7), from a DAEL run's checkpoint;
+- ``tsne``: t-SNE (scikit-learn) of source and target test features,
+  SourceOnly against DAEL (Fig. 8), from their checkpoints.
+
 A figure whose runs are not in the sweep is skipped with one line saying what
-it needs. Each is written as PNG and PDF. (Fig. 7's top-3 predictions and
-Fig. 8's t-SNE need checkpoints and features: not made here yet.)
+it needs. Each is written as PNG and PDF. The last two read checkpoints of the
+built-in engine and of the plugin's DAEL trainer on Dassl (``checkpoint.pth.tar``),
+with the dataset under the run's ``DATASET.ROOT``.
 """
 from __future__ import annotations
 
@@ -179,7 +185,158 @@ def curves(recs, out: str):
     return _save(fig, out, "curves"), None
 
 
-FIGURES = {"loss_ablation": loss_ablation, "weight_u": weight_u, "experts": experts, "curves": curves}
+class LoadedRun:
+    """A finished run's model and target test images, rebuilt from its checkpoint and merged config."""
+
+    def __init__(self, rec: dict) -> None:
+        import torch
+        import yaml
+        from torch import nn
+
+        from . import checkpoint as ckpt
+        from .backbones import build_backbone
+        from .core import ExpertHeads
+
+        self.rec = rec
+        cfg = yaml.safe_load(rec["provenance"]["config"])
+        self.cfg = cfg
+        state = ckpt.load_checkpoint(os.path.join(rec["_dir"], ckpt.LAST), map_location="cpu")
+        if state.get("engine") == "builtin":
+            model = state["model"]
+            feats = {k[2:]: v for k, v in model.items() if k.startswith("F.")}
+            head = {k[2:]: v for k, v in model.items() if k.startswith(("E.", "C."))}
+        elif state.get("engine") == "dassl" and set(state.get("models", {})) == {"F", "E"}:
+            feats = {k.split(".", 1)[1]: v for k, v in state["models"]["F"].items() if k.startswith("backbone.")}
+            head = state["models"]["E"]
+        else:
+            raise ValueError("not a checkpoint of the built-in engine or of the plugin's DAEL on Dassl")
+        self.backbone = build_backbone(cfg["MODEL"]["BACKBONE"]["NAME"])
+        self.backbone.load_state_dict(feats)
+        if "weight" in head and head["weight"].dim() == 3:  # ExpertHeads: (K, C, D)
+            k, c, d = head["weight"].shape
+            self.head = ExpertHeads(d, c, k)
+        else:  # SourceOnly's one linear classifier
+            c, d = head["weight"].shape
+            self.head = nn.Linear(d, c)
+        self.head.load_state_dict(head)
+        self.backbone.eval(), self.head.eval()
+        self.classnames, self.test, self.source = self._data()
+        self.torch = torch
+
+    def _data(self):
+        from .data.folders import load_splits
+
+        ds = self.cfg["DATASET"]
+        splits = load_splits(ds["NAME"], ds["ROOT"], ds["SOURCE_DOMAINS"], ds["TARGET_DOMAINS"])
+        return splits["classnames"], splits["test"], splits["train_x"]
+
+    def _tensor(self, items):
+        from yacs.config import CfgNode as CN
+
+        from .augment import build_test_transform
+        from .data.images import decode
+
+        inp = self.cfg["INPUT"]
+        tfm = build_test_transform(CN({"INPUT": CN({k: inp[k] for k in ("SIZE", "INTERPOLATION", "TRANSFORMS",
+                                                                           "PIXEL_MEAN", "PIXEL_STD")})}))
+        return self.torch.stack([tfm(decode(i.impath)) for i in items])
+
+    def features_and_probs(self, items):
+        with self.torch.no_grad():
+            f = self.backbone(self._tensor(items))
+            logits = self.head(f)
+            probs = self.torch.softmax(logits, -1)
+            return f, probs if probs.dim() == 3 else probs.unsqueeze(1)
+
+
+def _pick(items, n, seed=0):
+    import random
+
+    rng = random.Random(seed)
+    return rng.sample(list(items), min(n, len(items)))
+
+
+def _load(recs, trainer):
+    """The first run of ``trainer`` that loads, or None and why not."""
+    why = ""
+    for r in recs:
+        if str(r.get("trainer")).upper() == trainer.upper() and (r.get("provenance") or {}).get("config"):
+            try:
+                return LoadedRun(r), None
+            except Exception as exc:  # a run whose checkpoint or data is gone or foreign
+                why = f" (last tried: {str(exc).splitlines()[0][:120]})"
+    return None, f"needs a {trainer} run with its checkpoint.pth.tar and data{why}"
+
+
+def top3(recs, out: str, n_images: int = 4):
+    import matplotlib.pyplot as plt
+
+    run, why = _load(recs, "DAEL")
+    if run is None:
+        return None, f"top3 {why}"
+    items = _pick(run.test, n_images)
+    _, probs = run.features_and_probs(items)  # (N, K, C)
+    names = list(run.rec.get("expert_accuracy") or {}) or [f"E{k}" for k in range(probs.shape[1])]
+    rows = [(f"E[{n}]", probs[:, k]) for k, n in enumerate(names[: probs.shape[1]])] + [("ensemble", probs.mean(1))]
+    images = run._tensor(items)
+    mean = run.torch.tensor(run.cfg["INPUT"]["PIXEL_MEAN"]).view(3, 1, 1)
+    std = run.torch.tensor(run.cfg["INPUT"]["PIXEL_STD"]).view(3, 1, 1)
+    fig, axes = plt.subplots(len(rows) + 1, len(items), figsize=(2.3 * len(items), 1.2 * (len(rows) + 1) + 1.2),
+                             squeeze=False)
+    for j, item in enumerate(items):
+        ax = axes[0][j]
+        ax.imshow((images[j] * std + mean).clamp(0, 1).permute(1, 2, 0).numpy())
+        ax.set_title(f"true: {run.classnames[item.label]}", fontsize=8)
+        ax.axis("off")
+        for i, (who, p) in enumerate(rows, 1):
+            top = p[j].topk(min(3, p.shape[-1]))
+            ax = axes[i][j]
+            labels = [run.classnames[c] for c in top.indices.tolist()]
+            ax.barh(range(len(labels))[::-1], top.values.tolist(),
+                    color=["tab:green" if c == item.label else "tab:gray" for c in top.indices.tolist()])
+            ax.set_yticks(range(len(labels))[::-1], labels, fontsize=7)
+            ax.set_xlim(0, 1)
+            ax.tick_params(axis="x", labelsize=6)
+            if j == 0:
+                ax.set_ylabel(who, fontsize=8)
+            if i == len(rows):
+                ax.set_xlabel("probability", fontsize=7)
+    fig.suptitle(f"Top-3 predictions on target {','.join(run.rec['target_domains'])} (Fig. 7); green: true class")
+    fig.tight_layout()
+    return _save(fig, out, "top3"), None
+
+
+def tsne(recs, out: str, per_domain: int = 150):
+    import matplotlib.pyplot as plt
+    from sklearn.manifold import TSNE
+
+    runs = []
+    for trainer in ("SourceOnly", "DAEL"):
+        run, why = _load(recs, trainer)
+        if run is None:
+            return None, f"tsne {why}"
+        runs.append((trainer, run))
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.2))
+    for ax, (trainer, run) in zip(axes, runs):
+        src = _pick(run.source, per_domain * len(run.cfg["DATASET"]["SOURCE_DOMAINS"]))
+        tgt = _pick(run.test, per_domain)
+        f_src, _ = run.features_and_probs(src)
+        f_tgt, _ = run.features_and_probs(tgt)
+        feats = run.torch.cat([f_src, f_tgt]).numpy()
+        emb = TSNE(n_components=2, init="pca", random_state=0, perplexity=min(30, len(feats) - 1)).fit_transform(feats)
+        n = len(src)
+        ax.scatter(emb[:n, 0], emb[:n, 1], s=6, c="tab:blue", alpha=0.6, label="source")
+        ax.scatter(emb[n:, 0], emb[n:, 1], s=6, c="tab:red", alpha=0.6, label="target")
+        ax.set_title(f"{trainer} (target {','.join(run.rec['target_domains'])})")
+        ax.set_xlabel("t-SNE 1")
+        ax.set_ylabel("t-SNE 2")
+        ax.legend(markerscale=3)
+    fig.suptitle("Source and target features (Fig. 8)")
+    return _save(fig, out, "tsne"), None
+
+
+FIGURES = {"loss_ablation": loss_ablation, "weight_u": weight_u, "experts": experts, "curves": curves,
+           "top3": top3, "tsne": tsne}
 
 
 def main(argv: Optional[List[str]] = None) -> int:

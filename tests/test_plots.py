@@ -64,3 +64,35 @@ def test_figures_the_sweep_cannot_support_are_skipped_with_a_reason(tmp_path, ca
     assert "loss_ablation: skipped (loss_ablation needs DAEL runs with at least two of" in out
     assert "experts: " in out and "experts.png" in out
     assert plots.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "f")]) == 2
+
+
+def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys):
+    """Fig. 7 and Fig. 8 rebuild the models of a DAEL and a SourceOnly run (built-in engine)."""
+    from test_hardening import args_for, cli
+
+    from dael_plugin import plots
+
+    sweep = tmp_path / "sweep"
+    so_cfg = os.path.join(os.path.dirname(__file__), "..", "configs/trainers/da/source_only/embedded_digits.yaml")
+    assert cli(args_for(tiny_root, sweep / "EmbeddedDigits" / "DAEL" / "street" / "seed3"), capsys)[0] == 0
+    assert cli(args_for(tiny_root, sweep / "EmbeddedDigits" / "SourceOnly" / "street" / "seed3",
+                        trainer="SourceOnly", cfg=so_cfg), capsys)[0] == 0
+    seen = {}
+    real = plots._save
+
+    def spy(fig, out, name):
+        seen[name] = [(ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) for ax in fig.axes]
+        return real(fig, out, name)
+
+    plots._save, saved = spy, plots._save
+    try:
+        assert plots.main([str(sweep), "--out", str(tmp_path / "figs")]) == 0
+    finally:
+        plots._save = saved
+    out = capsys.readouterr().out
+    assert "top3: " in out and "tsne: " in out and "skipped (top3" not in out and "skipped (tsne" not in out
+    assert (tmp_path / "figs" / "top3.png").exists() and (tmp_path / "figs" / "tsne.pdf").exists()
+    assert [t for _, _, t in seen["tsne"]] == ["SourceOnly (target street)", "DAEL (target street)"]
+    assert seen["tsne"][0][:2] == ("t-SNE 1", "t-SNE 2")
+    ylabels = [y for _, y, _ in seen["top3"] if y]
+    assert ylabels == ["E[hand]", "E[blend]", "E[font]", "ensemble"]  # one row per expert, then the ensemble

@@ -51,10 +51,6 @@ class DAELTrainer(TrainerXU):
         self.guard = FiniteGuard()
         self.bad_images: Set[str] = set()
         super().__init__(cfg)
-        n_domain = cfg.DATALOADER.TRAIN_X.N_DOMAIN
-        if n_domain <= 0:
-            n_domain = self.num_source_domains
-        self.split_batch = cfg.DATALOADER.TRAIN_X.BATCH_SIZE // n_domain
         self.expert_accuracy: List[float] = []
 
     def check_cfg(self, cfg):

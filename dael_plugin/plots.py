@@ -71,11 +71,30 @@ def _save(fig, out: str, name: str) -> List[str]:
     return paths
 
 
+DESIGN_KEYS = {"LOSSES": "losses", "WEIGHT_U": "weight_u", "CR_MODE": "cr_mode", "CLASSIFIER": "classifier",
+               "CR_TARGET": "cr_target", "PSEUDO_LABEL": "pseudo_label", "CR_LOSS": "cr_loss", "VIEWS": "views"}
+
+
+def _others_default(rec: dict, key: str) -> bool:
+    """Every design key but ``key`` at the paper's default (absent counts as default)."""
+    from .core.hparams import DAELHparams
+
+    d = DAELHparams()
+    for k, attr in DESIGN_KEYS.items():
+        if k == key:
+            continue
+        v = _key(rec, k)
+        if v is not None and v != str(getattr(d, attr)):
+            return False
+    return True
+
+
 def _by(recs, key) -> Dict[str, Dict[str, List[float]]]:
-    """``{value of key: {target: [accuracies over seeds]}}`` for DAEL runs."""
+    """``{value of key: {target: [accuracies over seeds]}}`` for DAEL runs that vary
+    ``key`` alone (every other design key at the paper's default)."""
     out: Dict[str, Dict[str, List[float]]] = defaultdict(lambda: defaultdict(list))
     for r in recs:
-        if str(r.get("trainer")).upper() not in ("DAEL", "DAELDG"):
+        if str(r.get("trainer")).upper() not in ("DAEL", "DAELDG") or not _others_default(r, key):
             continue
         v = _key(r, key)
         if v is not None:
@@ -131,7 +150,7 @@ def experts(recs, out: str):
     import matplotlib.pyplot as plt
 
     rows = [r for r in recs if str(r.get("trainer")).upper() == "DAEL" and len(r.get("expert_accuracy") or {}) > 1
-            and _key(r, "LOSSES") in (None, "ce_cr_u") and _key(r, "CLASSIFIER") in (None, "experts")]
+            and _others_default(r, "")]
     if not rows:
         return None, "experts needs DAEL runs (K experts, every loss term) with expert_accuracy in results.json"
     groups: Dict[str, List[dict]] = defaultdict(list)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import re
 import sys
 import time
 from typing import List, Optional
@@ -128,6 +129,20 @@ def reset_cfg(cfg: CN, args: argparse.Namespace) -> None:
         cfg.MODEL.HEAD.NAME = args.head
 
 
+def _ints_as_floats(cfg: CN, opts: List[str]) -> List[str]:
+    """``TRAINER.DAEL.WEIGHT_U 0`` means 0.0: yacs refuses an int for a float key, so a
+    whole number given for a float key is passed as a float (nothing else changes)."""
+    out = list(opts)
+    for i in range(0, len(out) - 1, 2):
+        node, parts = cfg, str(out[i]).split(".")
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, CN) else None
+        current = node.get(parts[-1]) if isinstance(node, CN) else None
+        if isinstance(current, float) and not isinstance(current, bool) and re.fullmatch(r"[-+]?\d+", str(out[i + 1])):
+            out[i + 1] = str(float(out[i + 1]))
+    return out
+
+
 def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     if engine == "dassl":
         from dassl.config import clean_cfg, get_cfg_default
@@ -156,7 +171,7 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     if len(opts) % 2:
         raise DAELConfigError(f"trailing options must be KEY VALUE pairs, got {opts}")
     try:
-        cfg.merge_from_list(opts)
+        cfg.merge_from_list(_ints_as_floats(cfg, opts))
     except (KeyError, AssertionError) as exc:  # yacs asserts on unknown keys here
         raise DAELConfigError(_key_error(exc, engine, "the command line")) from None
     except ValueError as exc:

@@ -171,3 +171,17 @@ def test_every_shipped_yaml_merges(path):
         merged += 1
     if not merged:
         pytest.skip("a Dassl-only config; Dassl.pytorch is not installed")
+
+
+def test_a_whole_number_for_a_float_key_is_taken(tmp_path, tiny_root, capsys):
+    """yacs refuses `TRAINER.DAEL.WEIGHT_U 0` (int for a float key); the CLI passes it as 0.0."""
+    from test_hardening import args_for, cli
+
+    code, _, err = cli(args_for(tiny_root, tmp_path / "w", extra=["TRAINER.DAEL.WEIGHT_U", "0", "OPTIM.LR", "1"]),
+                       capsys)
+    assert code == 0, err
+    res = json.loads((tmp_path / "w" / "results.json").read_text())
+    merged = yaml.safe_load(res["provenance"]["config"])
+    assert merged["TRAINER"]["DAEL"]["WEIGHT_U"] == 0.0 and merged["OPTIM"]["LR"] == 1.0
+    code, _, err = cli(args_for(tiny_root, tmp_path / "x", extra=["OPTIM.MAX_EPOCH", "1.5"]), capsys)
+    assert code == 2 and "OPTIM.MAX_EPOCH" in err  # an int key still refuses a float

@@ -297,6 +297,7 @@ class DeviceViews:
         self.mean = torch.tensor(inp.PIXEL_MEAN).view(1, -1, 1, 1)
         self.std = torch.tensor(inp.PIXEL_STD).view(1, -1, 1, 1)
         self.normalize = ("normalize" in weak, "normalize" in strong)
+        self._stats_key = (tuple(inp.PIXEL_MEAN), tuple(inp.PIXEL_STD))  # made once, not per step
 
     @staticmethod
     def _pipeline(choices: Sequence[str], inp, node) -> List[Callable]:
@@ -326,8 +327,8 @@ class DeviceViews:
         for op in ops:
             x = op(x)
         if normalize:
-            mean = _constant(("mean", tuple(self.mean.flatten().tolist())), lambda: self.mean, x.device)
-            std = _constant(("std", tuple(self.std.flatten().tolist())), lambda: self.std, x.device)
+            mean = _constant(("mean", self._stats_key), lambda: self.mean, x.device)
+            std = _constant(("std", self._stats_key), lambda: self.std, x.device)
             x = (x - mean) / std
         return x
 

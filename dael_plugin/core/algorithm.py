@@ -49,8 +49,10 @@ class DAEL:
         self.fuse_chunks = fuse_chunks
         self.chunk_bn = chunk_bn
         self._fusable: Optional[bool] = None
+        self._bns = None
         if fuse_chunks and unfusable_reason(featurizer) is None:
-            convert(featurizer)  # here, not in a (possibly compiled) step: it swaps layer classes
+            # Here, not in a (possibly compiled) step: it swaps layer classes, once.
+            self._bns = convert(featurizer)
 
     def _can_fuse(self) -> bool:
         if self._fusable is None:
@@ -71,7 +73,7 @@ class DAEL:
         if len(chunk_sizes) == 1:
             return self.featurizer(x)
         if self.fuse_chunks and self._can_fuse():
-            with per_chunk_batch_norm(self.featurizer, list(chunk_sizes), self.chunk_bn, x.device):
+            with per_chunk_batch_norm(self.featurizer, list(chunk_sizes), self.chunk_bn, x.device, self._bns):
                 return self.featurizer(x)
         return torch.cat([self.featurizer(c) for c in torch.split(x, list(chunk_sizes))], 0)
 

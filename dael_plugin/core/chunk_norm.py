@@ -137,14 +137,17 @@ def resolve_impl(impl: str, device: torch.device) -> str:
 
 @contextlib.contextmanager
 def per_chunk_batch_norm(
-    module: nn.Module, chunks: Union[int, Sequence[int]], impl: str = "auto", device: Optional[torch.device] = None
+    module: nn.Module, chunks: Union[int, Sequence[int]], impl: str = "auto", device: Optional[torch.device] = None,
+    layers: Optional[List[_BatchNorm]] = None,
 ) -> Iterator[None]:
     """Within this block, ``module(x)`` normalises each chunk of ``x`` (a count
-    of equal chunks, or their sizes) with its own statistics, as separate calls would."""
+    of equal chunks, or their sizes) with its own statistics, as separate calls would.
+    ``layers``: the module's converted layers (from :func:`convert`), to skip the
+    module walk on every call."""
     reason = unfusable_reason(module)
     if reason is not None:
         raise ValueError(f"per-chunk batch norm cannot fuse this module: {reason}")
-    bns = convert(module)
+    bns = layers if layers is not None else convert(module)
     if device is None:
         p = next(module.parameters(), None)
         device = p.device if p is not None else torch.device("cpu")

@@ -273,6 +273,7 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+_NUMBER = re.compile(r"^-+\d*\.?\d+(e-?\d+)?$")
 _KEY = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z0-9_]+)+$")
 
 
@@ -299,6 +300,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         bad = [g for g in args.grid if len(g) < 2]
         if bad:
             raise DAELConfigError(f"--grid {bad[0][0]} has no values; use --grid KEY V1 [V2 ...]")
+        flags_late = [o for o in args.opts if o.startswith("--") and not _NUMBER.match(o)]
+        if flags_late:
+            raise DAELConfigError(f"{flags_late[0]} comes after the KEY VALUE options {args.opts[0]} ...; "
+                                  f"put every flag before them (or the options after --)")
         if len(args.opts) % 2:
             raise DAELConfigError(f"the trailing options {args.opts} are not KEY VALUE pairs")
         if any("=" not in c for c in args.config):

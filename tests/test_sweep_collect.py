@@ -51,6 +51,7 @@ def test_the_plan(tmp_path, capsys):
     (["--trainers", "DAEL", "--targets", "mars"], "not domains of EmbeddedDigits"),
     (["--trainers", "DAEL", "--grid", "OPTIM.LR"], "--grid OPTIM.LR has no values"),
     (["--trainers", "Nope"], "no method config for Nope"),
+    (["--trainers", "DAEL", "OPTIM.LR", "0.1", "--workers", "2"], "--workers comes after the KEY VALUE options OPTIM.LR"),
 ])
 def test_bad_sweeps_are_one_line(tmp_path, capsys, argv, msg):
     code, _, err = sweep(base("data", tmp_path, *argv, "--dry-run"), capsys)
@@ -72,17 +73,21 @@ def test_local_sweep_skips_done_runs_and_resumes_an_interrupted_one(tmp_path, ti
 
 
 def test_submitit_local_sweep_and_a_failed_run(tmp_path, tiny_root, capsys):
+    """One submitit-local sweep, two jobs side by side: a grid over the rate, one of
+    which (-1) the run refuses. The good run finishes, the bad one is reported with its
+    log, and the exit code is 1; relaunched, only the failed run is tried again."""
     pytest.importorskip("submitit")
-    argv = base(tiny_root, tmp_path, "--trainers", "SourceOnly", "--targets", "street", "--seeds", "1", "2",
-                "--launcher", "submitit-local", *FAST)
+    argv = base(tiny_root, tmp_path, "--trainers", "SourceOnly", "--targets", "street", "--grid", "OPTIM.LR", "0.05",
+                "-1", "--launcher", "submitit-local", "--workers", "2", *FAST)
     code, out, _ = sweep(argv, capsys)
-    assert code == 0, out
-    assert out.count("done   ") == 2
+    assert code == 1, out
+    assert out.count("done   ") == 1 and "done   SourceOnly[LR=0.05] -> street seed 1: accuracy " in out, out
+    log = tmp_path / "EmbeddedDigits" / "SourceOnly" / "LR=-1" / "street" / "seed1" / "sweep_log.txt"
+    assert f"FAILED SourceOnly[LR=-1] -> street seed 1: exit 2; log {log}" in out, out
+    assert "OPTIM.LR" in log.read_text()
     assert (tmp_path / ".submitit").is_dir()
-    bad = base(tiny_root, tmp_path / "bad", "--trainers", "SourceOnly", "--targets", "street",
-               "--launcher", "submitit-local", *FAST, "OPTIM.LR", "-1")
-    code, out, _ = sweep(bad, capsys)
-    assert code == 1 and "FAILED SourceOnly -> street seed 1: exit 2; log " in out
+    code, out, _ = sweep(argv[:-len(FAST)] + ["--dry-run"] + FAST, capsys)
+    assert code == 0 and "(1 done, 1 to run)" in out, out
 
 
 def _record(root, dataset, trainer, target, seed, acc, setting=None):

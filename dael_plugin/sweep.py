@@ -15,6 +15,11 @@
   ``CUDA_VISIBLE_DEVICES`` when GPUs exist; ``slurm`` submits a Slurm job array
   through submitit; ``submitit-local`` is submitit's local executor, the same
   code path without a cluster.
+  ``--no-wait`` (slurm) submits the array and exits: each run's job id is kept
+  in its ``sweep_job.txt``, and a relaunch (or ``--dry-run``) shows which runs
+  finished. A duplicate submission cannot hurt a run: a second process on the
+  same output directory is refused by the run's lock, and one that starts after
+  the run finished only re-evaluates its last checkpoint.
 - A failed run is reported with its log and the others go on; the exit code
   is 1 when any run failed.
 """
@@ -36,6 +41,7 @@ from .errors import DAELConfigError
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
 LOG = "sweep_log.txt"  # a run's stdout and stderr, in its directory
+JOB = "sweep_job.txt"  # the Slurm job id a run was last submitted as
 
 
 @dataclass(frozen=True)
@@ -214,14 +220,26 @@ def launch_submitit(runs: List[Run], args: argparse.Namespace, bar) -> int:
         raise DAELConfigError("--launcher slurm/submitit-local needs submitit: pip install submitit") from None
     folder = os.path.join(args.output_dir, ".submitit", "%j")
     if args.launcher == "slurm":
-        ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        try:
+            ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
+        except RuntimeError as exc:  # submitit: no srun here
+            raise DAELConfigError(f"--launcher slurm needs a Slurm cluster: {exc} "
+                                  f"(use --launcher local or submitit-local here)") from None
         ex.update_parameters(timeout_min=args.time, slurm_partition=args.partition, gpus_per_node=args.gpus,
-                             cpus_per_task=args.cpus, slurm_array_parallelism=max(1, args.workers))
+                             cpus_per_task=args.cpus, slurm_array_parallelism=args.workers, name="dael_sweep")
     else:
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(timeout_min=args.time, visible_gpus=tuple(range(args.gpus)) if args.gpus else ())
     if args.launcher == "slurm":  # one job array; Slurm keeps --workers of them running
         jobs = ex.map_array(run_one, [list(r.argv) for r in runs], [r.output_dir for r in runs])
+        for job, run in zip(jobs, runs):
+            os.makedirs(run.output_dir, exist_ok=True)
+            with open(os.path.join(run.output_dir, JOB), "w") as f:
+                f.write(f"{job.job_id}\n")
+            if args.no_wait:
+                bar.write(f"submitted {run.name}: Slurm job {job.job_id}; log {run.log_path()}")
+        if args.no_wait:
+            return 0
         now = time.time()
         queue, pending = [], {j: (r, now) for j, r in zip(jobs, runs)}
     else:  # the local executor starts every job at once: keep --workers of them running
@@ -263,11 +281,14 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the method config of a trainer (default configs/trainers/<da|dg>/<trainer>/<dataset>.yaml)")
     p.add_argument("--engine", default="auto", choices=("auto", "dassl", "builtin"))
     p.add_argument("--launcher", default="local", choices=("local", "submitit-local", "slurm"))
-    p.add_argument("--workers", type=int, default=1, help="runs at a time (local; slurm: array parallelism)")
+    p.add_argument("--workers", type=int, default=None,
+                   help="runs at a time (default 1; slurm: the array's parallelism, default every run)")
     p.add_argument("--partition", default=None, help="slurm partition")
     p.add_argument("--time", type=int, default=24 * 60, help="minutes per job (submitit launchers)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs per job (submitit launchers)")
     p.add_argument("--cpus", type=int, default=4, help="CPUs per job (slurm)")
+    p.add_argument("--no-wait", action="store_true",
+                   help="slurm: submit the job array and exit; relaunch the sweep or run collect.py later")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("opts", nargs="*", help="KEY VALUE options for every run, after every flag")
     return p
@@ -308,6 +329,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise DAELConfigError(f"the trailing options {args.opts} are not KEY VALUE pairs")
         if any("=" not in c for c in args.config):
             raise DAELConfigError("--config takes TRAINER=FILE")
+        if args.workers is not None and args.workers < 1:
+            raise DAELConfigError(f"--workers {args.workers}: give at least 1")
+        if args.workers is None:
+            args.workers = 256 if args.launcher == "slurm" else 1  # 256: submitit's own default
+        if args.no_wait and args.launcher != "slurm":
+            raise DAELConfigError("--no-wait is for --launcher slurm (local launchers run the sweep here)")
         args.root = os.path.abspath(args.root)
         args.output_dir = os.path.abspath(args.output_dir)
         args.dataset_config_file = os.path.abspath(args.dataset_config_file)
@@ -321,7 +348,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         for r in runs:
             state = "done" if r.done() else ("resume" if os.path.isfile(os.path.join(r.output_dir, "checkpoint.pth.tar"))
                                               else "new")
-            print(f"  [{state:>6}] {r.name}: {r.output_dir}")
+            job = os.path.join(r.output_dir, JOB)
+            submitted = ""
+            if state != "done" and os.path.isfile(job):
+                with open(job) as f:
+                    submitted = f" (submitted as Slurm job {f.read().strip()})"
+            print(f"  [{state:>6}] {r.name}: {r.output_dir}{submitted}")
         return 0
     if not todo:
         return 0
@@ -336,6 +368,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     finally:
         bar.close()
+    if args.no_wait:
+        print(f"sweep: {len(todo)} runs submitted; relaunch this command (add --dry-run to only look) "
+              f"or run collect.py when they are done")
+        return 0
     print(f"sweep: {len(todo) - failed} of {len(todo)} runs finished" + (f", {failed} failed" if failed else ""))
     return 1 if failed else 0
 

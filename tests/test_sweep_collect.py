@@ -52,6 +52,7 @@ def test_the_plan(tmp_path, capsys):
     (["--trainers", "DAEL", "--grid", "OPTIM.LR"], "--grid OPTIM.LR has no values"),
     (["--trainers", "Nope"], "no method config for Nope"),
     (["--trainers", "DAEL", "OPTIM.LR", "0.1", "--workers", "2"], "--workers comes after the KEY VALUE options OPTIM.LR"),
+    (["--trainers", "DAEL", "--workers", "0"], "--workers 0: give at least 1"),
 ])
 def test_bad_sweeps_are_one_line(tmp_path, capsys, argv, msg):
     code, _, err = sweep(base("data", tmp_path, *argv, "--dry-run"), capsys)
@@ -131,3 +132,41 @@ def test_collect_adds_the_papers_numbers(tmp_path, capsys):
     assert "paper rows: Table 1a (Digit-5)" in out
     assert "| DAEL (paper) | 93.77 ± 0.12 |" in out and "| M3SDA (paper) | 82.15 ± 0.49 |" in out
     assert "\\begin{tabular}" in out and "$\\pm$" in out
+
+
+def test_slurm_array_is_submitted_with_the_flags_and_no_wait(tmp_path, capsys, monkeypatch):
+    """The slurm launcher without a cluster: a stand-in `sbatch` records the job
+    array's submission file. The flags reach it as #SBATCH lines, --no-wait exits
+    after submitting, each run keeps its job id, and --dry-run shows it."""
+    pytest.importorskip("submitit")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "submitted.sh"
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {record}\necho "Submitted batch job 4242"\n')
+    (bin_dir / "sbatch").chmod(0o755)
+    out_dir = tmp_path / "sweep"
+    slurm_args = ["--launcher", "slurm", "--no-wait", *FAST]
+    path = os.environ["PATH"]
+    monkeypatch.setenv("PATH", str(bin_dir))  # no srun: one line
+    code, _, err = sweep(base("data", out_dir, "--trainers", "DAEL", "--targets", "blend", *slurm_args), capsys)
+    assert code == 2 and err.startswith("error: --launcher slurm needs a Slurm cluster") and err.count("\n") == 1, err
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    (bin_dir / "srun").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{path}")
+    argv = base("data", out_dir, "--trainers", "DAEL", "--targets", "blend", "street", "--seeds", "1", "2",
+                "--launcher", "slurm", "--partition", "gpu-a100", "--time", "90", "--gpus", "1", "--cpus", "6",
+                "--workers", "3", "--no-wait", *FAST)
+    code, out, err = sweep(argv, capsys)
+    assert code == 0, out + err
+    text = record.read_text()
+    for line in ("#SBATCH --partition=gpu-a100", "#SBATCH --time=90", "#SBATCH --gpus-per-node=1",
+                 "#SBATCH --cpus-per-task=6", "#SBATCH --array=0-3%3"):
+        assert line in text, text
+    run = out_dir / "EmbeddedDigits" / "DAEL" / "street" / "seed2"
+    assert out.count("submitted DAEL -> ") == 4 and f"Slurm job 4242_3; log {run / 'sweep_log.txt'}" in out, out
+    assert "sweep: 4 runs submitted" in out
+    assert (run / "sweep_job.txt").read_text() == "4242_3\n"
+    code, out, _ = sweep(argv[:-len(FAST) - 1] + ["--dry-run"] + FAST, capsys)
+    assert code == 0 and f"[   new] DAEL -> street seed 2: {run} (submitted as Slurm job 4242_3)" in out, out
+    code, _, err = sweep(base("data", out_dir, "--trainers", "DAEL", "--no-wait", "--dry-run"), capsys)
+    assert code == 2 and "--no-wait is for --launcher slurm" in err

@@ -208,7 +208,6 @@ class LoadedRun:
     """A finished run's model and target test images, rebuilt from its checkpoint and merged config."""
 
     def __init__(self, rec: dict) -> None:
-        import torch
         import yaml
         from torch import nn
 
@@ -240,7 +239,6 @@ class LoadedRun:
         self.head.load_state_dict(head)
         self.backbone.eval(), self.head.eval()
         self.classnames, self.test, self.source = self._data()
-        self.torch = torch
 
     def _data(self):
         from .data.folders import load_splits
@@ -250,6 +248,7 @@ class LoadedRun:
         return splits["classnames"], splits["test"], splits["train_x"]
 
     def _tensor(self, items):
+        import torch
         from yacs.config import CfgNode as CN
 
         from .augment import build_test_transform
@@ -258,13 +257,15 @@ class LoadedRun:
         inp = self.cfg["INPUT"]
         tfm = build_test_transform(CN({"INPUT": CN({k: inp[k] for k in ("SIZE", "INTERPOLATION", "TRANSFORMS",
                                                                            "PIXEL_MEAN", "PIXEL_STD")})}))
-        return self.torch.stack([tfm(decode(i.impath)) for i in items])
+        return torch.stack([tfm(decode(i.impath)) for i in items])
 
     def features_and_probs(self, items):
-        with self.torch.no_grad():
+        import torch
+
+        with torch.no_grad():
             f = self.backbone(self._tensor(items))
             logits = self.head(f)
-            probs = self.torch.softmax(logits, -1)
+            probs = torch.softmax(logits, -1)
             return f, probs if probs.dim() == 3 else probs.unsqueeze(1)
 
 
@@ -298,8 +299,10 @@ def top3(recs, out: str, n_images: int = 4):
     names = list(run.rec.get("expert_accuracy") or {}) or [f"E{k}" for k in range(probs.shape[1])]
     rows = [(f"E[{n}]", probs[:, k]) for k, n in enumerate(names[: probs.shape[1]])] + [("ensemble", probs.mean(1))]
     images = run._tensor(items)
-    mean = run.torch.tensor(run.cfg["INPUT"]["PIXEL_MEAN"]).view(3, 1, 1)
-    std = run.torch.tensor(run.cfg["INPUT"]["PIXEL_STD"]).view(3, 1, 1)
+    import torch
+
+    mean = torch.tensor(run.cfg["INPUT"]["PIXEL_MEAN"]).view(3, 1, 1)
+    std = torch.tensor(run.cfg["INPUT"]["PIXEL_STD"]).view(3, 1, 1)
     fig, axes = plt.subplots(len(rows) + 1, len(items), figsize=(2.3 * len(items), 1.2 * (len(rows) + 1) + 1.2),
                              squeeze=False)
     for j, item in enumerate(items):
@@ -327,6 +330,7 @@ def top3(recs, out: str, n_images: int = 4):
 
 def tsne(recs, out: str, per_domain: int = 150):
     import matplotlib.pyplot as plt
+    import torch
     from sklearn.manifold import TSNE
 
     runs = []
@@ -341,7 +345,7 @@ def tsne(recs, out: str, per_domain: int = 150):
         tgt = _pick(run.test, per_domain)
         f_src, _ = run.features_and_probs(src)
         f_tgt, _ = run.features_and_probs(tgt)
-        feats = run.torch.cat([f_src, f_tgt]).numpy()
+        feats = torch.cat([f_src, f_tgt]).numpy()
         emb = TSNE(n_components=2, init="pca", random_state=0, perplexity=min(30, len(feats) - 1)).fit_transform(feats)
         n = len(src)
         ax.scatter(emb[:n, 0], emb[:n, 1], s=6, c="tab:blue", alpha=0.6, label="source")

@@ -30,7 +30,7 @@ import os
 import statistics
 import sys
 from collections import defaultdict
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Tuple
 
 LOSS_ORDER = ("ce", "ce_cr", "ce_cr_u")
 LOSS_LABELS = {"ce": "$L_{ce}$", "ce_cr": "$+L_{cr}$", "ce_cr_u": "$+L_u$"}
@@ -156,26 +156,29 @@ def experts(recs, out: str):
     groups: Dict[str, List[dict]] = defaultdict(list)
     for r in rows:
         groups[",".join(r["target_domains"])].append(r)
-    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 3.2), squeeze=False)
+    fig, axes = plt.subplots(1, len(groups), figsize=(3.2 * len(groups), 3.4), squeeze=False, layout="constrained")
     for ax, (target, rs) in zip(axes[0], sorted(groups.items())):
         names = list(rs[0]["expert_accuracy"])
-        vals = [statistics.fmean(r["expert_accuracy"][n] for r in rs) for n in names]
-        ens = statistics.fmean(r["accuracy"] for r in rs)
-        ax.bar(range(len(names) + 1), vals + [ens], color=["tab:gray"] * len(names) + ["tab:red"])
+        cols = [[r["expert_accuracy"][n] for r in rs] for n in names] + [[r["accuracy"] for r in rs]]
+        means = [statistics.fmean(c) for c in cols]
+        stds = [statistics.stdev(c) if len(c) > 1 else 0.0 for c in cols]
+        ax.bar(range(len(names) + 1), means, yerr=stds, capsize=3, color=["tab:gray"] * len(names) + ["tab:red"])
         ax.set_xticks(range(len(names) + 1), [f"E[{n}]" for n in names] + ["ensemble"], rotation=30)
         ax.set_ylabel("target test accuracy (%)")
         ax.set_title(f"target {target} ({len(rs)} seeds)")
-    fig.suptitle("Experts against their ensemble (Fig. 6)")
+    fig.suptitle("Experts against their ensemble (Fig. 6): mean ± std over seeds")
     return _save(fig, out, "experts"), None
 
 
 def curves(recs, out: str):
+    """Mask rate and pseudo-label accuracy over training, for DAEL runs at the paper's
+    defaults: per target, the mean over seeds and the seeds' range as a band."""
     import matplotlib.pyplot as plt
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    series = []
+    groups: Dict[str, List[Tuple[dict, dict]]] = defaultdict(list)  # target -> [(mask, pl)] of {step: value}
     for r in recs:
-        if str(r.get("trainer")).upper() != "DAEL":
+        if str(r.get("trainer")).upper() != "DAEL" or not _others_default(r, ""):
             continue
         tb = os.path.join(r["_dir"], "tensorboard")
         if not os.path.isdir(tb):
@@ -184,23 +187,32 @@ def curves(recs, out: str):
         acc.Reload()
         tags = acc.Tags().get("scalars", [])
         if "train/mask_u" in tags:
-            label = f"{','.join(r['target_domains'])} seed {r.get('seed')}"
-            pl = [(e.step, e.value) for e in acc.Scalars("train/pl_acc_u")] if "train/pl_acc_u" in tags else []
-            series.append((label, [(e.step, e.value) for e in acc.Scalars("train/mask_u")], pl))
-    if not series:
-        return None, "curves needs DAEL (DA) runs with TensorBoard events holding train/mask_u"
-    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.2))
-    for label, mask, pl in series:
-        a1.plot([s for s, _ in mask], [100 * v for _, v in mask], label=label)
-        if pl:
-            a2.plot([s for s, _ in pl], [v for _, v in pl], label=label)
+            mask = {e.step: 100 * e.value for e in acc.Scalars("train/mask_u")}
+            pl = {e.step: e.value for e in acc.Scalars("train/pl_acc_u")} if "train/pl_acc_u" in tags else {}
+            groups[",".join(r["target_domains"])].append((mask, pl))
+    if not groups:
+        return None, "curves needs DAEL (DA) runs at the default settings with TensorBoard events holding train/mask_u"
+    fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
+    for i, (target, runs) in enumerate(sorted(groups.items())):
+        color = f"C{i}"
+        label = f"{target} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
+        for ax, which in ((a1, 0), (a2, 1)):
+            series = [run[which] for run in runs if run[which]]
+            if not series:
+                continue
+            steps = sorted(set.intersection(*(set(x) for x in series)))
+            vals = [[x[t] for x in series] for t in steps]
+            ax.plot(steps, [statistics.fmean(v) for v in vals], color=color, label=label)
+            if len(series) > 1:
+                ax.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], color=color, alpha=0.2,
+                                linewidth=0)
     a1.set_xlabel("training step")
     a1.set_ylabel("pseudo-labels kept (%)")
     a1.set_title("Mask rate (confidence >= CONF_THRE)")
     a2.set_xlabel("training step")
     a2.set_ylabel("accuracy of kept pseudo-labels (%)")
     a2.set_title("Pseudo-label accuracy")
-    a1.legend(fontsize=7)
+    a1.legend(title="target: mean, band = seed range", fontsize=8, title_fontsize=8)
     return _save(fig, out, "curves"), None
 
 

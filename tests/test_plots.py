@@ -30,11 +30,16 @@ def test_every_figure_from_a_fixture_sweep(tmp_path, monkeypatch, capsys):
             _rec(root, "blend", seed, acc + seed, losses=losses)
         for w in (0.0, 1.0):
             _rec(root, "blend", seed, 66.0 + w + seed, weight_u=w)
-    run = _rec(root, "street", 1, 50.0)
-    writer = SummaryWriter(os.path.join(run, "tensorboard"))
-    for step, (m, a) in enumerate([(0.1, 80.0), (0.4, 85.0), (0.6, 90.0)]):
-        writer.add_scalar("train/mask_u", m, step)
-        writer.add_scalar("train/pl_acc_u", a, step)
+    for seed, shift in ((1, 0.0), (2, 0.2)):
+        run = _rec(root, "street", seed, 50.0)
+        writer = SummaryWriter(os.path.join(run, "tensorboard"))
+        for step, (m, a) in enumerate([(0.1, 80.0), (0.4, 85.0), (0.6, 90.0)]):
+            writer.add_scalar("train/mask_u", m + shift, step)
+            writer.add_scalar("train/pl_acc_u", a + 10 * shift, step)
+        writer.close()
+    ablated = _rec(root, "street", 3, 40.0, weight_u=0.0)  # not at the defaults: not in the curves
+    writer = SummaryWriter(os.path.join(ablated, "tensorboard"))
+    writer.add_scalar("train/mask_u", 0.9, 0)
     writer.close()
 
     seen = {}
@@ -42,6 +47,7 @@ def test_every_figure_from_a_fixture_sweep(tmp_path, monkeypatch, capsys):
 
     def spy(fig, out, name):
         seen[name] = [(ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) for ax in fig.axes]
+        seen[name + "_lines"] = [[(ln.get_label(), list(ln.get_ydata())) for ln in ax.get_lines()] for ax in fig.axes]
         return real(fig, out, name)
 
     monkeypatch.setattr(plots, "_save", spy)
@@ -53,6 +59,9 @@ def test_every_figure_from_a_fixture_sweep(tmp_path, monkeypatch, capsys):
     assert seen["weight_u"][0][0].startswith(r"$\lambda_u$") and "Fig. 5" in seen["weight_u"][0][2]
     assert all(ylabel == "target test accuracy (%)" for _, ylabel, _ in seen["experts"])
     assert [a[1] for a in seen["curves"]] == ["pseudo-labels kept (%)", "accuracy of kept pseudo-labels (%)"]
+    (mask,), (pl,) = seen["curves_lines"]  # one line per target: the mean over its two default runs
+    assert mask[0] == "street (2 seeds)" and mask[1] == pytest.approx([20.0, 50.0, 70.0])
+    assert pl[1] == pytest.approx([81.0, 86.0, 91.0])
 
 
 def test_figures_the_sweep_cannot_support_are_skipped_with_a_reason(tmp_path, capsys):
@@ -82,6 +91,7 @@ def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys):
 
     def spy(fig, out, name):
         seen[name] = [(ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) for ax in fig.axes]
+        seen[name + "_lines"] = [[(ln.get_label(), list(ln.get_ydata())) for ln in ax.get_lines()] for ax in fig.axes]
         return real(fig, out, name)
 
     plots._save, saved = spy, plots._save

@@ -19,7 +19,8 @@
   in its ``sweep_job.txt``, and a relaunch (or ``--dry-run``) shows which runs
   finished. A duplicate submission cannot hurt a run: a second process on the
   same output directory is refused by the run's lock, and one that starts after
-  the run finished only re-evaluates its last checkpoint.
+  the run finished only re-evaluates its last checkpoint. A job interrupted by
+  its time limit or by preemption requeues itself and its run resumes.
 - A failed run is reported with its log and the others go on; the exit code
   is 1 when any run failed.
 """
@@ -152,16 +153,66 @@ def plan(args: argparse.Namespace) -> List[Run]:
     return runs
 
 
-def run_one(argv: Sequence[str], output_dir: str, env: Optional[Dict[str, str]] = None) -> int:
-    """Run one scripts/train.py command, its output to ``<output_dir>/sweep_log.txt``."""
-    os.makedirs(output_dir, exist_ok=True)
+def _start(argv: Sequence[str], output_dir: str, env: Optional[Dict[str, str]], log) -> "subprocess.Popen":
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
+    log.write(f"$ {' '.join(argv)}\n")
+    log.flush()
+    return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+
+
+def run_one(argv: Sequence[str], output_dir: str, env: Optional[Dict[str, str]] = None) -> int:
+    """Run one scripts/train.py command, its output to ``<output_dir>/sweep_log.txt``."""
+    os.makedirs(output_dir, exist_ok=True)
     with open(os.path.join(output_dir, LOG), "a") as log:
-        log.write(f"$ {' '.join(argv)}\n")
-        log.flush()
-        return subprocess.run(list(argv), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT).returncode
+        return _start(argv, output_dir, env, log).wait()
+
+
+try:  # submitit is optional: only its launchers need it
+    from submitit.helpers import Checkpointable as _Checkpointable
+except ImportError:  # pragma: no cover
+    _Checkpointable = object
+
+
+class RunJob(_Checkpointable):
+    """``run_one`` as a submitit job that is requeued when Slurm preempts it or its time
+    limit nears (submitit's USR2 at ``--signal=USR2@90``): the run is stopped as Ctrl-C
+    stops it, the job goes back in the queue, and scripts/train.py resumes it from its
+    last checkpoint, bit for bit. submitit gives up after 3 timeouts."""
+
+    def __init__(self) -> None:
+        self._proc: Optional[subprocess.Popen] = None
+
+    def __call__(self, argv: Sequence[str], output_dir: str, env: Optional[Dict[str, str]] = None) -> int:
+        os.makedirs(output_dir, exist_ok=True)
+        with open(os.path.join(output_dir, LOG), "a") as log:
+            self._proc = proc = _start(argv, output_dir, env, log)
+            try:
+                # poll, not wait(): a blocking wait() holds the Popen's lock, and the signal
+                # handler's checkpoint() (run on this thread) could then never reap the process
+                while (code := proc.poll()) is None:
+                    time.sleep(0.5)
+                return code
+            finally:
+                self._proc = None
+
+    def checkpoint(self, argv, output_dir, env=None):
+        import signal
+
+        from submitit.helpers import DelayedSubmission
+
+        proc, self._proc = self._proc, None  # a process does not travel with the resubmission
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # train.py stops cleanly; its lock is released
+            try:
+                proc.wait(timeout=60)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        with open(os.path.join(output_dir, LOG), "a") as log:
+            log.write("sweep: job interrupted (time limit or preemption); requeued, the run resumes\n")
+        return DelayedSubmission(self, argv, output_dir, env)
 
 
 def _report(run: Run, code: int, n_done: int, total: int, seconds: float) -> str:
@@ -231,7 +282,7 @@ def launch_submitit(runs: List[Run], args: argparse.Namespace, bar) -> int:
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(timeout_min=args.time, visible_gpus=tuple(range(args.gpus)) if args.gpus else ())
     if args.launcher == "slurm":  # one job array; Slurm keeps --workers of them running
-        jobs = ex.map_array(run_one, [list(r.argv) for r in runs], [r.output_dir for r in runs])
+        jobs = ex.map_array(RunJob(), [list(r.argv) for r in runs], [r.output_dir for r in runs])
         for job, run in zip(jobs, runs):
             os.makedirs(run.output_dir, exist_ok=True)
             with open(os.path.join(run.output_dir, JOB), "w") as f:
@@ -250,7 +301,7 @@ def launch_submitit(runs: List[Run], args: argparse.Namespace, bar) -> int:
     while pending or queue:
         while queue and len(pending) < max(1, args.workers):
             run = queue.pop(0)
-            pending[ex.submit(run_one, list(run.argv), run.output_dir, env)] = (run, time.time())
+            pending[ex.submit(RunJob(), list(run.argv), run.output_dir, env)] = (run, time.time())
         for job in [j for j in pending if j.done()]:
             run, started = pending.pop(job)
             try:

@@ -170,3 +170,41 @@ def test_slurm_array_is_submitted_with_the_flags_and_no_wait(tmp_path, capsys, m
     assert code == 0 and f"[   new] DAEL -> street seed 2: {run} (submitted as Slurm job 4242_3)" in out, out
     code, _, err = sweep(base("data", out_dir, "--trainers", "DAEL", "--no-wait", "--dry-run"), capsys)
     assert code == 2 and "--no-wait is for --launcher slurm" in err
+
+
+def test_an_interrupted_submitit_job_is_requeued_and_its_run_resumes(tmp_path, tiny_root):
+    """What Slurm does near a job's time limit (or on preemption), through submitit's
+    local executor: the USR2 signal makes the job stop its run as Ctrl-C does and
+    requeue itself; the requeued job resumes the run from its last checkpoint."""
+    submitit = pytest.importorskip("submitit")
+    import time
+
+    from dael_plugin.sweep import LOG, RunJob, build_parser, plan
+
+    args = build_parser().parse_args(base(tiny_root, tmp_path, "--trainers", "SourceOnly", "--targets", "street"))
+    args.opts = FAST[:1] + ["15"] + FAST[2:]  # 15 epochs: long enough to interrupt after the first
+    args.root, args.output_dir = os.path.abspath(args.root), os.path.abspath(args.output_dir)
+    args.dataset_config_file = os.path.abspath(args.dataset_config_file)
+    (run,) = plan(args)
+    ex = submitit.LocalExecutor(folder=str(tmp_path / ".submitit" / "%j"))
+    ex.update_parameters(timeout_min=10)
+    job = ex.submit(RunJob(), list(run.argv), run.output_dir, {"OMP_NUM_THREADS": "1"})
+    ckpt = os.path.join(run.output_dir, "checkpoint.pth.tar")
+    deadline = time.time() + 120
+    while not os.path.isfile(ckpt) and time.time() < deadline:
+        time.sleep(0.2)
+    assert os.path.isfile(ckpt), open(os.path.join(run.output_dir, LOG)).read()[-2000:]
+    # Slurm signals the job's task (submitit's process, the parent of train.py) with USR2,
+    # as submitit's local controller does at its time limit: do what they do.
+    import signal
+
+    with open(os.path.join(run.output_dir, ".dael_run.lock")) as f:
+        train_pid = json.load(f)["pid"]
+    with open(f"/proc/{train_pid}/stat") as f:
+        task_pid = int(f.read().rsplit(")", 1)[1].split()[1])
+    os.kill(task_pid, signal.SIGUSR2)
+    assert job.result() == 0
+    log = open(os.path.join(run.output_dir, LOG)).read()
+    assert "sweep: job interrupted (time limit or preemption); requeued, the run resumes" in log, log[-3000:]
+    assert log.count("$ ") == 2 and "will resume training from epoch" in log, log[-3000:]
+    assert json.load(open(os.path.join(run.output_dir, "results.json")))["epochs"] == 15

@@ -153,20 +153,13 @@ def plan(args: argparse.Namespace) -> List[Run]:
     return runs
 
 
-def _start(argv: Sequence[str], output_dir: str, env: Optional[Dict[str, str]], log) -> "subprocess.Popen":
+def _start(argv: Sequence[str], env: Optional[Dict[str, str]], log) -> "subprocess.Popen":
     full_env = dict(os.environ)
     full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
     log.write(f"$ {' '.join(argv)}\n")
     log.flush()
     return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
-
-
-def run_one(argv: Sequence[str], output_dir: str, env: Optional[Dict[str, str]] = None) -> int:
-    """Run one scripts/train.py command, its output to ``<output_dir>/sweep_log.txt``."""
-    os.makedirs(output_dir, exist_ok=True)
-    with open(os.path.join(output_dir, LOG), "a") as log:
-        return _start(argv, output_dir, env, log).wait()
 
 
 try:  # submitit is optional: only its launchers need it
@@ -176,7 +169,8 @@ except ImportError:  # pragma: no cover
 
 
 class RunJob(_Checkpointable):
-    """``run_one`` as a submitit job that is requeued when Slurm preempts it or its time
+    """One scripts/train.py command, its output to ``<output_dir>/sweep_log.txt``; as a
+    submitit job, it is requeued when Slurm preempts it or its time
     limit nears (submitit's USR2 at ``--signal=USR2@90``): the run is stopped as Ctrl-C
     stops it, the job goes back in the queue, and scripts/train.py resumes it from its
     last checkpoint, bit for bit. submitit gives up after 3 timeouts."""
@@ -187,7 +181,7 @@ class RunJob(_Checkpointable):
     def __call__(self, argv: Sequence[str], output_dir: str, env: Optional[Dict[str, str]] = None) -> int:
         os.makedirs(output_dir, exist_ok=True)
         with open(os.path.join(output_dir, LOG), "a") as log:
-            self._proc = proc = _start(argv, output_dir, env, log)
+            self._proc = proc = _start(argv, env, log)
             try:
                 # poll, not wait(): a blocking wait() holds the Popen's lock, and the signal
                 # handler's checkpoint() (run on this thread) could then never reap the process
@@ -213,6 +207,11 @@ class RunJob(_Checkpointable):
         with open(os.path.join(output_dir, LOG), "a") as log:
             log.write("sweep: job interrupted (time limit or preemption); requeued, the run resumes\n")
         return DelayedSubmission(self, argv, output_dir, env)
+
+
+def run_one(argv: Sequence[str], output_dir: str, env: Optional[Dict[str, str]] = None) -> int:
+    """Run one scripts/train.py command here (the local launcher)."""
+    return RunJob()(argv, output_dir, env)
 
 
 def _report(run: Run, code: int, n_done: int, total: int, seconds: float) -> str:

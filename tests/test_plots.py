@@ -19,7 +19,24 @@ def _rec(root, target, seed, acc, losses="ce_cr_u", weight_u=0.5, experts=(60.0,
     return d
 
 
-def test_every_figure_from_a_fixture_sweep(tmp_path, monkeypatch, capsys):
+@pytest.fixture
+def seen(monkeypatch):
+    """Each figure's axes (x label, y label, title) and lines (label, y data), by name, as saved."""
+    from dael_plugin import plots
+
+    seen = {}
+    real = plots._save
+
+    def spy(fig, out, name):
+        seen[name] = [(ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) for ax in fig.axes]
+        seen[name + "_lines"] = [[(ln.get_label(), list(ln.get_ydata())) for ln in ax.get_lines()] for ax in fig.axes]
+        return real(fig, out, name)
+
+    monkeypatch.setattr(plots, "_save", spy)
+    return seen
+
+
+def test_every_figure_from_a_fixture_sweep(tmp_path, seen):
     from torch.utils.tensorboard import SummaryWriter
 
     from dael_plugin import plots
@@ -42,15 +59,6 @@ def test_every_figure_from_a_fixture_sweep(tmp_path, monkeypatch, capsys):
     writer.add_scalar("train/mask_u", 0.9, 0)
     writer.close()
 
-    seen = {}
-    real = plots._save
-
-    def spy(fig, out, name):
-        seen[name] = [(ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) for ax in fig.axes]
-        seen[name + "_lines"] = [[(ln.get_label(), list(ln.get_ydata())) for ln in ax.get_lines()] for ax in fig.axes]
-        return real(fig, out, name)
-
-    monkeypatch.setattr(plots, "_save", spy)
     out = tmp_path / "figs"
     assert plots.main([root, "--out", str(out)]) == 0
     for name in ("loss_ablation", "weight_u", "experts", "curves"):
@@ -75,7 +83,7 @@ def test_figures_the_sweep_cannot_support_are_skipped_with_a_reason(tmp_path, ca
     assert plots.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "f")]) == 2
 
 
-def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys):
+def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys, seen):
     """Fig. 7 and Fig. 8 rebuild the models of a DAEL and a SourceOnly run (built-in engine)."""
     from test_hardening import args_for, cli
 
@@ -86,19 +94,7 @@ def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys):
     assert cli(args_for(tiny_root, sweep / "EmbeddedDigits" / "DAEL" / "street" / "seed3"), capsys)[0] == 0
     assert cli(args_for(tiny_root, sweep / "EmbeddedDigits" / "SourceOnly" / "street" / "seed3",
                         trainer="SourceOnly", cfg=so_cfg), capsys)[0] == 0
-    seen = {}
-    real = plots._save
-
-    def spy(fig, out, name):
-        seen[name] = [(ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) for ax in fig.axes]
-        seen[name + "_lines"] = [[(ln.get_label(), list(ln.get_ydata())) for ln in ax.get_lines()] for ax in fig.axes]
-        return real(fig, out, name)
-
-    plots._save, saved = spy, plots._save
-    try:
-        assert plots.main([str(sweep), "--out", str(tmp_path / "figs")]) == 0
-    finally:
-        plots._save = saved
+    assert plots.main([str(sweep), "--out", str(tmp_path / "figs")]) == 0
     out = capsys.readouterr().out
     assert "top3: " in out and "tsne: " in out and "skipped (top3" not in out and "skipped (tsne" not in out
     assert (tmp_path / "figs" / "top3.png").exists() and (tmp_path / "figs" / "tsne.pdf").exists()

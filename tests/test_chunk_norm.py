@@ -1,5 +1,7 @@
 """The fused backbone pass with per-chunk batch-norm statistics against one call per chunk
-(CPU, fp32): features, gradients and running statistics agree."""
+(CPU): features, gradients and running statistics agree, for every form, precision, layout
+and layer option; ``grouped`` keeps ``channels_last`` and copies nothing."""
+import contextlib
 import copy
 import pickle
 
@@ -9,14 +11,14 @@ from torch import nn
 
 from dael_plugin.backbones import build_backbone
 from dael_plugin.core import DAEL, DAELHparams, ExpertHeads
-from dael_plugin.core.chunk_norm import per_chunk_batch_norm, unfusable_reason
+from dael_plugin.core.chunk_norm import IMPLS, per_chunk_batch_norm, resolve_impl, unfusable_reason
 
 
 def _compare(net, x, chunks, impl="auto", grad_out=None):
     a, b = copy.deepcopy(net).train(), copy.deepcopy(net).train()
     sizes = chunks if isinstance(chunks, list) else [x.shape[0] // chunks] * chunks
     fa = torch.cat([a(c) for c in x.split(sizes)])
-    with per_chunk_batch_norm(b, chunks, impl):
+    with per_chunk_batch_norm(b, sizes, impl):
         fb = b(x)
     g = torch.randn_like(fa) if grad_out is None else grad_out
     (fa * g).sum().backward()
@@ -86,20 +88,133 @@ def test_batchnorm1d_and_running_stats_in_closed_form():
     torch.testing.assert_close(b[1].running_mean, rm, atol=1e-6, rtol=0)
 
 
-def test_grouped_needs_equal_chunks_and_plain_layers_else_splits():
+def test_grouped_takes_unequal_chunks_cumulative_averages_and_other_layers_split():
     torch.manual_seed(0)
     net = nn.Sequential(nn.Linear(5, 6), nn.BatchNorm1d(6, momentum=None))
     x = torch.randn(12, 5)
-    a, b, fa, fb = _compare(net, x, [4, 4, 4], "grouped")  # momentum=None: not in closed form
+    a, b, fa, fb = _compare(net, x, [4, 4, 4], "grouped")  # momentum=None: the cumulative average
+    _assert_same(a, b, fa, fb)
+    # Unequal chunks: runs of equal chunks (4, 4 | 3 | 1 + ...), each a (k, n, C) view.
+    a, b, fa, fb = _compare(nn.Sequential(nn.Linear(5, 6), nn.BatchNorm1d(6)), x, [4, 4, 2, 2], "grouped")
     _assert_same(a, b, fa, fb)
     a, b, fa, fb = _compare(nn.Sequential(nn.Linear(5, 6), nn.BatchNorm1d(6)), x, [5, 7], "grouped")
+    _assert_same(a, b, fa, fb)
+
+    class OwnNorm(nn.BatchNorm1d):  # a subclass with its own forward: grouped leaves it to split
+        def forward(self, x):
+            return super().forward(x) * 2
+
+    a, b, fa, fb = _compare(nn.Sequential(nn.Linear(5, 6), OwnNorm(6)), x, [4, 4, 4], "grouped")
     _assert_same(a, b, fa, fb)
     with pytest.raises(ValueError, match="not chunks of"):
         with per_chunk_batch_norm(b, [5, 5]):
             b(x)
     with pytest.raises(ValueError, match="impl must be one of"):
-        with per_chunk_batch_norm(b, 2, "fast"):
+        with per_chunk_batch_norm(b, [6, 6], "fast"):
             b(x)
+    with pytest.raises(ValueError, match="more than 1 value per channel"):
+        with per_chunk_batch_norm(b, [11, 1], "grouped"):
+            b(x)
+
+
+def _net(bn_kw):
+    torch.manual_seed(0)
+    # No bias before a batch norm (it cancels, so its gradient is rounding noise around 0).
+    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8, **bn_kw), nn.ReLU(),
+                         nn.Conv2d(8, 8, 3, bias=False), nn.BatchNorm2d(8, **bn_kw), nn.AdaptiveAvgPool2d(2),
+                         nn.Flatten(), nn.Linear(32, 6, bias=False), nn.BatchNorm1d(6, **bn_kw))
+
+
+def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1.0)).item()
+
+
+LAYER_OPTIONS = {"default": {}, "affine=False": {"affine": False}, "track_running_stats=False":
+                 {"track_running_stats": False}, "momentum=None": {"momentum": None}}
+
+
+@pytest.mark.parametrize("layer", list(LAYER_OPTIONS))
+@pytest.mark.parametrize("layout", ["contiguous", "channels_last"])
+@pytest.mark.parametrize("prec", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("impl", IMPLS)
+def test_every_form_precision_layout_and_layer_option(impl, prec, layout, layer):
+    """Outputs, gradients and buffers of the fused pass against one call per chunk, three
+    chunks (8, 8, 4: two runs for ``grouped``), under autocast for bf16 and fp16."""
+    net = _net(LAYER_OPTIONS[layer])
+    x = torch.randn(20, 3, 8, 8)
+    if layout == "channels_last":
+        net = net.to(memory_format=torch.channels_last)
+        x = x.contiguous(memory_format=torch.channels_last)
+    a, b = copy.deepcopy(net).train(), copy.deepcopy(net).train()
+    dtype = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}[prec]
+    cast = torch.autocast("cpu", dtype=dtype) if dtype else contextlib.nullcontext()
+    with cast:
+        fa = torch.cat([a(c) for c in x.split([8, 8, 4])])
+        with per_chunk_batch_norm(b, [8, 8, 4], impl):
+            fb = b(x)
+    assert fb.dtype == fa.dtype
+    g = torch.randn(fa.shape)
+    (fa.float() * g).sum().backward()
+    (fb.float() * g).sum().backward()
+    tol = 1e-5 if prec == "fp32" else 3e-2  # bf16 keeps 3 significant digits, fp16 about 4
+    assert _rel(fb, fa) <= tol
+    for (name, pa), pb in zip(a.named_parameters(), b.parameters()):
+        assert _rel(pb.grad, pa.grad) <= tol, name
+    for (name, ba), bb in zip(a.named_buffers(), b.buffers()):
+        assert _rel(bb, ba) <= (1e-5 if prec == "fp32" else 3e-3), name
+    # Evaluation: outside the block and inside it, the running statistics (or, untracked, the batch's).
+    a.eval(), b.eval()
+    with torch.no_grad(), cast:
+        ref = torch.cat([a(c) for c in x.split([8, 8, 4])])
+        with per_chunk_batch_norm(b, [8, 8, 4], impl):
+            got = b(x)
+    assert _rel(got, ref) <= tol
+
+
+@pytest.mark.parametrize("impl", ["split", "grouped"])
+def test_every_convolution_of_a_channels_last_resnet_gets_channels_last_input(impl):
+    """The fused pass keeps the memory format: no layer hands a convolution a default-layout map
+    (cuDNN would copy it back to match channels_last weights)."""
+    net = build_backbone("timm_resnet18").to(memory_format=torch.channels_last).train()
+    seen = []
+    hooks = [m.register_forward_pre_hook(lambda m, i: seen.append(i[0].is_contiguous(memory_format=torch.channels_last)))
+             for m in net.modules() if isinstance(m, nn.Conv2d)]
+    x = torch.randn(7 * 4, 3, 64, 64).contiguous(memory_format=torch.channels_last)
+    with per_chunk_batch_norm(net, [4] * 7, impl):
+        y = net(x)
+    y.sum().backward()
+    for h in hooks:
+        h.remove()
+    assert len(seen) == 20 and all(seen), f"{sum(seen)} of {len(seen)} convolutions got channels_last input"
+
+
+def test_grouped_copies_nothing_and_launches_less_than_split():
+    """Counted as a GPU would launch them (dael_plugin.profiling): the grouped form's fused
+    forward and backward copy no activation; split concatenates every layer's output."""
+    from dael_plugin.profiling import count_launches
+
+    net = build_backbone("timm_resnet18").to(memory_format=torch.channels_last).train()
+    x = torch.randn(7 * 4, 3, 32, 32).contiguous(memory_format=torch.channels_last)
+
+    def step(impl):
+        with per_chunk_batch_norm(net, [4] * 7, impl):
+            y = net(x)
+        y.sum().backward()
+
+    counts = {}
+    for impl in ("split", "grouped"):
+        step(impl)  # warm-up
+        counts[impl] = count_launches(lambda: step(impl))
+    # No batch-norm copy: what remains is the loss gradient's one broadcast (28 x 512 floats).
+    assert counts["grouped"].ops["aten::cat"] == 0 and counts["grouped"].copy_bytes <= 28 * 512 * 4
+    assert counts["split"].ops["aten::cat"] == 20 + 20  # every layer's output, forward and backward
+    assert counts["split"].copy_bytes > 100 * counts["grouped"].copy_bytes
+    assert counts["grouped"].total < 0.75 * counts["split"].total
+
+
+def test_auto_is_grouped_on_cuda_and_split_on_cpu():
+    assert resolve_impl("auto", "cuda") == "grouped" and resolve_impl("auto", "cpu") == "split"
+    assert [resolve_impl(i, "cuda") for i in ("split", "grouped")] == ["split", "grouped"]
 
 
 def test_eval_mode_outside_the_block_and_checkpoints_are_unchanged():
@@ -108,13 +223,13 @@ def test_eval_mode_outside_the_block_and_checkpoints_are_unchanged():
     keys = list(net.state_dict())
     x = torch.randn(12, 3, 32, 32)
     twin = copy.deepcopy(net)
-    with per_chunk_batch_norm(net, 3):
+    with per_chunk_batch_norm(net, [4, 4, 4]):
         net(x)
         twin(x[:4]), twin(x[4:8]), twin(x[8:])
     net.eval(), twin.eval()
     with torch.no_grad():
         ref = twin(x)
-        with per_chunk_batch_norm(net, 3):
+        with per_chunk_batch_norm(net, [4, 4, 4]):
             fused = net(x)
         after = net(x)
     torch.testing.assert_close(fused, ref, atol=1e-6, rtol=0)
@@ -131,8 +246,9 @@ def test_modules_it_cannot_fuse_are_named():
     assert unfusable_reason(nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4))) is None
     assert unfusable_reason(nn.Sequential(nn.SyncBatchNorm(4))) is None  # split calls its forward per chunk
     assert "not an nn.Module" in unfusable_reason(lambda x: x)
+    assert "TorchScript" in unfusable_reason(torch.jit.script(nn.Sequential(nn.Linear(2, 2))))
     with pytest.raises(ValueError, match="cannot fuse"):
-        with per_chunk_batch_norm(lambda x: x, 2):
+        with per_chunk_batch_norm(lambda x: x, [2, 2]):
             pass
 
 

@@ -238,3 +238,26 @@ def test_a_checkpoint_from_before_the_execution_keys_resumes_with_their_old_beha
         same.TRAINER[node].FUSED_OPTIM = False
         same.TRAINER[node].FUSE_CHUNKS = False
     assert config_diff(old.dump(), same) == []  # so that run resumes
+
+
+@pytest.mark.parametrize("impl", ["split", "grouped", "chunked"])
+@pytest.mark.parametrize("setting", ["DA", "DG"])
+@pytest.mark.parametrize("mode", ["default", "reduce-overhead"])
+def test_a_compiled_step_compiles_once_for_the_whole_run(mode, setting, impl):
+    """Dynamo calls the backend once per (re)compilation; five steps must make one call. The
+    backend stands in for inductor (aot_eager: the same graph, no C++ build); the guards that
+    would fail, and so recompile, are dynamo's, whatever the backend and mode."""
+    calls = []
+
+    def backend(gm, example_inputs, **kwargs):
+        calls.append(len(gm.graph.nodes))
+        return torch._dynamo.lookup_backend("aot_eager")(gm, example_inputs)
+
+    torch._dynamo.reset()
+    step, f, h = _make(fuse=impl != "chunked", compile_mode=mode, compile_backend=backend)
+    step.algorithm.chunk_bn = impl if impl != "chunked" else "auto"
+    step.is_da = setting == "DA"
+    for i in range(5):
+        bx, bu = _batch(i)
+        step(bx, bu if setting == "DA" else None)
+    assert len(calls) == 1, f"{len(calls)} compilations in 5 steps"

@@ -12,7 +12,7 @@ from typing import Callable, Dict, Optional, Sequence
 import torch
 from torch import nn
 
-from .chunk_norm import convert, per_chunk_batch_norm, unfusable_reason
+from .chunk_norm import convert, fused_forward, resolve_impl, unfusable_reason
 from .heads import ExpertHeads
 from .hparams import DAELHparams
 from .losses import dael_losses, ensemble_probs
@@ -47,20 +47,18 @@ class DAEL:
         self.heads = heads
         self.hparams = hparams
         self.fuse_chunks = fuse_chunks
+        resolve_impl(chunk_bn, "cpu")  # a bad name fails here, not in the first step
         self.chunk_bn = chunk_bn
-        self._fusable: Optional[bool] = None
         self._bns = None
-        if fuse_chunks and unfusable_reason(featurizer) is None:
-            # Here, not in a (possibly compiled) step: it swaps layer classes, once.
-            self._bns = convert(featurizer)
-
-    def _can_fuse(self) -> bool:
-        if self._fusable is None:
-            reason = unfusable_reason(self.featurizer)
-            self._fusable = reason is None
-            if reason is not None:
+        # Decided here, once: nothing in a (possibly compiled) step changes this
+        # object's state, so a compiled step never recompiles.
+        if fuse_chunks:
+            reason = unfusable_reason(featurizer)
+            if reason is None:
+                self._bns = convert(featurizer)  # swaps the layers' classes, once
+            else:
+                self.fuse_chunks = False
                 print(f"dael_plugin: FUSE_CHUNKS falls back to one backbone call per domain chunk: {reason}")
-        return self._fusable
 
     def encode(self, x: torch.Tensor, chunk_sizes: Sequence[int]) -> torch.Tensor:
         """Features of ``x`` with batch-norm statistics per chunk.
@@ -72,9 +70,8 @@ class DAEL:
         """
         if len(chunk_sizes) == 1:
             return self.featurizer(x)
-        if self.fuse_chunks and self._can_fuse():
-            with per_chunk_batch_norm(self.featurizer, list(chunk_sizes), self.chunk_bn, x.device, self._bns):
-                return self.featurizer(x)
+        if self.fuse_chunks:
+            return fused_forward(self.featurizer, x, chunk_sizes, self.chunk_bn, self._bns)
         return torch.cat([self.featurizer(c) for c in torch.split(x, list(chunk_sizes))], 0)
 
     def losses(

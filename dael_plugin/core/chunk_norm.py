@@ -12,19 +12,39 @@ the batch-norm layers see the chunks. Two implementations:
     The layer's own forward runs once per chunk on a view of the input and
     the outputs are concatenated. It is *bitwise* the chunked calls'
     normalisation, and the running statistics get the same sequential
-    updates (``momentum=None`` included). One copy per layer (the concat).
-``grouped`` (plain ``BatchNorm1d/2d/3d``, equal chunks)
-    The ``(K*n, C, ...)`` input is viewed as ``(n, K*C, ...)`` and the
-    native kernel runs once, so each (chunk, channel) gets its own mean and
-    variance; the running statistics are updated in closed form as K
-    sequential updates would leave them:
-    ``r_K = (1 - m)^K r_0 + sum_k m (1 - m)^(K-1-k) s_k``.
-    One kernel launch per layer but two transposing copies.
+    updates (``momentum=None`` included). Per layer and chunk: one
+    normalisation kernel and one counter update forward, one backward kernel
+    and two gradient accumulations; plus one concatenation.
+``grouped`` (plain ``BatchNorm1d/2d/3d`` and timm's ``BatchNormAct2d``)
+    The batch is viewed, without a copy, as ``(K, n, C, ...)`` for each run of
+    equal-sized chunks (the usual fused batch is one run; a target batch of
+    another size makes a second). One ``var_mean`` over that view gives every
+    (chunk, channel) mean and variance, and one ``addcmul`` normalises, so the
+    output keeps the input's memory format (``channels_last`` stays
+    ``channels_last``). The backward pass is written out (two reductions and
+    two element-wise passes), not left to autograd. The running statistics
+    get, in closed form, what K sequential updates leave:
+    ``r_K = (1 - m)^K r_0 + sum_k m (1 - m)^(K-1-k) s_k`` (one ``addmm_`` per
+    buffer), or the cumulative average for ``momentum=None``. Under bf16/fp16
+    autocast the statistics are computed in fp32, as the native kernels do.
 
-``auto`` takes ``grouped`` on CUDA (where launches cost more than copies) when
-it applies, and ``split`` elsewhere (on a 2-core CPU the split is 1.7x faster
-than the grouped form for a 64-channel 32x32 layer: 70 ms against 122 ms
-forward and backward at 7 chunks of 32).
+Why ``auto`` takes ``grouped`` on CUDA and ``split`` on CPU:
+
+- On a GPU a DAEL step is launch-bound at these shapes, so it is decided by
+  counting (``scripts/bench.py --launches``, miniDomainNet shape: ResNet-18,
+  3 domains x 64 + 64 target, a fused pass of 7 chunks): the whole training
+  step takes 0.41x of Dassl's DAEL's operator launches with ``grouped``
+  against 0.54x with ``split``, and ``grouped`` copies 13 MiB per step
+  against ``split``'s 185 MiB (each layer's output concatenated, forward and
+  backward). ``grouped`` also keeps ``channels_last``, which cuDNN's
+  convolutions want. An earlier ``grouped`` form transposed the batch into an
+  ``(n, K*C, ...)`` layout for the native kernel; it needed two copies per
+  layer each way and gave 16 of ResNet-18's 20 convolutions default-layout
+  input, which cuDNN converts back with one more copy each.
+- On a CPU the native kernels are much faster than ``var_mean`` and
+  broadcast element-wise passes over these views (one 224 x 64 x 32 x 32
+  channels_last layer, forward and backward, 2 cores: ``split`` 62 ms,
+  ``grouped`` 148 ms; the Digit-5 step 832 ms against 988 ms), so ``split``.
 
 Layers are converted in place the first time (their class gains a mixin; the
 parameters, buffers, hooks and state-dict keys are unchanged). Outside the
@@ -34,27 +54,186 @@ original layer.
 from __future__ import annotations
 
 import contextlib
-from typing import Dict, Iterator, List, Optional, Sequence, Union
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
-from torch.nn import functional as F
 from torch.nn.modules.batchnorm import _BatchNorm
 
 PLAIN = (nn.BatchNorm1d, nn.BatchNorm2d, nn.BatchNorm3d)
 IMPLS = ("auto", "split", "grouped")
+Runs = Tuple[Tuple[int, int], ...]  # (number of chunks, chunk size) for each run of equal chunks
 
 
 def unfusable_reason(module) -> Optional[str]:
-    """Why ``module`` cannot take the fused pass at all, or None when it can."""
+    """Why ``module`` cannot take the fused pass at all, or None when it can.
+
+    The fused pass changes only how batch-norm layers see the batch, so any
+    ``nn.Module`` takes it; a plain function or a scripted module does not
+    (its layers cannot be converted).
+    """
     if not isinstance(module, nn.Module):
         return f"the featurizer is a {type(module).__name__}, not an nn.Module"
+    if isinstance(module, torch.jit.ScriptModule):
+        return "the featurizer is a TorchScript module, whose layers cannot be converted"
     return None
 
 
-def _grouped_ok(bn: _BatchNorm) -> bool:
-    base = type(bn).__bases__[1] if isinstance(bn, _ChunkedMixin) else type(bn)
-    return base in PLAIN and bn.momentum is not None
+def _base_class(bn: _BatchNorm) -> type:
+    return type(bn).__bases__[1] if isinstance(bn, _ChunkedMixin) else type(bn)
+
+
+def _is_norm_act(cls: type) -> bool:
+    """timm's ``BatchNormAct2d``: ``F.batch_norm`` then ``self.drop`` then ``self.act``."""
+    return cls.__name__ == "BatchNormAct2d" and cls.__module__.startswith("timm.")
+
+
+def grouped_reason(bn: _BatchNorm) -> Optional[str]:
+    """Why the ``grouped`` form cannot normalise ``bn`` itself (it then takes ``split``)."""
+    cls = _base_class(bn)
+    if cls not in PLAIN and not _is_norm_act(cls):
+        return f"{cls.__name__} is not a plain BatchNorm1d/2d/3d"
+    return None
+
+
+def runs_of(sizes: Sequence[int]) -> Runs:
+    """Chunk sizes as runs of equal sizes: [64]*6 + [32] -> ((6, 64), (1, 32))."""
+    runs: List[List[int]] = []
+    for s in sizes:
+        if runs and runs[-1][1] == s:
+            runs[-1][0] += 1
+        else:
+            runs.append([1, int(s)])
+    return tuple((k, n) for k, n in runs)
+
+
+def _run_views(x: torch.Tensor, runs: Runs) -> List[torch.Tensor]:
+    """Each run of ``x`` as a ``(k, n, C, ...)`` view (splitting dim 0 copies only an expanded tensor)."""
+    out, start = [], 0
+    for k, n in runs:
+        out.append(x.narrow(0, start, k * n).reshape(k, n, *x.shape[1:]))
+        start += k * n
+    return out
+
+
+def _reduce_dims(xv: torch.Tensor) -> Tuple[int, ...]:
+    return (1,) + tuple(range(3, xv.dim()))
+
+
+class _GroupedBatchNorm(torch.autograd.Function):
+    """Batch norm with statistics per (chunk, channel) over ``(k, n, C, ...)`` views.
+
+    Returns the normalised batch and, per chunk, the mean and the biased
+    variance ``(sum k, C)`` in fp32 (for the running statistics)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, runs: Runs, eps: float):
+        low = x.dtype in (torch.float16, torch.bfloat16)
+        c = x.shape[1]
+        shape = [1, 1, c] + [1] * (x.dim() - 2)
+        w = weight.view(shape) if weight is not None else None
+        b = bias.view(shape) if bias is not None else None
+        y = torch.empty_like(x)  # x's memory format; each run is written into its view of y
+        means, vars_, saved = [], [], []
+        for xv, yv in zip(_run_views(x, runs), _run_views(y, runs)):
+            var, mean = torch.var_mean(xv.float() if low else xv, dim=_reduce_dims(xv), correction=0, keepdim=True)
+            rstd = torch.rsqrt(var + eps)
+            scale = rstd * w if w is not None else rstd
+            shift = torch.addcmul(b, mean, scale, value=-1) if b is not None else -(mean * scale)
+            if low:  # in fp32, rounded once (y's terms can cancel)
+                yv.copy_(torch.addcmul(shift, xv, scale))
+            else:
+                torch.addcmul(shift, xv, scale, out=yv)
+            means.append(mean.view(-1, c))
+            vars_.append(var.view(-1, c))
+            saved += [mean, rstd, scale]
+        ctx.save_for_backward(x, weight, *saved)
+        ctx.runs = runs
+        mean, var = (means[0], vars_[0]) if len(means) == 1 else (torch.cat(means), torch.cat(vars_))
+        ctx.mark_non_differentiable(mean, var)
+        ctx.set_materialize_grads(False)  # no zero gradients made for mean and var
+        return y, mean, var
+
+    @staticmethod
+    def backward(ctx, gy, _gmean, _gvar):
+        if gy is None:
+            return None, None, None, None, None
+        x, weight, *saved = ctx.saved_tensors
+        low = x.dtype in (torch.float16, torch.bfloat16)
+        c = x.shape[1]
+        dx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        dx_runs = _run_views(dx, ctx.runs) if dx is not None else [None] * len(ctx.runs)
+        dw = db = None
+        stats = zip(saved[0::3], saved[1::3], saved[2::3])
+        for xv, g, (mean, rstd, scale), out in zip(_run_views(x, ctx.runs), _run_views(gy, ctx.runs), stats, dx_runs):
+            dims = _reduce_dims(xv)
+            count = xv[0].numel() // c  # values per (chunk, channel)
+            acc = {"dtype": torch.float32} if low else {}
+            mean_g = g.mean(dims, keepdim=True, **acc)
+            mean_gx = (g * xv).mean(dims, keepdim=True, **acc)
+            # mean over the chunk of g * xhat, with xhat = (x - mean) * rstd
+            mean_gxhat = torch.addcmul(mean_gx, mean, mean_g, value=-1).mul_(rstd)
+            # dx = scale * (g - mean_g - xhat * mean_gxhat) = scale * g - a * x + b, with
+            # a = scale * rstd * mean_gxhat and b = a * mean - scale * mean_g
+            a = torch.mul(scale, rstd).mul_(mean_gxhat)
+            b = torch.addcmul(torch.mul(a, mean), scale, mean_g, value=-1)
+            if out is not None:
+                if low:  # in fp32, rounded once: the three terms largely cancel
+                    out.copy_(torch.addcmul(b, xv, a, value=-1).addcmul_(g, scale))
+                else:
+                    torch.addcmul(b, xv, a, value=-1, out=out).addcmul_(g, scale)
+            if weight is not None and ctx.needs_input_grad[1]:
+                part = mean_gxhat.sum(0).view(c).mul_(count)
+                dw = part if dw is None else dw + part
+            if ctx.needs_input_grad[2]:
+                part = mean_g.sum(0).view(c).mul_(count)
+                db = part if db is None else db + part
+        if dw is not None:
+            dw = dw.to(weight.dtype)
+        if db is not None:
+            db = db.to(weight.dtype if weight is not None else x.dtype)
+        return dx, dw, db, None, None
+
+
+def _update_weights(cache: Dict[Tuple[int, float], torch.Tensor], k: int, m: float,
+                    like: torch.Tensor) -> torch.Tensor:
+    """``(1 - m)^(k-1-j)`` for chunk j (``addmm_`` scales by m): one factory kernel, no copy;
+    made once per fused call for each (chunks, momentum) its layers use."""
+    if (k, m) not in cache:
+        cache[(k, m)] = torch.logspace(k - 1, 0, k, base=1.0 - m, device=like.device, dtype=like.dtype).view(1, k)
+    return cache[(k, m)]
+
+
+@torch.no_grad()
+def _update_running(bn: _BatchNorm, mean: torch.Tensor, var: torch.Tensor, runs: Runs, x: torch.Tensor) -> None:
+    """The running statistics after one update per chunk, in chunk order, in closed form. The
+    counter's increments are added for all layers at once at the end of the fused call."""
+    per_value = x[0].numel() // x.shape[1]  # values per channel in one sample
+    start = 0
+    for k, n in runs:
+        m_, v_ = mean[start:start + k], var[start:start + k]
+        start += k
+        count = n * per_value
+        bessel = count / (count - 1)
+        pending = bn._dael_pending
+        bn._dael_pending = pending + k
+        if bn.momentum is None:  # cumulative average over every update so far
+            t0 = bn.num_batches_tracked.to(mean.dtype) + pending
+            keep, add = t0 / (t0 + k), 1.0 / (t0 + k)
+            bn.running_mean.mul_(keep).add_(m_.sum(0) * add)
+            bn.running_var.mul_(keep).add_(v_.sum(0) * (add * bessel))
+        else:
+            m = float(bn.momentum)
+            coef, decay = _update_weights(bn._dael_weights, k, m, mean), (1.0 - m) ** k
+            bn.running_mean.view(1, -1).addmm_(coef, m_, beta=decay, alpha=m)
+            bn.running_var.view(1, -1).addmm_(coef, v_, beta=decay, alpha=m * bessel)
+
+
+def _check_counts(x: torch.Tensor, sizes: Sequence[int]) -> None:
+    per_value = x[0].numel() // x.shape[1] if x.dim() > 1 else 1
+    if min(sizes) * per_value <= 1:
+        raise ValueError(f"Expected more than 1 value per channel when training, got a chunk of {min(sizes)} "
+                         f"sample(s) of input size {list(x.shape[1:])}")
 
 
 class _ChunkedMixin:
@@ -62,21 +241,30 @@ class _ChunkedMixin:
 
     _dael_chunks: Optional[List[int]] = None
     _dael_impl: str = "split"
+    _dael_pending = 0  # counter increments of this fused call, added at its end
+    _dael_weights: Optional[dict] = None  # closed-form update weights, shared by the call's layers
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         sizes = self._dael_chunks
         uses_batch_stats = self.training or not self.track_running_stats
-        if sizes is None or not uses_batch_stats:
-            return super().forward(x)
-        if isinstance(sizes, int):
-            sizes = equal_chunks(x.shape[0], sizes)
-        if len(sizes) == 1:
+        if sizes is None or not uses_batch_stats or len(sizes) == 1:
             return super().forward(x)
         if x.shape[0] != sum(sizes):
             raise ValueError(f"per-chunk batch norm: a batch of {x.shape[0]} is not chunks of {list(sizes)}")
-        if self._dael_impl == "grouped" and len(set(sizes)) == 1 and _grouped_ok(self):
-            return _grouped_forward(self, len(sizes), x)
+        if self._dael_impl == "grouped" and grouped_reason(self) is None:
+            return self._grouped(x, sizes)
         return torch.cat([super(_ChunkedMixin, self).forward(c) for c in x.split(list(sizes))])
+
+    def _grouped(self, x: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+        self._check_input_dim(x)
+        _check_counts(x, sizes)
+        runs = runs_of(sizes)
+        y, mean, var = _GroupedBatchNorm.apply(x, self.weight, self.bias, runs, self.eps)
+        if self.training and self.track_running_stats:
+            _update_running(self, mean, var, runs, x)
+        if _is_norm_act(type(self).__bases__[1]):
+            y = self.act(self.drop(y))
+        return y
 
 
 _CLASSES: Dict[type, type] = {}
@@ -101,69 +289,81 @@ def convert(module: nn.Module) -> List[_BatchNorm]:
     for m in bns:
         if not isinstance(m, _ChunkedMixin):
             m.__class__ = _chunked_class(type(m))
+            # Instance attributes from the start: a compiled step guards on which exist, so
+            # setting them for the first time in the first step would recompile the second.
+            m._dael_impl, m._dael_chunks, m._dael_pending, m._dael_weights = "split", None, 0, None
     return bns
 
 
-def _grouped_forward(bn: _BatchNorm, k: int, x: torch.Tensor) -> torch.Tensor:
-    n, c, rest = x.shape[0] // k, x.shape[1], x.shape[2:]
-    # (K*n, C, ...) -> (n, K*C, ...): channel k*C + c holds chunk k's channel c.
-    xs = x.reshape(k, n, c, *rest).transpose(0, 1).reshape(n, k * c, *rest)
-    track = bn.training and bn.track_running_stats
-    # With momentum 1 the kernel writes each (chunk, channel)'s batch mean and
-    # unbiased variance into these buffers: the statistics, with no extra pass.
-    stat_mean = torch.zeros(k * c, dtype=bn.running_mean.dtype, device=x.device) if track else None
-    stat_var = torch.ones(k * c, dtype=bn.running_var.dtype, device=x.device) if track else None
-    weight = bn.weight.repeat(k) if bn.affine else None
-    bias = bn.bias.repeat(k) if bn.affine else None
-    y = F.batch_norm(xs, stat_mean, stat_var, weight, bias, True, 1.0, bn.eps)
-    if track:
-        with torch.no_grad():
-            decay = 1.0 - bn.momentum
-            powers = torch.arange(k - 1, -1, -1, dtype=stat_mean.dtype, device=x.device)
-            coef = (bn.momentum * decay ** powers).unsqueeze(1)  # (K, 1)
-            bn.running_mean.mul_(decay ** k).add_((coef * stat_mean.view(k, c)).sum(0))
-            bn.running_var.mul_(decay ** k).add_((coef * stat_var.view(k, c)).sum(0))
-            bn.num_batches_tracked.add_(k)
-    return y.reshape(n, k, c, *rest).transpose(0, 1).reshape(x.shape)
-
-
-def resolve_impl(impl: str, device: torch.device) -> str:
+def resolve_impl(impl: str, device_type: str) -> str:
+    """``auto``: ``grouped`` on CUDA, ``split`` elsewhere (module docstring says why);
+    a layer ``grouped`` cannot take uses ``split``."""
     if impl not in IMPLS:
         raise ValueError(f"per-chunk batch norm: impl must be one of {IMPLS}, got {impl!r}")
     if impl == "auto":
-        return "grouped" if device.type == "cuda" else "split"
+        return "grouped" if device_type == "cuda" else "split"
     return impl
 
 
-@contextlib.contextmanager
-def per_chunk_batch_norm(
-    module: nn.Module, chunks: Union[int, Sequence[int]], impl: str = "auto", device: Optional[torch.device] = None,
-    layers: Optional[List[_BatchNorm]] = None,
-) -> Iterator[None]:
-    """Within this block, ``module(x)`` normalises each chunk of ``x`` (a count
-    of equal chunks, or their sizes) with its own statistics, as separate calls would.
-    ``layers``: the module's converted layers (from :func:`convert`), to skip the
-    module walk on every call."""
+def _device_type(module: nn.Module) -> str:
+    p = next(module.parameters(), None)
+    return p.device.type if p is not None else "cpu"
+
+
+def _begin(module: nn.Module, chunks: Sequence[int], impl: str,
+           layers: Optional[List[_BatchNorm]]) -> List[_BatchNorm]:
     reason = unfusable_reason(module)
     if reason is not None:
         raise ValueError(f"per-chunk batch norm cannot fuse this module: {reason}")
     bns = layers if layers is not None else convert(module)
-    if device is None:
-        p = next(module.parameters(), None)
-        device = p.device if p is not None else torch.device("cpu")
-    mode = resolve_impl(impl, device)
+    mode = resolve_impl(impl, _device_type(module))
+    sizes = [int(s) for s in chunks]
+    weights: dict = {}
     for m in bns:
-        m._dael_impl = mode
-        m._dael_chunks = chunks
+        m._dael_impl, m._dael_chunks, m._dael_pending, m._dael_weights = mode, sizes, 0, weights
+    return bns
+
+
+def _end(bns: List[_BatchNorm], done: bool) -> None:
+    counted = [m for m in bns if m._dael_pending] if done else []
+    if counted:  # the counters of every layer in one kernel
+        with torch.no_grad():
+            torch._foreach_add_([m.num_batches_tracked for m in counted], [m._dael_pending for m in counted])
+    for m in bns:
+        m._dael_chunks, m._dael_pending, m._dael_weights = None, 0, None
+
+
+def fused_forward(module: nn.Module, x: torch.Tensor, chunks: Sequence[int], impl: str = "auto",
+                  layers: Optional[List[_BatchNorm]] = None) -> torch.Tensor:
+    """``module(x)`` with each chunk of ``x`` (``chunks``: their sizes, in order) normalised with
+    its own statistics, as separate calls would. ``layers``: the module's converted layers (from
+    :func:`convert`), to skip the module walk on every call.
+
+    Plain functions, no context manager or helper object, so ``torch.compile`` traces it whole."""
+    bns = _begin(module, chunks, impl, layers)
+    done = False
+    try:
+        y = module(x)
+        done = True
+    finally:
+        _end(bns, done)
+    return y
+
+
+@contextlib.contextmanager
+def per_chunk_batch_norm(
+    module: nn.Module, chunks: Sequence[int], impl: str = "auto", layers: Optional[List[_BatchNorm]] = None,
+) -> Iterator[None]:
+    """Within this block, ``module(x)`` normalises each chunk of ``x`` with its own statistics,
+    as :func:`fused_forward` does (for tests and interactive use: one call in the block)."""
+    bns = _begin(module, chunks, impl, layers)
+    done = False
     try:
         yield
+        done = True
     finally:
-        for m in bns:
-            m._dael_chunks = None
+        _end(bns, done)
 
 
-def equal_chunks(n: int, k: int) -> List[int]:
-    if n % k:
-        raise ValueError(f"per-chunk batch norm: a batch of {n} does not split into {k} equal chunks")
-    return [n // k] * k
-
+__all__ = ["IMPLS", "convert", "fused_forward", "grouped_reason", "per_chunk_batch_norm", "resolve_impl", "runs_of",
+           "unfusable_reason"]

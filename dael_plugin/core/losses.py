@@ -55,6 +55,14 @@ def pseudo_labels(
     return labels, mask, conf
 
 
+def _one_hot(index: torch.Tensor, n: int, dtype: torch.dtype, equal: bool = True) -> torch.Tensor:
+    """``(B, n)`` one-hot rows of ``index`` (or their complement). ``F.one_hot`` on CPU reads
+    the indices' minimum back to the host to check it; a comparison reads nothing."""
+    classes = torch.arange(n, device=index.device)
+    hits = index.unsqueeze(1) == classes if equal else index.unsqueeze(1) != classes
+    return hits.to(dtype)
+
+
 def _distance(target: torch.Tensor, pred_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
     """Per-sample distance summed over classes: squared error or KL(target || pred)."""
     if kind == "mse":
@@ -88,7 +96,7 @@ def consistency_loss(
     if num_experts == 1:
         others = torch.ones_like(pred_log_probs[:, :, 0])
     else:
-        others = 1.0 - F.one_hot(expert_idx, num_experts).to(pred_log_probs.dtype)
+        others = _one_hot(expert_idx, num_experts, pred_log_probs.dtype, equal=False)
     if mode == "collaborative":
         ens_log_probs = log_mean_probs(pred_log_probs, others)
         return _distance(target, ens_log_probs, kind).mean()
@@ -140,7 +148,7 @@ def dael_losses(
         if hparams.cr_target == "expert":
             target = own_log_probs.detach().exp()
         else:
-            target = F.one_hot(labels_x, own_log_probs.shape[-1]).to(own_log_probs.dtype)
+            target = _one_hot(labels_x, own_log_probs.shape[-1], own_log_probs.dtype)
         log_probs_p = F.log_softmax(logits_x_pred_view, dim=-1)
         loss_cr = consistency_loss(target, log_probs_p, expert_idx, hparams.cr_mode, hparams.cr_loss)
 

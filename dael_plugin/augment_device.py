@@ -4,17 +4,35 @@ The loader workers then only decode and resize to uint8 tensors; every
 random operation runs here on the whole batch, with its own random draw
 *per sample* (which operation, whether it applies, its magnitude, where it
 crops or cuts out), as Dassl's per-image PIL transforms do, and the two views
-are drawn independently. Nothing loops over samples or syncs the host: an
-operation a sample did not draw is computed and discarded by ``torch.where``,
-and all geometric operations of a step are one ``grid_sample``.
+are drawn independently. Nothing loops over samples, reads a value back to
+the host, or turns a Python value into a device tensor inside a step: every
+table (operation magnitudes, affine bases, normalisation constants) is made
+on the device when the views are built, and an operation a sample did not
+draw is computed and discarded by ``torch.where``.
+
+Launches are kept few, because at DAEL's shapes a GPU step is launch-bound:
+
+- an affine map is six coefficients per sample, made from per-operation
+  tables with a few batched operations (never written element by element),
+  and turned into ``grid_sample``'s ``theta`` with one ``addmm``;
+- the leading geometric operations of a pipeline (Dassl's random translation,
+  pad-and-crop and flip) are one affine map and one ``grid_sample``;
+- each RandAugment slot draws for every sample which operation, whether it
+  applies, and its magnitude from one table; all geometric draws of the slot
+  are one ``grid_sample``;
+- ``DAELStep`` makes the views of the source and target batches in one call.
+
+``scripts/bench.py --launches`` prints the launches per batch. With
+``COMPILE`` on, the pipeline is compiled with the step's mode (its shapes are
+static), so inductor fuses its element-wise work.
 
 Why plain PyTorch (``affine_grid``/``grid_sample``, ``conv2d``,
 ``scatter_add``), measured with ``scripts/bench_device_aug.py`` (README "Speed"):
 
 - torchvision v2 draws one set of parameters per call: per-sample draws need
   a Python loop over the images (on 2 CPU cores and 32x32 images that loop is
-  as fast as the batched version here, 26 ms against 29 ms for 128 images, but
-  on a GPU it launches every operation once per image);
+  as fast as the batched version here, but on a GPU it launches every
+  operation once per image);
 - kornia's ``RandAugment`` draws its operations once per batch, not per
   sample; its per-sample functional operations time within 30% of the ones
   here (warp 1.1 against 1.4 ms, sharpness 4.1 against 5.7 ms, equalize 1.8
@@ -31,7 +49,7 @@ resampling of float images instead of PIL's integer arithmetic).
 from __future__ import annotations
 
 import math
-from typing import Callable, List, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.nn import functional as F
@@ -77,45 +95,34 @@ def _b(v: torch.Tensor) -> torch.Tensor:
 
 def _gray(x: torch.Tensor) -> torch.Tensor:
     # PIL's "L" conversion weights (ITU-R 601-2).
-    return (0.299 * x[:, 0:1] + 0.587 * x[:, 1:2] + 0.114 * x[:, 2:3]) if x.shape[1] == 3 else x
+    if x.shape[1] != 3:
+        return x
+    return torch.add(x[:, 0:1] * 0.299, x[:, 1:2], alpha=0.587).add_(x[:, 2:3], alpha=0.114)
 
 
 def _blend(a: torch.Tensor, b: torch.Tensor, factor: torch.Tensor) -> torch.Tensor:
     """PIL's ImageEnhance: ``a + factor * (b - a)``, clipped."""
-    return (a + _b(factor) * (b - a)).clamp_(0, 1)
-
-
-_CONSTANTS: dict = {}
-
-
-def _constant(key, make, device, dtype=torch.float32) -> torch.Tensor:
-    """A small constant made once per device: no host-to-device copy inside a step."""
-    k = (key, str(device), dtype)
-    if k not in _CONSTANTS:
-        _CONSTANTS[k] = torch.as_tensor(make(), dtype=dtype).to(device)
-    return _CONSTANTS[k]
+    return torch.lerp(a, b, _b(factor)).clamp_(0, 1)
 
 
 def _sharpen_base(x: torch.Tensor) -> torch.Tensor:
-    k = _constant("sharpen", lambda: [[1.0, 1.0, 1.0], [1.0, 5.0, 1.0], [1.0, 1.0, 1.0]], x.device, x.dtype) / 13
-    c = x.shape[1]
-    blurred = F.conv2d(x, k.expand(c, 1, 3, 3), padding=1, groups=c)
-    out = x.clone()  # PIL leaves the one-pixel border as it was
-    out[:, :, 1:-1, 1:-1] = blurred[:, :, 1:-1, 1:-1]
-    return out
+    """PIL's SMOOTH filter (3x3, centre weight 5, sum 13); PIL leaves the one-pixel border as it was."""
+    g = geometry(x.shape[2], x.shape[3], x.device)
+    blurred = F.conv2d(x, g.smooth[: x.shape[1]], padding=1, groups=x.shape[1])
+    return torch.where(g.border, x, blurred)
 
 
 def _autocontrast(x: torch.Tensor) -> torch.Tensor:
     lo = x.amin(dim=(2, 3), keepdim=True)
     hi = x.amax(dim=(2, 3), keepdim=True)
-    scale = torch.where(hi > lo, 1.0 / (hi - lo).clamp_min(1e-8), torch.ones_like(hi))
-    return torch.where(hi > lo, (x - lo) * scale, x).clamp_(0, 1)
+    span = hi - lo
+    return torch.where(span > 0, (x - lo) / span.clamp_min(1e-8), x).clamp_(0, 1)
 
 
 def _equalize(x: torch.Tensor) -> torch.Tensor:
     """PIL's ImageOps.equalize per image and channel, vectorised with one scatter_add."""
     b, c, h, w = x.shape
-    levels = (x * 255).round().long().clamp_(0, 255).view(b * c, h * w)
+    levels = (x * 255).round_().long().clamp_(0, 255).view(b * c, h * w)
     hist = torch.zeros(b * c, 256, device=x.device, dtype=torch.float32)
     hist.scatter_add_(1, levels, torch.ones_like(levels, dtype=torch.float32))
     # PIL: step = (number of pixels minus the count of the last non-zero bin) // 255
@@ -123,104 +130,22 @@ def _equalize(x: torch.Tensor) -> torch.Tensor:
     step = torch.div(hist.sum(1, keepdim=True) - hist.gather(1, last_nonzero), 255, rounding_mode="floor")
     cdf = hist.cumsum(1) - hist  # pixels strictly below each level
     lut = torch.div(cdf + torch.div(step, 2, rounding_mode="floor"), step.clamp_min(1), rounding_mode="floor")
-    lut = lut.clamp_(0, 255)
-    out = lut.gather(1, levels).view(b, c, h, w) / 255.0
+    out = lut.clamp_(0, 255).gather(1, levels).view(b, c, h, w) / 255.0
     return torch.where((step > 0).view(b, c, 1, 1), out, x)
 
 
 def _posterize(x: torch.Tensor, bits: torch.Tensor) -> torch.Tensor:
-    shift = (8 - bits.round().clamp(1, 8)).view(-1, 1, 1, 1)
-    q = torch.pow(2.0, shift)
-    return torch.floor((x * 255).round() / q) * q / 255.0
+    """Keep ``floor(bits)`` bits (Dassl: ``int(v)``)."""
+    q = torch.pow(2.0, 8 - _b(bits).floor().clamp(1, 8))
+    return torch.floor((x * 255).round_() / q) * q / 255.0
 
 
 def _solarize(x: torch.Tensor, threshold: torch.Tensor) -> torch.Tensor:
     return torch.where(x >= _b(threshold), 1.0 - x, x)
 
 
-# -- geometry: one grid_sample for every geometric draw of a step ---------------------
-def _warp(x: torch.Tensor, inv: torch.Tensor, fill: torch.Tensor) -> torch.Tensor:
-    """Sample ``x`` at ``inv @ [u, v, 1]`` for each output pixel (PIL's AFFINE
-    convention: continuous coordinates, pixel (i, j) covers [i, i+1) x [j, j+1));
-    outside the image, ``fill`` (B,)."""
-    b, c, h, w = x.shape
-    # Continuous pixel coordinates <-> grid_sample's [-1, 1] (align_corners=False).
-    to_px = _constant(("to_px", h, w), lambda: [[w / 2, 0, w / 2], [0, h / 2, h / 2], [0, 0, 1]], x.device, x.dtype)
-    to_norm = _constant(("to_norm", h, w), lambda: [[2 / w, 0, -1], [0, 2 / h, -1], [0, 0, 1]], x.device, x.dtype)
-    theta = (to_norm @ inv @ to_px)[:, :2]
-    grid = F.affine_grid(theta, [b, c, h, w], align_corners=False)
-    ones = torch.ones_like(x[:, :1])
-    warped = F.grid_sample(torch.cat([x, ones], 1), grid, mode="bilinear", padding_mode="zeros", align_corners=False)
-    img, inside = warped[:, :c], warped[:, c:]
-    return img + (1 - inside) * _b(fill)
-
-
-def _eye(b: int, device, dtype) -> torch.Tensor:
-    return torch.eye(3, device=device, dtype=dtype).expand(b, 3, 3).clone()
-
-
-def _geometric_inverse(name: str, v: torch.Tensor, h: int, w: int) -> torch.Tensor:
-    """PIL's inverse map (output pixel -> input pixel) for each sample's magnitude ``v``."""
-    m = _eye(v.shape[0], v.device, v.dtype)
-    if name == "ShearX":
-        m[:, 0, 1] = v
-    elif name == "ShearY":
-        m[:, 1, 0] = v
-    elif name in ("TranslateX", "TranslateXrel"):  # a fraction of the width
-        m[:, 0, 2] = v * w
-    elif name in ("TranslateY", "TranslateYrel"):
-        m[:, 1, 2] = v * h
-    elif name == "TranslateXabs":  # pixels
-        m[:, 0, 2] = v
-    elif name == "TranslateYabs":
-        m[:, 1, 2] = v
-    elif name == "Rotate":  # counter-clockwise by v degrees about the centre, as PIL's rotate
-        a = v * (math.pi / 180)
-        cos, sin = torch.cos(a), torch.sin(a)
-        cx, cy = w / 2, h / 2
-        # PIL: inverse map [cos, -sin; sin, cos] about the centre (it negates the angle).
-        m[:, 0, 0], m[:, 0, 1] = cos, -sin
-        m[:, 1, 0], m[:, 1, 1] = sin, cos
-        m[:, 0, 2] = cx - cos * cx + sin * cy
-        m[:, 1, 2] = cy - sin * cx - cos * cy
-    return m
-
-
-class RandAugmentBatch:
-    """A RandAugment policy drawn per sample: ``n`` slots, each picks an
-    operation uniformly, applies it with probability ``p``, at a magnitude
-    from ``magnitude(name, lo, hi, u, sign)`` (``u`` uniform and ``sign`` +-1
-    per sample). Areas a geometric operation uncovers are black, as PIL's."""
-
-    def __init__(self, ops: List[Tuple[str, float, float]], n: int, p: float, magnitude: Callable) -> None:
-        self.ops, self.n, self.p, self.magnitude = ops, n, p, magnitude
-        self.geometric = [name in GEOMETRIC for name, _, _ in ops]
-
-    def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        b, _, h, w = x.shape
-        dev = x.device
-        for _ in range(self.n):
-            pick = torch.randint(len(self.ops), (b,), device=dev)
-            on = torch.rand(b, device=dev) < self.p
-            u = torch.rand(b, device=dev)
-            sign = torch.where(torch.rand(b, device=dev) < 0.5, -1.0, 1.0)
-            inv = _eye(b, dev, x.dtype)
-            colour = x
-            for i, (name, lo, hi) in enumerate(self.ops):
-                sel = on & (pick == i)
-                v = self.magnitude(name, lo, hi, u, sign)
-                if self.geometric[i]:
-                    inv = torch.where(sel.view(-1, 1, 1), _geometric_inverse(name, v, h, w), inv)
-                    continue
-                out = _colour_op(name, x, v)
-                if out is not None:
-                    colour = torch.where(_b(sel), out, colour)
-            geometric = on & _constant(("geometric", tuple(self.geometric)), lambda: self.geometric, dev, torch.bool)[pick]
-            x = torch.where(_b(geometric), _warp(x, inv, torch.zeros(b, device=dev)), colour)
-        return x
-
-
-def _colour_op(name: str, x: torch.Tensor, v: torch.Tensor):
+def _colour_op(name: str, x: torch.Tensor, v: torch.Tensor) -> Optional[torch.Tensor]:
+    """A RandAugment colour operation with per-sample value ``v`` (Identity: None)."""
     if name == "Identity":
         return None
     if name == "AutoContrast":
@@ -230,12 +155,11 @@ def _colour_op(name: str, x: torch.Tensor, v: torch.Tensor):
     if name == "Invert":
         return 1.0 - x
     if name == "Brightness":
-        return _blend(torch.zeros_like(x), x, v)
+        return (x * _b(v)).clamp_(0, 1)
     if name == "Color":
         return _blend(_gray(x).expand_as(x), x, v)
     if name == "Contrast":
-        mean = _gray(x).mean(dim=(1, 2, 3), keepdim=True)
-        return _blend(mean.expand_as(x), x, v)
+        return _blend(_gray(x).mean(dim=(1, 2, 3), keepdim=True).expand_as(x), x, v)
     if name == "Sharpness":
         return _blend(_sharpen_base(x), x, v)
     if name == "Posterize":
@@ -243,70 +167,300 @@ def _colour_op(name: str, x: torch.Tensor, v: torch.Tensor):
     if name == "Solarize":
         return _solarize(x, v)
     if name == "SolarizeAdd":  # Dassl: add v (of 255), clip, solarize at 128
-        y = (x + _b(v) / 255).clamp(0, 1)
+        y = (x + _b(v) / 255).clamp_(0, 1)
         return torch.where(y >= 128 / 255, 1.0 - y, y)
     if name == "CutoutAbs":  # Dassl: a v-pixel square at a uniform centre, grey (125, 123, 114)
-        return _cutout(x, 1, v, fill=(125 / 255, 123 / 255, 114 / 255))
+        return _cutout(x, 1, v, fill=geometry(x.shape[2], x.shape[3], x.device).grey)
     raise ValueError(f"unknown RandAugment operation {name!r}")
 
 
-def _dassl_value(name, v, sign):
-    """Dassl's operations: geometric ones flip their sign with p 0.5, posterize keeps int(v) bits,
+# -- geometry: inverse affine maps as six coefficients per sample ---------------------
+# An inverse map (output pixel -> input pixel, PIL's AFFINE convention: continuous
+# coordinates, pixel (i, j) covers [i, i+1) x [j, j+1)) is [[a, b, c], [d, e, f]], held as
+# (B, 6) rows (a, b, c, d, e, f). A geometric operation with per-sample magnitude v is
+#     I + v * LINEAR + (cos(v deg) - 1) * COS + sin(v deg) * SIN
+# with per-operation rows (rotation uses COS and SIN about the centre, the others LINEAR).
+IDENTITY = (1.0, 0.0, 0.0, 0.0, 1.0, 0.0)
+
+
+def _basis(name: str, h: int, w: int) -> Tuple[Tuple[float, ...], Tuple[float, ...], Tuple[float, ...]]:
+    zero = (0.0,) * 6
+    cx, cy = w / 2, h / 2
+    linear = {
+        "ShearX": (0, 1, 0, 0, 0, 0), "ShearY": (0, 0, 0, 1, 0, 0),
+        "TranslateX": (0, 0, w, 0, 0, 0), "TranslateXrel": (0, 0, w, 0, 0, 0),  # a fraction of the width
+        "TranslateY": (0, 0, 0, 0, 0, h), "TranslateYrel": (0, 0, 0, 0, 0, h),
+        "TranslateXabs": (0, 0, 1, 0, 0, 0), "TranslateYabs": (0, 0, 0, 0, 0, 1),  # pixels
+    }
+    if name == "Rotate":  # counter-clockwise by v degrees about the centre, as PIL's rotate
+        return zero, (1.0, 0.0, -cx, 0.0, 1.0, -cy), (0.0, -1.0, cy, 1.0, 0.0, -cx)
+    return tuple(float(t) for t in linear.get(name, zero)), zero, zero
+
+
+def _theta_map(h: int, w: int, device, dtype=torch.float32) -> Tuple[torch.Tensor, torch.Tensor]:
+    """``(T, offset)`` with ``theta = offset + coeffs @ T``: pixel maps to grid_sample's [-1, 1]
+    frame (align_corners=False), one ``addmm`` for the whole batch."""
+    t = torch.zeros(6, 6, dtype=dtype)
+    t[0, 0] = 1.0
+    t[1, 1] = h / w
+    t[0, 2], t[1, 2], t[2, 2] = 1.0, h / w, 2.0 / w
+    t[3, 3] = w / h
+    t[4, 4] = 1.0
+    t[3, 5], t[4, 5], t[5, 5] = w / h, 1.0, 2.0 / h
+    offset = torch.tensor([0.0, 0.0, -1.0, 0.0, 0.0, -1.0], dtype=dtype)
+    return t.to(device), offset.to(device)
+
+
+def _base_grid(h: int, w: int, device, dtype=torch.float32) -> torch.Tensor:
+    """``(3, H*W)`` homogeneous [-1, 1] pixel-centre coordinates, as ``affine_grid`` makes them."""
+    xs = (torch.arange(w, dtype=dtype) * 2 + 1) / w - 1
+    ys = (torch.arange(h, dtype=dtype) * 2 + 1) / h - 1
+    gy, gx = torch.meshgrid(ys, xs, indexing="ij")
+    return torch.stack([gx.reshape(-1), gy.reshape(-1), torch.ones(h * w, dtype=dtype)]).to(device)
+
+
+class Geometry:
+    """The device constants of one image size: the theta map, the sampling grid, PIL's smoothing
+    kernel and the border it leaves alone, Dassl's cutout grey, the cutout rows and columns."""
+
+    def __init__(self, h: int, w: int, device) -> None:
+        self.h, self.w = h, w
+        self.t, self.offset = _theta_map(h, w, device)
+        self.grid = _base_grid(h, w, device)
+        smooth = torch.ones(3, 1, 3, 3)
+        smooth[:, :, 1, 1] = 5.0
+        self.smooth = (smooth / 13).to(device)
+        border = torch.ones(h, w, dtype=torch.bool)
+        border[1:-1, 1:-1] = False
+        self.border = border.to(device)
+        self.grey = torch.tensor([125 / 255, 123 / 255, 114 / 255]).view(1, 3, 1, 1).to(device)
+        self.rows = torch.arange(h).view(1, h).to(device)
+        self.cols = torch.arange(w).view(1, w).to(device)
+
+    def warp(self, x: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:
+        """Sample ``x`` through each sample's inverse map; uncovered areas are black."""
+        b, _, h, w = x.shape
+        theta = torch.addmm(self.offset, coeffs, self.t).view(b, 2, 3)
+        grid = torch.matmul(theta, self.grid).view(b, 2, h, w).permute(0, 2, 3, 1)
+        return F.grid_sample(x, grid, mode="bilinear", padding_mode="zeros", align_corners=False)
+
+
+_GEOMETRY: Dict[tuple, Geometry] = {}
+
+
+def geometry(h: int, w: int, device) -> Geometry:
+    """The constants for ``(h, w)`` on ``device``, made once (the views make theirs when built)."""
+    key = (h, w, str(torch.device(device)))
+    if key not in _GEOMETRY:
+        _GEOMETRY[key] = Geometry(h, w, device)
+    return _GEOMETRY[key]
+
+
+def _geometric_inverse(name: str, v: torch.Tensor, h: int, w: int) -> torch.Tensor:
+    """PIL's inverse map for each sample's magnitude ``v``, as ``(B, 6)`` coefficients."""
+    lin, cos_row, sin_row = (torch.tensor(r, dtype=v.dtype, device=v.device) for r in _basis(name, h, w))
+    a = v * (math.pi / 180)
+    ident = torch.tensor(IDENTITY, dtype=v.dtype, device=v.device)
+    return (ident + v[:, None] * lin + (torch.cos(a) - 1)[:, None] * cos_row + torch.sin(a)[:, None] * sin_row)
+
+
+def _warp(x: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:
+    """Sample ``x`` through the inverse maps ``coeffs`` ``(B, 6)``; uncovered areas are black."""
+    return geometry(x.shape[2], x.shape[3], x.device).warp(x, coeffs)
+
+
+# -- magnitude rules: per-operation rows (offset, base, span, signed) --------------------
+# A sample's value is  offset + s * (base + u * span),  u ~ U[0, 1), s = +-1 where signed.
+Rule = Callable[[str, float, float], Tuple[float, float, float, bool]]
+
+
+def _dassl_uniform(name: str, lo: float, hi: float) -> Tuple[float, float, float, bool]:
+    """Dassl's RandAugment2/FixMatch: uniform in [lo, hi]; geometric ones flip sign with p 0.5;
     solarize's threshold is on 0..256."""
-    if name in GEOMETRIC:
-        return v * sign
-    if name == "Posterize":
-        return torch.floor(v)
-    if name == "Solarize":
-        return v / 255.0
-    return v
+    scale = 1 / 255.0 if name == "Solarize" else 1.0
+    return 0.0, lo * scale, (hi - lo) * scale, name in GEOMETRIC
 
 
-def _dassl_uniform(name, lo, hi, u, sign):
-    return _dassl_value(name, lo + u * (hi - lo), sign)
+def _dassl_fixed(m: int) -> Rule:
+    """Dassl's RandAugment: magnitude m of 30 for every operation."""
+    def rule(name: str, lo: float, hi: float) -> Tuple[float, float, float, bool]:
+        scale = 1 / 255.0 if name == "Solarize" else 1.0
+        return 0.0, (m / 30 * (hi - lo) + lo) * scale, 0.0, name in GEOMETRIC
+    return rule
 
 
-def _dassl_fixed(m: int):
-    def magnitude(name, lo, hi, u, sign):
-        return _dassl_value(name, torch.full_like(u, m / 30 * (hi - lo) + lo), sign)
-    return magnitude
-
-
-def _tv(m: int):
-    def magnitude(name, top, signed, u, sign):
+def _tv(m: int) -> Rule:
+    """torchvision's RandAugment at magnitude m of 30 (``(name, top, signed)`` lists)."""
+    def rule(name: str, top: float, signed: bool) -> Tuple[float, float, float, bool]:
         if name == "Posterize":  # 8 - round(m / 7.5) bits
-            return torch.full_like(u, 8 - round(m / ((31 - 1) / 4)))
+            return float(8 - round(m / ((31 - 1) / 4))), 0.0, 0.0, False
         if name == "Solarize":  # threshold from 1.0 down to 0.0
-            return torch.full_like(u, 1.0 - m / 30)
-        v = torch.full_like(u, top * m / 30) * (sign if signed else 1.0)
+            return 1.0 - m / 30, 0.0, 0.0, False
+        v = top * m / 30
         if name in ("Brightness", "Color", "Contrast", "Sharpness"):
-            return 1.0 + v
+            return 1.0, v, 0.0, bool(signed)
         if name == "Rotate":
-            return -v  # torchvision rotates by -angle in PIL's convention
-        return v
-    return magnitude
+            return 0.0, -v, 0.0, bool(signed)  # torchvision rotates by -angle in PIL's convention
+        return 0.0, v, 0.0, bool(signed)
+    return rule
+
+
+class RandAugmentBatch:
+    """A RandAugment policy drawn per sample: ``n`` slots, each picks an operation uniformly,
+    applies it with probability ``p``, at a magnitude from ``rule`` (module docstring). All
+    geometric draws of a slot are one warp; areas it uncovers are black, as PIL's."""
+
+    def __init__(self, ops: List[Tuple[str, float, float]], n: int, p: float, rule: Rule) -> None:
+        self.ops, self.n, self.p, self.rule = ops, n, p, rule
+        self.names = [name for name, _, _ in ops]
+        self.colour = [(i, name) for i, name in enumerate(self.names) if name not in GEOMETRIC and name != "Identity"]
+        self._tables: Dict[tuple, Dict[str, torch.Tensor]] = {}
+
+    def prepare(self, h: int, w: int, device) -> None:
+        """Make this policy's tables for ``(h, w)`` on ``device`` (no copy inside a step)."""
+        key = (h, w, str(torch.device(device)))
+        if key in self._tables:
+            return
+        rows = [self.rule(*op) for op in self.ops]
+        bases = [_basis(name, h, w) for name in self.names]
+        t = {
+            "magnitude": torch.tensor([r[:3] for r in rows], dtype=torch.float32),  # offset, base, span
+            "signed": torch.tensor([r[3] for r in rows], dtype=torch.bool),
+            "geometric": torch.tensor([name in GEOMETRIC for name in self.names], dtype=torch.bool),
+            "basis": torch.tensor([lin + cos + sin for lin, cos, sin in bases], dtype=torch.float32),  # (ops, 18)
+            "identity": torch.tensor(IDENTITY, dtype=torch.float32),
+            "ids": torch.arange(len(self.ops)),
+        }
+        self._tables[key] = {k: v.to(device) for k, v in t.items()}
+        geometry(h, w, device)
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        b, _, h, w = x.shape
+        dev = x.device
+        self.prepare(h, w, dev)
+        t = self._tables[(h, w, str(dev))]
+        geo = geometry(h, w, dev)
+        for _ in range(self.n):
+            pick = torch.randint(len(self.ops), (b,), device=dev)
+            pick = torch.where(torch.rand(b, device=dev) < self.p, pick, -1)  # -1: this slot skips
+            u = torch.rand(b, device=dev)
+            sign = torch.where(torch.rand(b, device=dev) < 0.5, -1.0, 1.0)
+            row = pick.clamp(min=0)
+            offset, base, span = t["magnitude"].index_select(0, row).unbind(1)
+            v = offset + torch.where(t["signed"][row], sign, 1.0) * torch.addcmul(base, u, span)
+            # Every geometric draw of the slot in one warp.
+            lin, cos_row, sin_row = t["basis"].index_select(0, row).view(b, 3, 6).unbind(1)
+            angle = v * (math.pi / 180)
+            coeffs = torch.addcmul(t["identity"], v.unsqueeze(1), lin)
+            coeffs.addcmul_((torch.cos(angle) - 1).unsqueeze(1), cos_row)
+            coeffs.addcmul_(torch.sin(angle).unsqueeze(1), sin_row)
+            out = torch.where(_b(t["geometric"][row] & (pick >= 0)), geo.warp(x, coeffs), x)
+            chosen = pick.unsqueeze(1) == t["ids"]  # (B, ops): one comparison for every colour operation
+            for i, name in self.colour:
+                out = torch.where(_b(chosen[:, i]), _colour_op(name, x, v), out)
+            x = out
+        return x
+
+
+# -- the leading geometric operations: translation, pad-and-crop, flip as one map ------
+def _leading_coeffs(b: int, h: int, w: int, device, translation: bool, crop_pad: Optional[int],
+                    flip: bool) -> torch.Tensor:
+    """The inverse map of Dassl's order translation -> crop -> flip, for each sample:
+    ``[[sf/s, 0, (cf + dx)/s + tx], [0, 1/s, dy/s + ty]]``."""
+    ones = torch.ones(b, device=device)
+    zeros = torch.zeros(b, device=device)
+    inv_s, tx, ty = ones, zeros, zeros
+    if translation:  # Dassl's Random2DTranslation: p 0.5, enlarge 1.125x, crop back at a random place
+        on = torch.rand(b, device=device) < 0.5
+        inv_s = torch.where(on, 1 / 1.125, 1.0)
+        tx = torch.floor(torch.rand(b, device=device) * (round(w * 1.125) - w + 1)) * on * inv_s
+        ty = torch.floor(torch.rand(b, device=device) * (round(h * 1.125) - h + 1)) * on * inv_s
+    dx = dy = zeros
+    if crop_pad:  # pad by crop_pad (zeros), crop back at a random place: an integer shift
+        dx = torch.randint(-crop_pad, crop_pad + 1, (b,), device=device).float()
+        dy = torch.randint(-crop_pad, crop_pad + 1, (b,), device=device).float()
+    sf, cf = ones, zeros
+    if flip:
+        flipped = torch.rand(b, device=device) < 0.5
+        sf = torch.where(flipped, -1.0, 1.0)
+        cf = torch.where(flipped, float(w), 0.0)
+    a = sf * inv_s
+    c = torch.addcmul(tx, cf + dx, inv_s)
+    f = torch.addcmul(ty, dy, inv_s)
+    return torch.stack([a, zeros, c, zeros, inv_s, f], dim=1)
+
+
+def _random_flip(x: torch.Tensor) -> torch.Tensor:
+    flip = torch.rand(x.shape[0], device=x.device) < 0.5
+    return torch.where(_b(flip), x.flip(-1), x)
+
+
+def _random_crop(x: torch.Tensor, pad: int) -> torch.Tensor:
+    """Pad by ``pad`` (zeros) and crop back at a random place: a random integer shift."""
+    b, _, h, w = x.shape
+    return _warp(x, _leading_coeffs(b, h, w, x.device, False, pad, False))
+
+
+def _random_translation(x: torch.Tensor) -> torch.Tensor:
+    b, _, h, w = x.shape
+    return _warp(x, _leading_coeffs(b, h, w, x.device, True, None, False))
+
+
+def _cutout(x: torch.Tensor, n_holes: int, length, fill: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Dassl's Cutout: ``n_holes`` squares of side ``length`` (a Python number, or a (B,) tensor
+    per sample) at uniform centres, clipped at the border, zeroed (or ``fill`` (1, C, 1, 1))."""
+    b, c, h, w = x.shape
+    g = geometry(h, w, x.device)
+    half = length // 2 if not torch.is_tensor(length) else torch.div(length, 2, rounding_mode="floor").view(-1, 1)
+    hole = None
+    for _ in range(n_holes):
+        # Dassl: rows max(cy - L//2, 0) .. min(cy + L//2, h), likewise for columns.
+        dy = g.rows - torch.randint(h, (b, 1), device=x.device)
+        dx = g.cols - torch.randint(w, (b, 1), device=x.device)
+        square = ((dy >= -half) & (dy < half)).unsqueeze(2) & ((dx >= -half) & (dx < half)).unsqueeze(1)
+        hole = square if hole is None else hole | square
+    hole = hole.unsqueeze(1)
+    if fill is None:
+        return x.masked_fill(hole, 0.0)
+    return torch.where(hole, fill[:, :c], x)
 
 
 class DeviceViews:
-    """``views(uint8 (B, C, H, W)) -> [weak, strong(, strong)]`` float views, normalised."""
+    """``views(uint8 (B, C, H, W)) -> [weak, strong(, strong)]`` float views, normalised.
 
-    def __init__(self, weak: Sequence[str], strong: Sequence[str], num_views: int, inp, node) -> None:
+    ``device`` and ``size``: where and at which ``(H, W)`` the views are made; every constant
+    is made there when the views are built."""
+
+    def __init__(self, weak: Sequence[str], strong: Sequence[str], num_views: int, inp, node,
+                 device=None, size: Optional[Tuple[int, int]] = None) -> None:
+        self.device = torch.device(device) if device is not None else torch.device("cpu")
+        self.size = tuple(int(s) for s in (size or getattr(inp, "SIZE", None) or ())) or None
         self.weak = self._pipeline(weak, inp, node)
         self.strong = self._pipeline(strong, inp, node)
         self.num_views = num_views
-        self.mean = torch.tensor(inp.PIXEL_MEAN).view(1, -1, 1, 1)
-        self.std = torch.tensor(inp.PIXEL_STD).view(1, -1, 1, 1)
+        mean = torch.tensor(inp.PIXEL_MEAN, dtype=torch.float32).view(1, -1, 1, 1)
+        std = torch.tensor(inp.PIXEL_STD, dtype=torch.float32).view(1, -1, 1, 1)
+        # x / 255 normalised in one multiply-add: (x / 255 - mean) / std
+        # (x / 255 - mean) / std in one multiply-add, from uint8 (scale255) or from [0, 1] (scale1)
+        self.scale255 = {True: (1 / (255 * std)).to(self.device), False: torch.full((1, 1, 1, 1), 1 / 255).to(self.device)}
+        self.scale1 = (1 / std).to(self.device)
+        self.shift = {True: (-mean / std).to(self.device), False: torch.zeros(1, 1, 1, 1).to(self.device)}
         self.normalize = ("normalize" in weak, "normalize" in strong)
-        self._stats_key = (tuple(inp.PIXEL_MEAN), tuple(inp.PIXEL_STD))  # made once, not per step
+        if self.size is not None:
+            for op in self.weak + self.strong:
+                if isinstance(op, RandAugmentBatch):
+                    op.prepare(*self.size, self.device)
+            geometry(*self.size, self.device)
 
-    @staticmethod
-    def _pipeline(choices: Sequence[str], inp, node) -> List[Callable]:
+    def _pipeline(self, choices: Sequence[str], inp, node) -> List[Callable]:
         ops: List[Callable] = []
-        if "random_translation" in choices:
-            ops.append(_random_translation)
-        if "random_crop" in choices:
-            ops.append(lambda x: _random_crop(x, int(inp.CROP_PADDING)))
-        if "random_flip" in choices:
+        leading = {"translation": "random_translation" in choices,
+                   "crop_pad": int(inp.CROP_PADDING) if "random_crop" in choices else None,
+                   "flip": "random_flip" in choices}
+        if leading["translation"] or leading["crop_pad"]:  # one warp for all of them
+            ops.append(lambda x: _warp(x, _leading_coeffs(x.shape[0], x.shape[2], x.shape[3], x.device,
+                                                          **leading)))
+        elif leading["flip"]:
             ops.append(_random_flip)
         n = int(inp.RANDAUGMENT_N)
         if "randaugment" in choices:
@@ -320,77 +474,26 @@ class DeviceViews:
             tv_m = int(node.get("TV_RANDAUGMENT_M", 9)) if node is not None else 9
             ops.append(RandAugmentBatch(TV_LIST, tv_n, 1.0, _tv(tv_m)))
         if "cutout" in choices:
-            ops.append(lambda x: _cutout(x, int(inp.CUTOUT_N), int(inp.CUTOUT_LEN)))
+            holes, length = int(inp.CUTOUT_N), int(inp.CUTOUT_LEN)
+            ops.append(lambda x: _cutout(x, holes, length))
         return ops
 
-    def _run(self, ops, x: torch.Tensor, normalize: bool) -> torch.Tensor:
+    def _run(self, ops, images: torch.Tensor, normalize: bool) -> torch.Tensor:
+        if not ops:  # straight from uint8 to the normalised view, one kernel
+            return torch.addcmul(self.shift[normalize], images, self.scale255[normalize])
+        x = images * (1 / 255)
         for op in ops:
             x = op(x)
         if normalize:
-            mean = _constant(("mean", self._stats_key), lambda: self.mean, x.device)
-            std = _constant(("std", self._stats_key), lambda: self.std, x.device)
-            x = (x - mean) / std
+            x = torch.addcmul(self.shift[True], x, self.scale1)
         return x
 
     def __call__(self, images: torch.Tensor) -> List[torch.Tensor]:
         if images.dtype != torch.uint8:
             raise ValueError(f"AUG_ON_DEVICE expects uint8 images from the loader, got {images.dtype}")
-        x = images.float().div_(255)
-        views = [self._run(self.weak, x, self.normalize[0])]
-        views += [self._run(self.strong, x, self.normalize[1]) for _ in range(self.num_views - 1)]
+        views = [self._run(self.weak, images, self.normalize[0])]
+        views += [self._run(self.strong, images, self.normalize[1]) for _ in range(self.num_views - 1)]
         return views
-
-
-def _random_flip(x: torch.Tensor) -> torch.Tensor:
-    flip = torch.rand(x.shape[0], device=x.device) < 0.5
-    return torch.where(_b(flip), x.flip(-1), x)
-
-
-def _shift(x: torch.Tensor, dx: torch.Tensor, dy: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
-    b, _, h, w = x.shape
-    inv = _eye(b, x.device, x.dtype)
-    inv[:, 0, 0], inv[:, 1, 1] = 1 / scale, 1 / scale
-    inv[:, 0, 2], inv[:, 1, 2] = dx, dy
-    return _warp(x, inv, torch.zeros(b, device=x.device))
-
-
-def _random_crop(x: torch.Tensor, pad: int) -> torch.Tensor:
-    """Pad by ``pad`` (zeros) and crop back at a random place: a random integer shift."""
-    b = x.shape[0]
-    dx = torch.randint(-pad, pad + 1, (b,), device=x.device).to(x.dtype)
-    dy = torch.randint(-pad, pad + 1, (b,), device=x.device).to(x.dtype)
-    return _shift(x, dx, dy, torch.ones(b, device=x.device))
-
-
-def _random_translation(x: torch.Tensor) -> torch.Tensor:
-    """Dassl's Random2DTranslation: with p 0.5, enlarge by 1.125 and crop back at a random place."""
-    b, _, h, w = x.shape
-    on = torch.rand(b, device=x.device) < 0.5
-    s = torch.where(on, torch.full((b,), 1.125, device=x.device), torch.ones(b, device=x.device))
-    # Offset of the crop in the enlarged image, in enlarged pixels; map back to input pixels.
-    ox = torch.floor(torch.rand(b, device=x.device) * (round(w * 1.125) - w + 1)) * on
-    oy = torch.floor(torch.rand(b, device=x.device) * (round(h * 1.125) - h + 1)) * on
-    return _shift(x, ox / s, oy / s, s)
-
-
-def _cutout(x: torch.Tensor, n_holes: int, length, fill=None) -> torch.Tensor:
-    """Dassl's Cutout: ``n_holes`` squares of side ``length`` (a number, or (B,) per
-    sample) at uniform centres, clipped at the border, zeroed (or ``fill`` per channel)."""
-    b, c, h, w = x.shape
-    ys = torch.arange(h, device=x.device).view(1, h, 1)
-    xs = torch.arange(w, device=x.device).view(1, 1, w)
-    half = (torch.as_tensor(length, device=x.device, dtype=x.dtype) / 2).reshape(-1, 1, 1)
-    hole = torch.zeros(b, h, w, dtype=torch.bool, device=x.device)
-    for _ in range(n_holes):
-        cy = torch.randint(h, (b, 1, 1), device=x.device)
-        cx = torch.randint(w, (b, 1, 1), device=x.device)
-        # Dassl: rows max(cy - L//2, 0) .. min(cy + L//2, h), likewise for columns.
-        hole |= (ys >= cy - half.floor()) & (ys < cy + half.floor()) & (xs >= cx - half.floor()) & (xs < cx + half.floor())
-    hole = hole.unsqueeze(1)
-    if fill is None:
-        return x.masked_fill(hole, 0.0)
-    value = _constant(("fill", tuple(fill[:c])), lambda: fill[:c], x.device, x.dtype).view(1, c, 1, 1)
-    return torch.where(hole, value, x)
 
 
 def build_device_views(cfg, num_views: int, device: torch.device) -> DeviceViews:
@@ -400,4 +503,5 @@ def build_device_views(cfg, num_views: int, device: torch.device) -> DeviceViews
     prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}"
     check_device_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS")
     check_device_names(node.STRONG_TRANSFORMS, f"{prefix}.STRONG_TRANSFORMS")
-    return DeviceViews(cfg.INPUT.TRANSFORMS, node.STRONG_TRANSFORMS, num_views, cfg.INPUT, node)
+    return DeviceViews(cfg.INPUT.TRANSFORMS, node.STRONG_TRANSFORMS, num_views, cfg.INPUT, node, device=device,
+                       size=tuple(cfg.INPUT.SIZE))

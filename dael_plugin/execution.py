@@ -16,13 +16,22 @@ COMPILE_MODES = ("none", "default", "reduce-overhead")
 _FUSABLE_OPTIMS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
 
-def fused_optimizer(optim: torch.optim.Optimizer) -> torch.optim.Optimizer:
+def fused_optimizer(optim: torch.optim.Optimizer, loss_scaling: bool = False) -> torch.optim.Optimizer:
     """The same optimiser with PyTorch's fused kernel (one pass over each
     parameter instead of three to five), where PyTorch has one.
 
     Same update rule and hyper-parameters, fp32; only the rounding of the
     fused multiply-adds differs (tested to 1e-6). Call it before a scheduler
     or any state is attached. Anything else is returned unchanged.
+
+    SGD's momentum buffers are made here, as zeros. PyTorch's fused SGD makes
+    them with ``empty_like`` on its first step and lets the kernel fill them;
+    when fp16's loss scaler skips that first step (an overflow, routine at the
+    initial scale), the kernel returns early and the uninitialised buffers stay,
+    and the weights turn NaN a step later (torch 2.14, CPU and CUDA kernels
+    alike). From zeros, the first update is ``0 * momentum + g = g``, exactly
+    PyTorch's first step when ``dampening`` is 0; with ``dampening`` and loss
+    scaling (``loss_scaling``), the plain optimiser is kept, with one log line.
     """
     if type(optim) not in _FUSABLE_OPTIMS or optim.state:
         return optim
@@ -31,11 +40,40 @@ def fused_optimizer(optim: torch.optim.Optimizer) -> torch.optim.Optimizer:
         return optim
     if any(g.get("differentiable") or g.get("foreach") for g in optim.param_groups):
         return optim
+    sgd_momentum = isinstance(optim, torch.optim.SGD) and any(g["momentum"] != 0 for g in optim.param_groups)
+    if sgd_momentum and loss_scaling and any(g["dampening"] != 0 for g in optim.param_groups):
+        print("dael_plugin: FUSED_OPTIM is off for SGD with dampening under fp16 loss scaling (PyTorch's fused "
+              "SGD leaves its momentum uninitialised when the scaler skips the first step)")
+        return optim
+    if not supports_fused(type(optim), params[0].device.type):
+        print(f"dael_plugin: FUSED_OPTIM is off: torch {torch.__version__} has no fused {type(optim).__name__} "
+              f"on {params[0].device.type}")
+        return optim
     # Every hyper-parameter travels in the groups (they hold all of them).
     groups = [{**g, "fused": True, "foreach": None} for g in optim.param_groups]
     fused = type(optim)(groups, fused=True)
     fused.defaults.update({k: v for k, v in optim.defaults.items() if k not in ("fused", "foreach")})
+    if sgd_momentum:
+        for g in fused.param_groups:
+            if g["momentum"] != 0:
+                for p in g["params"]:
+                    fused.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
     return fused
+
+
+def supports_fused(cls: type, device_type: str) -> bool:
+    """Whether this torch has ``cls(..., fused=True)`` for parameters on ``device_type``:
+    CUDA since torch 2.0 (Adam/AdamW) and 2.3 (SGD), CPU since 2.4."""
+    import inspect
+
+    if "fused" not in inspect.signature(cls.__init__).parameters:
+        return False
+    try:
+        probe = torch.zeros(1, device=device_type, requires_grad=True)
+        cls([probe], lr=0.1, fused=True)
+    except (RuntimeError, ValueError, TypeError):
+        return False
+    return True
 
 
 def _probe(module: nn.Module, sample_shape: Sequence[int], device: torch.device, memory_format) -> Optional[str]:
@@ -123,9 +161,22 @@ def autocast(prec: str, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def grad_scaler(prec: str, device: torch.device) -> Optional["torch.amp.GradScaler"]:
-    """fp16 needs loss scaling; bf16 has fp32's range and does not."""
-    return torch.amp.GradScaler(device.type) if prec == "fp16" else None
+def grad_scaler(prec: str, device: torch.device):
+    """fp16 needs loss scaling; bf16 has fp32's range and does not.
+
+    ``torch.amp.GradScaler(device)`` came with torch 2.3; before it, CUDA had
+    ``torch.cuda.amp.GradScaler`` (used, with one log line) and CPU none."""
+    if prec != "fp16":
+        return None
+    if hasattr(torch.amp, "GradScaler"):
+        return torch.amp.GradScaler(device.type)
+    if device.type == "cuda":
+        print(f"dael_plugin: torch {torch.__version__} has no torch.amp.GradScaler; using torch.cuda.amp.GradScaler")
+        return torch.cuda.amp.GradScaler()
+    from .errors import DAELConfigError
+
+    raise DAELConfigError(f"PREC fp16 on {device.type} needs torch >= 2.3 (loss scaling there); "
+                          f"this is torch {torch.__version__}: use PREC bf16 or fp32")
 
 
 def check_execution(prec: str, compile_mode: str, prefix: str) -> None:

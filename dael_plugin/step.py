@@ -16,7 +16,7 @@ hits over a test set.
 """
 from __future__ import annotations
 
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
@@ -81,19 +81,30 @@ class DAELStep:
             # The whole forward and the losses in one graph (fullgraph: a host
             # sync or anything else that would break it is an error, not a
             # silent slowdown); static shapes, as the loaders drop last batches.
+            # The views made on the device are compiled too: static shapes, and
+            # inductor fuses their element-wise work.
             self._losses = torch.compile(self._forward, mode=compile_mode, fullgraph=True, dynamic=False,
                                          backend=compile_backend)
+            if device_views is not None:
+                self.device_views = torch.compile(device_views, mode=compile_mode, fullgraph=True, dynamic=False,
+                                                  backend=compile_backend)
 
     # -- batches ---------------------------------------------------------------
-    def views(self, batch: dict) -> List[torch.Tensor]:
-        """The batch's views on the device, in the step's layout."""
+    def views(self, batch_x: dict, batch_u: Optional[dict]) -> Tuple[List[torch.Tensor], Optional[List[torch.Tensor]]]:
+        """Both batches' views on the device, in the step's layout. Made on the device, the
+        source and target views come from one call over both batches (half the launches)."""
+        batches = [batch_x] + ([batch_u] if batch_u is not None else [])
+        layout = torch.channels_last if self.channels_last else torch.contiguous_format
         if self.device_views is not None:
-            views = self.device_views(batch["img"].to(self.device, non_blocking=True))
+            images = [b["img"].to(self.device, non_blocking=True) for b in batches]  # each from pinned memory
+            made = self.device_views(images[0] if len(images) == 1 else torch.cat(images))
+            sizes = [i.shape[0] for i in images]
+            made = [v.contiguous(memory_format=layout) for v in made]
+            per_batch = [list(parts) for parts in zip(*(v.split(sizes) for v in made))]
         else:
-            views = [batch[k].to(self.device, non_blocking=True) for k in VIEW_KEYS[: self.num_views]]
-        if self.channels_last:
-            views = [v.contiguous(memory_format=torch.channels_last) for v in views]
-        return views
+            per_batch = [[b[k].to(self.device, non_blocking=True).contiguous(memory_format=layout)
+                          for k in VIEW_KEYS[: self.num_views]] for b in batches]
+        return per_batch[0], (per_batch[1] if batch_u is not None else None)
 
     def _forward(self, x_views, labels, expert_idx, chunk_sizes, u_views):
         with ex.autocast(self.prec, self.device):
@@ -103,10 +114,9 @@ class DAELStep:
     # -- the step --------------------------------------------------------------
     def __call__(self, batch_x: dict, batch_u: Optional[dict] = None) -> Dict[str, torch.Tensor]:
         chunk_sizes, expert_idx = split_domains(batch_x["domain"], self.per_domain, self.num_domains)
-        x_views = self.views(batch_x)
+        x_views, u_views = self.views(batch_x, batch_u if self.is_da else None)
         labels = batch_x["label"].to(self.device, non_blocking=True)
         expert_idx = expert_idx.to(self.device, non_blocking=True)
-        u_views = self.views(batch_u) if (self.is_da and batch_u is not None) else None
         out = self._losses(x_views, labels, expert_idx, chunk_sizes, u_views)
         loss = out["loss"]
         self.guard.update(loss)

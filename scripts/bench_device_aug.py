@@ -63,7 +63,7 @@ def main():
     print(f"  torchvision v2 RandAugment, one draw for the batch   {timeit(lambda: tv(u8), dev):8.1f}")
     v = torch.rand(b, device=dev) + 0.5
     inv = ad._geometric_inverse("Rotate", torch.rand(b, device=dev) * 30, s, s)
-    ops = [("affine warp", lambda: ad._warp(x, inv, torch.zeros(b, device=dev))),
+    ops = [("affine warp", lambda: ad._warp(x, inv)),
            ("sharpness", lambda: ad._blend(ad._sharpen_base(x), x, v)),
            ("equalize", lambda: ad._equalize(x))]
     try:
@@ -76,7 +76,8 @@ def main():
         line = f"  {name:<12} dael_plugin {timeit(fn, dev):8.1f}"
         if kornia is not None:
             if name == "affine warp":
-                fwd = torch.linalg.inv(inv)[:, :2]
+                full = torch.cat([inv.view(b, 2, 3), torch.tensor([0.0, 0.0, 1.0], device=dev).expand(b, 1, 3)], 1)
+                fwd = torch.linalg.inv(full)[:, :2]
                 kfn = lambda: kornia.geometry.transform.warp_affine(x, fwd, (s, s))  # noqa: E731
             elif name == "sharpness":
                 kfn = lambda: kornia.enhance.sharpness(x, v)  # noqa: E731

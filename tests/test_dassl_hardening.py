@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from test_hardening import Evil, damaged_root, spawn, wait_for  # noqa: F401 (fixture)
+from test_hardening import Evil, damaged_root, spawn, wait_for, wait_for_checkpoint  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.dassl
 
@@ -57,6 +57,31 @@ def test_dassl_engine_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root):
             assert torch.equal(a[name][k], b[name][k]), (name, k)
     ra, rb = (json.loads((d / "results.json").read_text()) for d in (full, killed))
     assert ra["accuracy"] == rb["accuracy"] and ra["expert_accuracy"] == rb["expert_accuracy"]
+
+
+@pytest.mark.parametrize("prec", ["fp16", "bf16"])
+def test_dassl_engine_low_precision_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root, prec):
+    """The loss scaler's state travels in the Dassl engine's checkpoint too (see the built-in test)."""
+    extra = ["DATALOADER.NUM_WORKERS", "1", "TRAINER.DAEL.PREC", prec]
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    proc = spawn(dassl_args(tiny_root, full, epochs=2, extra=extra))
+    _, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    proc = spawn(dassl_args(tiny_root, killed, epochs=2, extra=extra))
+    assert wait_for_checkpoint(killed, 1, proc), "never finished epoch 1"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert not (killed / "results.json").exists()
+    saved = torch.load(killed / "checkpoint.pth.tar", weights_only=True)
+    assert (saved["scaler"]["scale"] < 2.0 ** 16) if prec == "fp16" else ("scaler" not in saved)
+    proc = spawn(dassl_args(tiny_root, killed, epochs=2, extra=extra))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert "will resume training from epoch 2" in out
+    a = torch.load(full / "checkpoint.pth.tar", weights_only=True)
+    b = torch.load(killed / "checkpoint.pth.tar", weights_only=True)
+    assert all(torch.equal(a["models"][n][k], b["models"][n][k]) for n in a["models"] for k in a["models"][n])
+    assert a.get("scaler") == b.get("scaler")
 
 
 def test_dassl_engine_refuses_pickled_code_and_config_changes(tmp_path, tiny_root):

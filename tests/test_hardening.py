@@ -70,6 +70,23 @@ def wait_for(path, text, proc, timeout=120):
     return False
 
 
+def wait_for_checkpoint(out, epoch, proc, timeout=120):
+    """Until ``out/checkpoint.pth.tar`` holds ``epoch`` finished epochs (written atomically)."""
+    path = os.path.join(str(out), "checkpoint.pth.tar")
+    t = time.time()
+    while time.time() - t < timeout:
+        if os.path.exists(path):
+            try:
+                if torch.load(path, weights_only=True)["epoch"] >= epoch:
+                    return True
+            except (RuntimeError, EOFError, OSError):
+                pass
+        if proc.poll() is not None:
+            return False
+        time.sleep(0.02)
+    return False
+
+
 # -- 2. exact resume -----------------------------------------------------------
 def test_resume_after_kill_9_is_bitwise_exact_with_persistent_workers(tmp_path, tiny_root):
     """Killed with SIGKILL during epoch 2 and rerun, the run ends with the same
@@ -100,6 +117,36 @@ def test_resume_after_kill_9_is_bitwise_exact_with_persistent_workers(tmp_path, 
     ra = json.loads((full / "results.json").read_text())
     rb = json.loads((killed / "results.json").read_text())
     assert ra["accuracy"] == rb["accuracy"] and ra["expert_accuracy"] == rb["expert_accuracy"]
+
+
+@pytest.mark.parametrize("prec", ["fp16", "bf16"])
+def test_low_precision_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root, prec):
+    """fp16's loss scaler is part of the run: its scale has changed (the first steps overflow
+    at 2^16) by the time of the kill, and the resumed run continues from the checkpoint's scale,
+    not from 2^16 again. bf16 has no scaler and resumes exactly too."""
+    extra = ["TRAINER.DAEL.PREC", prec]
+    full, killed = tmp_path / "full", tmp_path / "killed"
+    proc = spawn(args_for(tiny_root, full, epochs=2, extra=extra))
+    assert proc.wait(300) == 0, proc.stderr.read()[-2000:]
+    proc = spawn(args_for(tiny_root, killed, epochs=2, extra=extra))
+    assert wait_for_checkpoint(killed, 1, proc), "never finished epoch 1"
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(30)
+    assert not (killed / "results.json").exists(), "killed too late to test a resume"
+    saved = torch.load(killed / "checkpoint.pth.tar", weights_only=True)
+    if prec == "fp16":
+        assert saved["scaler"]["scale"] < 2.0 ** 16  # the loss scale moved before the kill
+    else:
+        assert "scaler" not in saved
+    proc = spawn(args_for(tiny_root, killed, epochs=2, extra=extra))
+    out, err = proc.communicate(timeout=300)
+    assert proc.returncode == 0, err[-2000:]
+    assert "will resume training from epoch 2" in out
+    a, b = weights(full), weights(killed)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    sa = torch.load(full / "checkpoint.pth.tar", weights_only=True).get("scaler")
+    sb = torch.load(killed / "checkpoint.pth.tar", weights_only=True).get("scaler")
+    assert sa == sb
 
 
 def test_worker_count_does_not_change_a_run(tmp_path, tiny_root, capsys):

@@ -261,3 +261,100 @@ def test_a_compiled_step_compiles_once_for_the_whole_run(mode, setting, impl):
         bx, bu = _batch(i)
         step(bx, bu if setting == "DA" else None)
     assert len(calls) == 1, f"{len(calls)} compilations in 5 steps"
+
+
+PAPER_WEAK = ["random_flip", "random_translation", "normalize"]  # miniDomainNet (Appendix A)
+PAPER_STRONG = ["random_flip", "cutout", "randaugment2", "normalize"]
+
+
+def _paper_views():
+    from yacs.config import CfgNode as CN
+
+    from dael_plugin.augment_device import DeviceViews
+    from dael_plugin.builtin.defaults import get_builtin_cfg
+
+    cfg = get_builtin_cfg()
+    cfg.INPUT.SIZE = (32, 32)
+    return DeviceViews(PAPER_WEAK, PAPER_STRONG, 2, cfg.INPUT, CN({"STRONG_TRANSFORMS": PAPER_STRONG}),
+                       device="cpu", size=(32, 32))
+
+
+def _u8_batch(seed, per=8):
+    bx, bu = _batch(seed, per)
+    g = torch.Generator().manual_seed(seed)
+    bx["img"] = torch.randint(0, 256, bx["img"].shape, dtype=torch.uint8, generator=g)
+    bu["img"] = torch.randint(0, 256, bu["img"].shape, dtype=torch.uint8, generator=g)
+    del bx["img2"], bu["img2"]
+    return bx, bu
+
+
+EXECUTION = {  # each execution option away from the defaults, and the paper's views on the device
+    "defaults": {},
+    "grouped batch norm": {"chunk_bn": "grouped"},
+    "one call per chunk": {"fuse": False},
+    "plain optimiser": {"fused_optim": False},
+    "default layout": {"channels_last": False},
+    "bf16": {"prec": "bf16"},
+    "fp16": {"prec": "fp16"},
+    "views on the device": {"aug": True},
+    "views on the device, grouped, bf16": {"aug": True, "chunk_bn": "grouped", "prec": "bf16"},
+    "compiled, views on the device": {"aug": True, "compile_mode": "default", "compile_backend": "aot_eager"},
+    "domain generalisation": {"dg": True},
+    "fp16, plain optimiser": {"prec": "fp16", "fused_optim": False},
+}
+
+
+@pytest.mark.parametrize("name", list(EXECUTION))
+def test_no_step_reads_the_device_or_copies_a_python_value(name):
+    """On a GPU, any host read of a tensor (item, bool, tolist, ...) or Python value turned into a
+    tensor in a step makes the host wait for the device. dael_plugin.profiling.HostTraffic sees them
+    on CPU. The one read left is PyTorch's: GradScaler.step reads found_inf once per optimiser
+    unless the optimiser is fused (FUSED_OPTIM True, the default)."""
+    from dael_plugin.profiling import HostTraffic
+
+    opts = dict(EXECUTION[name])
+    aug, dg, impl = opts.pop("aug", False), opts.pop("dg", False), opts.pop("chunk_bn", "auto")
+    opts.setdefault("fused_optim", True)
+    opts.setdefault("channels_last", True)
+    torch._dynamo.reset()
+    step, f, h = _make(**opts, device_views=_paper_views() if aug else None)
+    step.algorithm.chunk_bn = impl
+    step.is_da = not dg
+    batches = [(_u8_batch(i) if aug else _batch(i)) for i in range(3)]
+    step(*batches[0])  # warm-up: compilation, lazy initialisation
+    for bx, bu in batches[1:]:
+        if step.compiled:
+            # torch.compile runs no graph under a Python dispatch mode. With fullgraph=True a
+            # host read or a Python value made a tensor in the forward, losses or views would
+            # be a graph break, which is an error; the rest of the step is the eager cases'.
+            out = step(bx, bu)
+            continue
+        with HostTraffic(allow=[bx["domain"]]) as traffic:
+            out = step(bx, bu)
+        expected = ["host read: aten._local_scalar_dense (item, bool, int or float)"] \
+            if name == "fp16, plain optimiser" else []
+        assert traffic.events == expected
+    assert all(torch.isfinite(v).all() for v in out.values())
+
+
+def test_fused_sgd_survives_a_first_step_the_loss_scaler_skips():
+    """PyTorch's fused SGD makes its momentum buffers with empty_like on its first step; when fp16's
+    scaler skips that step (found_inf), the kernel returns early and the garbage stays. The plugin
+    makes the buffers as zeros first: the run then equals the plain optimiser's, step for step."""
+    results = []
+    for fused in (False, True):
+        torch.manual_seed(0)
+        w = torch.nn.Parameter(torch.randn(6, 5))
+        opt = torch.optim.SGD([w], lr=0.1, momentum=0.9, weight_decay=5e-4)
+        if fused:
+            opt = ex.fused_optimizer(opt, loss_scaling=True)
+            assert opt.defaults.get("fused")
+        scaler = torch.amp.GradScaler("cpu")
+        for scale in (float("inf"), 1.0, 2.0, 1.0):  # the first step overflows and is skipped
+            opt.zero_grad()
+            scaler.scale((w * scale).pow(2).sum()).backward()
+            scaler.step(opt)
+            scaler.update()
+        results.append(w.detach().clone())
+    assert torch.isfinite(results[1]).all()
+    torch.testing.assert_close(results[1], results[0], atol=1e-6, rtol=1e-6)

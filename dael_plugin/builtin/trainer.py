@@ -126,7 +126,7 @@ class BuiltinTrainer:
             print(f"warning: source domain {self.sources[d]!r} has {n} training images, fewer than its "
                   f"per-batch share of {sampler.per_domain}; its images repeat within each batch")
 
-    def _build_optim(self, params, fused: bool = False):
+    def _build_optim(self, params, fused: bool = False, loss_scaling: bool = False):
         o = self.cfg.OPTIM
         if o.NAME == "sgd":
             opt = torch.optim.SGD(params, lr=o.LR, momentum=o.MOMENTUM, weight_decay=o.WEIGHT_DECAY,
@@ -134,7 +134,7 @@ class BuiltinTrainer:
         else:
             cls = torch.optim.Adam if o.NAME == "adam" else torch.optim.AdamW
             opt = cls(params, lr=o.LR, weight_decay=o.WEIGHT_DECAY, betas=(o.ADAM_BETA1, o.ADAM_BETA2))
-        return fused_optimizer(opt) if fused else opt
+        return fused_optimizer(opt, loss_scaling) if fused else opt
 
     def _build_sched(self, optim):
         o = self.cfg.OPTIM
@@ -160,10 +160,18 @@ class BuiltinTrainer:
 
     # -- checkpoints -----------------------------------------------------
     def _state(self, epochs_done: int) -> dict:
-        return {"format": ckpt.FORMAT, "engine": "builtin", "trainer": self.cfg.TRAINER.NAME,
-                "epoch": epochs_done, "model": self.modules.state_dict(), "optim": self.optim.state_dict(),
-                "sched": self.sched.state_dict(), "rng": ckpt.rng_state(), "config": self.cfg.dump(),
-                "data": self._data_state(epochs_done), "bad_images": sorted(self.bad_images)}
+        state = {"format": ckpt.FORMAT, "engine": "builtin", "trainer": self.cfg.TRAINER.NAME,
+                 "epoch": epochs_done, "model": self.modules.state_dict(), "optim": self.optim.state_dict(),
+                 "sched": self.sched.state_dict(), "rng": ckpt.rng_state(), "config": self.cfg.dump(),
+                 "data": self._data_state(epochs_done), "bad_images": sorted(self.bad_images)}
+        scaler = self._scaler()
+        if scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
+            state["scaler"] = scaler.state_dict()
+        return state
+
+    def _scaler(self):
+        step = getattr(self, "step", None)
+        return getattr(step, "scaler", None)
 
     def _loaders(self):
         return [l for l in (self.train_loader_x, self.train_loader_u) if l is not None]
@@ -201,6 +209,8 @@ class BuiltinTrainer:
         self.optim.load_state_dict(state["optim"])
         self.sched.load_state_dict(state["sched"])
         ckpt.set_rng_state(state["rng"])
+        if self._scaler() is not None and "scaler" in state:
+            self._scaler().load_state_dict(state["scaler"])
         for loader, gen in zip(self._loaders(), state["data"]["loader_generators"]):
             loader.generator.set_state(gen)
         self.bad_images.update(state.get("bad_images", []))
@@ -400,8 +410,9 @@ class DAELBuiltin(BuiltinTrainer):
     def prepare_model(self) -> None:
         self.channels_last = prepare_model(self.execution, self.modules["F"], self.cfg, self.device)
 
-    def _build_optim(self, params, fused: bool = False):
-        return super()._build_optim(params, fused=self.execution.fused_optim)
+    def _build_optim(self, params, fused: bool = False, loss_scaling: bool = False):
+        return super()._build_optim(params, fused=self.execution.fused_optim,
+                                    loss_scaling=self.execution.prec == "fp16")
 
     def build_step(self) -> None:
         self.step = make_step(self.execution, self.algorithm, [self.optim], self.device, len(self.sources),

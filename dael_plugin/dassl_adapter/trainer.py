@@ -92,7 +92,8 @@ class DAELTrainer(TrainerXU):
         self.F.to(self.device)
         print(f"# params: {count_num_param(self.F):,}")
         self.channels_last = prepare_model(self.execution, self.F, cfg, self.device)
-        fuse_optim = fused_optimizer if self.execution.fused_optim else (lambda o: o)
+        scaling = self.execution.prec == "fp16"
+        fuse_optim = (lambda o: fused_optimizer(o, scaling)) if self.execution.fused_optim else (lambda o: o)
         self.optim_F = fuse_optim(build_optimizer(self.F, cfg.OPTIM))
         self.sched_F = build_lr_scheduler(self.optim_F, cfg.OPTIM)
         self.register_model("F", self.F, self.optim_F, self.sched_F)
@@ -197,6 +198,8 @@ class DAELTrainer(TrainerXU):
             "scheds": {n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None},
             "rng": ckpt.rng_state(), "config": self.cfg.dump(), "bad_images": sorted(self.bad_images),
         }
+        if self.step.scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
+            state["scaler"] = self.step.scaler.state_dict()
         ckpt.save_checkpoint(state, osp.join(self.output_dir, ckpt.LAST))
 
     def resume_model_if_exist(self, directory):
@@ -214,6 +217,8 @@ class DAELTrainer(TrainerXU):
                 if name in state.get("scheds", {}):
                     ckpt.load_sched_state(self._scheds[name], state["scheds"][name])
             ckpt.set_rng_state(state["rng"])
+            if self.step.scaler is not None and "scaler" in state:
+                self.step.scaler.load_state_dict(state["scaler"])
             self.bad_images.update(state.get("bad_images", []))
             print(f"Found checkpoint at {path} (will resume training from epoch {state['epoch'] + 1})")
             return int(state["epoch"])

@@ -44,6 +44,9 @@ LEGACY_VALUES = {
     for key, value in (("CHUNK_BN", "auto"), ("PREC", "fp32"), ("CHANNELS_LAST", False), ("COMPILE", "none"),
                        ("FUSED_OPTIM", False), ("AUG_ON_DEVICE", False))
 }
+# Before USE_TF32, torch's defaults held on CUDA (TF32 convolutions, fp32 matmuls); no
+# checkpoint of that code ran on a GPU here, and on CPU the key changes nothing.
+LEGACY_VALUES["USE_TF32"] = True
 
 
 class CheckpointError(DAELConfigError):

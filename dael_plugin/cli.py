@@ -20,6 +20,7 @@ from .backbones.timm_backbone import check_timm_backbone
 from .checkpoint import LAST, checkpoint_epoch
 from .config import add_dael_config, check_run_values
 from .errors import DAELConfigError, NonFiniteLossError
+from .execution import cuda_settings
 from .results import remove_failure, results_record, write_failure, write_results
 from .runlock import RunLock
 
@@ -213,7 +214,6 @@ def _check_builtin_values(cfg: CN) -> None:
 
 
 def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
-    import torch
     from dassl.engine import build_trainer
     from dassl.engine.build import TRAINER_REGISTRY
     from dassl.utils import collect_env_info, set_random_seed, setup_logger
@@ -224,8 +224,7 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
         print(f"Setting fixed seed: {cfg.SEED}")
         set_random_seed(cfg.SEED)
     setup_logger(cfg.OUTPUT_DIR)
-    if torch.cuda.is_available() and cfg.USE_CUDA:
-        torch.backends.cudnn.benchmark = True
+    cuda_settings(cfg)  # every trainer, Dassl's baselines too
     print("** Config **")
     print(cfg)
     print("** System info **\n{}\n".format(collect_env_info()))

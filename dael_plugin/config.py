@@ -61,6 +61,10 @@ def add_dael_config(cfg: CN) -> CN:
     # timm's own cache is used. Lives under MODEL so baselines can use it too.
     if "WEIGHTS" not in cfg.MODEL.BACKBONE:
         cfg.MODEL.BACKBONE.WEIGHTS = ""
+    # On CUDA, TF32 for fp32 matmuls and convolutions (Ampere and later): about 3 significant
+    # digits in their inputs, fp32 accumulation. False keeps full fp32 (README "Speed").
+    if "USE_TF32" not in cfg:
+        cfg.USE_TF32 = True
     return cfg
 
 

@@ -153,6 +153,20 @@ def use_channels_last(module: nn.Module, sample_shape: Sequence[int], device: to
     return True
 
 
+def cuda_settings(cfg) -> None:
+    """On CUDA, for every trainer of both engines: cuDNN's autotuner (the shapes here are static,
+    as the loaders drop last batches) and TF32 for fp32 matmuls and convolutions unless
+    ``USE_TF32 False``. Elsewhere nothing."""
+    if not (torch.cuda.is_available() and bool(cfg.get("USE_CUDA", True))):
+        return
+    tf32 = bool(cfg.get("USE_TF32", True))
+    torch.backends.cudnn.benchmark = True
+    torch.backends.cudnn.allow_tf32 = tf32
+    torch.set_float32_matmul_precision("high" if tf32 else "highest")
+    print(f"dael_plugin: CUDA: cudnn.benchmark on; TF32 {'on' if tf32 else 'off'} for fp32 matmuls and "
+          "convolutions (USE_TF32)")
+
+
 def autocast(prec: str, device: torch.device):
     """Autocast to bf16/fp16 for ``prec`` != fp32 (weights and optimiser stay fp32)."""
     dtype = PRECISIONS[prec]

@@ -4,7 +4,7 @@ import time
 import numpy as np
 import pytest
 
-from dael_plugin.builtin.sampler import DomainBalancedBatchSampler
+from dael_plugin.data.sampling import DomainBalancedBatchSampler
 from dael_plugin.data import embedded
 from dael_plugin.data.folders import load_splits
 from dael_plugin.errors import DAELConfigError
@@ -62,7 +62,7 @@ def test_epoch_plan_scales_linearly_on_domainnet_sized_data():
 
 
 def test_draw_seeds_depend_on_seed_epoch_and_position_only():
-    from dael_plugin.builtin.sampler import SeededRandomBatchSampler
+    from dael_plugin.data.sampling import SeededRandomBatchSampler
 
     domains = np.repeat(np.arange(3), 20)
     a = list(DomainBalancedBatchSampler(domains, batch_size=12, seed=5))
@@ -190,3 +190,61 @@ def test_dg_folder_layouts_read_as_dassl_reads_them(tmp_path):
             want = sorted((os.path.abspath(d.impath), d.label, d.domain) for d in getattr(ref, split))
             got = sorted((os.path.abspath(i.impath), i.label, i.domain) for i in ours[split])
             assert got == want, (name, split)
+
+
+def test_dassl_domain_sampler_has_dassls_epochs_drawn_per_position():
+    """Dassl's RandomDomainSampler epochs: the epoch ends after the batch that leaves a chosen domain
+    short; chunks are single-domain, domains distinct within a batch, no image twice in an epoch;
+    the draws are a function of (seed, epoch, pass)."""
+    from dael_plugin.data.sampling import DasslDomainBatchSampler
+
+    domains = [0] * 100 + [1] * 31 + [2] * 55
+    s = DasslDomainBatchSampler(domains, batch_size=30, seed=3)
+    assert len(s) == min(100 // 10, 31 // 10, 55 // 10) == 3 == len(indices(s))
+    s = DasslDomainBatchSampler(domains, batch_size=20, n_domain=2, seed=3)
+    batches, per = indices(s), s.per_domain
+    flat = [i for b in batches for i in b]
+    assert len(flat) == len(set(flat))  # without replacement within the epoch
+    left = {d: domains.count(d) for d in (0, 1, 2)}
+    for n, b in enumerate(batches, 1):
+        chunks = [b[j:j + per] for j in range(0, len(b), per)]
+        assert all(len({domains[i] for i in c}) == 1 for c in chunks)
+        chosen = [domains[c[0]] for c in chunks]
+        assert len(set(chosen)) == 2
+        for d in chosen:
+            left[d] -= per
+        short = any(left[d] < per for d in chosen)
+        assert short == (n == len(batches))  # Dassl stops right after the batch that leaves one short
+    s.set_epoch(0)
+    first = indices(s)
+    again = indices(s)  # a second pass in the same epoch (a target loader that restarts)
+    s.set_epoch(0)
+    assert indices(s) == first and again != first
+    s.set_epoch(1)
+    assert indices(s) != first
+    seq = DasslDomainBatchSampler(domains, batch_size=30, seed=3, sequential=True)
+    assert all([domains[b[j]] for j in (0, 10, 20)] == [0, 1, 2] for b in indices(seq))
+    with pytest.raises(DAELConfigError, match="fewer than its per-batch share"):
+        DasslDomainBatchSampler([0] * 5 + [1] * 50, batch_size=20)
+
+
+@pytest.mark.dassl
+def test_dassl_domain_sampler_epochs_have_dassls_length():
+    """Against Dassl's own RandomDomainSampler over many draws: the same epoch lengths."""
+    import collections
+    import random
+    from types import SimpleNamespace
+
+    from dassl.data.samplers import RandomDomainSampler
+
+    from dael_plugin.data.sampling import DasslDomainBatchSampler
+
+    domains = [0] * 70 + [1] * 31 + [2] * 55
+    data = [SimpleNamespace(domain=d) for d in domains]  # all the sampler reads of a Datum
+    for batch, n_domain in ((30, 3), (20, 2)):
+        random.seed(0)
+        theirs = collections.Counter(len(list(RandomDomainSampler(data, batch, n_domain))) // batch for _ in range(200))
+        ours = collections.Counter(len(DasslDomainBatchSampler(domains, batch, n_domain, seed=e)) for e in range(200))
+        assert set(ours) == set(theirs), (ours, theirs)
+        if n_domain == 3:
+            assert set(ours) == {3}

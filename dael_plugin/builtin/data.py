@@ -1,6 +1,6 @@
 """Data loaders of the built-in engine (torch DataLoader over folder items).
 
-Training draws are ``(index, draw_seed)`` pairs (see :mod:`.sampler`): the
+Training draws are ``(index, draw_seed)`` pairs (see :mod:`..data.sampling`): the
 random augmentations of a draw are seeded from its ``draw_seed`` alone.
 
 An image that cannot be decoded is reported by path. In training it is
@@ -10,7 +10,6 @@ paths it could not read (``bad_path``) so the trainer can log and count them.
 """
 from __future__ import annotations
 
-import random
 from typing import Callable, List, Sequence, Union
 
 import numpy as np
@@ -20,44 +19,9 @@ from torch.utils.data import DataLoader, Dataset, get_worker_info
 
 from ..data.folders import Item
 from ..data.images import ReplacingReader
-from .sampler import DomainBalancedBatchSampler, SeededRandomBatchSampler
+from ..data.sampling import DomainBalancedBatchSampler, DrawPicker, SeededRandomBatchSampler, seeded_draw
 
 Transform = Callable[[Image.Image], torch.Tensor]
-
-
-class _SeededDraw:
-    """Seed torch, numpy and Python random for one draw; in the main process the
-    previous states are put back so the model's own randomness is untouched."""
-
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
-        self.saved = None
-
-    def __enter__(self):
-        if get_worker_info() is None:
-            self.saved = (torch.get_rng_state(), np.random.get_state(), random.getstate())
-        torch.default_generator.manual_seed(self.seed)  # the CPU generator only: augmentations run there
-        np.random.seed(self.seed % (2 ** 32))
-        random.seed(self.seed)
-
-    def __exit__(self, *exc):
-        if self.saved is not None:
-            torch.set_rng_state(self.saved[0])
-            np.random.set_state(self.saved[1])
-            random.setstate(self.saved[2])
-
-
-class _Picker:
-    """Replacement choices that depend on the draw's seed alone; the generator is
-    made only when an image turns out unreadable (not on every draw)."""
-
-    def __init__(self, seed: int) -> None:
-        self.seed, self.rng = seed, None
-
-    def __call__(self, members: np.ndarray) -> int:
-        if self.rng is None:
-            self.rng = np.random.default_rng([self.seed, 0xBAD])
-        return int(members[self.rng.integers(len(members))])
 
 
 class ImageList(Dataset):
@@ -74,13 +38,13 @@ class ImageList(Dataset):
 
     def __getitem__(self, key) -> dict:
         idx, seed = key if isinstance(key, tuple) else (key, int(key))
-        idx, img, bad_path = self.reader.read(int(idx), self.replace_bad, _Picker(int(seed)))
+        idx, img, bad_path = self.reader.read(int(idx), self.replace_bad, DrawPicker(int(seed)))
         item = self.items[idx]
         out = {"label": item.label, "domain": item.domain, "index": idx, "bad_path": bad_path,
                "valid": img is not None}
         if img is None:  # evaluation: a placeholder the test loop leaves out
             img = Image.new("RGB", (8, 8))
-        with _SeededDraw(int(seed)):
+        with seeded_draw(int(seed)):
             for k, tfm in enumerate(self.transforms):
                 out["img" if k == 0 else f"img{k + 1}"] = tfm(img)
         return out

@@ -34,7 +34,7 @@ from ..core import DAEL, build_heads
 from ..data.folders import load_splits
 from ..data.images import LEFT_OUT, REPLACED, note_unreadable
 from ..errors import DAELConfigError
-from ..execution import fused_optimizer
+from ..execution import cuda_settings, fused_optimizer
 from ..guard import FiniteGuard, divergence_error, params_finite
 from ..step import DeviceMeters, ExpertTally, make_step, prepare_model
 from . import data as bdata
@@ -60,6 +60,7 @@ class BuiltinTrainer:
         self.cfg = cfg
         self.eval_each_epoch = eval_each_epoch
         self.device = torch.device("cuda" if (torch.cuda.is_available() and cfg.USE_CUDA) else "cpu")
+        cuda_settings(cfg)
         self.pin = self.device.type == "cuda"
         self.sources = list(cfg.DATASET.SOURCE_DOMAINS)
         self.check_cfg()
@@ -265,15 +266,12 @@ class BuiltinTrainer:
             if hasattr(loader.batch_sampler, "set_epoch"):
                 loader.batch_sampler.set_epoch(self.epoch)
         it_u = iter(self.train_loader_u) if self.train_loader_u is not None else None
-        u_pass = 0
         for batch_x in self.train_loader_x:
             batch_u = None
             if it_u is not None:
                 try:
                     batch_u = next(it_u)
-                except StopIteration:  # the target split is cycled with fresh draws
-                    u_pass += 1
-                    self.train_loader_u.batch_sampler.set_epoch(self.epoch + 100_003 * u_pass)
+                except StopIteration:  # the target split is cycled; each pass draws afresh
                     it_u = iter(self.train_loader_u)
                     batch_u = next(it_u)
             yield batch_x, batch_u

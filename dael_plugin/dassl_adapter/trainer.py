@@ -21,6 +21,8 @@ from typing import List, Optional, Set
 import torch
 from tqdm import tqdm
 
+from torch.utils.data import DataLoader
+
 from dassl.data import DataManager
 from dassl.engine import TrainerX, TrainerXU
 from dassl.engine.trainer import SimpleNet
@@ -32,8 +34,9 @@ from ..augment import build_train_views, check_names
 from ..config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node, uses_target_data
 from ..core import DAEL, build_heads
 from ..data.images import LEFT_OUT, REPLACED, note_unreadable
+from ..data.sampling import DasslDomainBatchSampler, SeededRandomBatchSampler
 from ..errors import DAELConfigError
-from ..execution import fused_optimizer
+from ..execution import cuda_settings, fused_optimizer
 from ..guard import FiniteGuard, divergence_error, params_finite
 from ..step import DeviceMeters, ExpertTally, make_step, prepare_model
 from .checks import check_dataset_cfg
@@ -50,6 +53,7 @@ class DAELTrainer(TrainerXU):
         self.execution = execution_from_cfg(cfg)
         self.guard = FiniteGuard()
         self.bad_images: Set[str] = set()
+        cuda_settings(cfg)  # also under Dassl's own tools/train.py
         super().__init__(cfg)
         self.expert_accuracy: List[float] = []
 
@@ -66,19 +70,52 @@ class DAELTrainer(TrainerXU):
         node = trainer_node(cfg)
         views = build_train_views(cfg, node, self.hparams.num_views, True, self.execution.aug_on_device)
         dm = DataManager(cfg, custom_tfm_train=views, dataset_wrapper=RobustDatasetWrapper)
-        self.train_loader_x = dm.train_loader_x
-        self.train_loader_u = dm.train_loader_u
+        # Training loaders with Dassl's epochs but per-draw seeding and long-lived workers.
+        has_target = dm.train_loader_u is not None
+        self.is_da = has_target and uses_target_data(cfg)
+        self.data_seed = int(cfg.SEED) if cfg.SEED >= 0 else int(torch.randint(2 ** 62, (1,)))
+        self.train_loader_x = self._train_loader(dm.dataset.train_x, views, domains=True)
+        # DG on a DA dataset keeps Dassl's target loader, which it never iterates.
+        self.train_loader_u = self._train_loader(dm.dataset.train_u, views, domains=False) if self.is_da \
+            else dm.train_loader_u
         self.val_loader = dm.val_loader
         self.test_loader = dm.test_loader
         self.num_classes = dm.num_classes
         self.num_source_domains = dm.num_source_domains
         self.lab2cname = dm.lab2cname
         self.dm = dm
-        has_target = dm.train_loader_u is not None
-        self.is_da = has_target and uses_target_data(cfg)
         print(f"DAEL setting: {'domain adaptation (L_u on)' if self.is_da else 'domain generalisation (no L_u)'}")
         if has_target and not self.is_da:
             print(f"{cfg.TRAINER.NAME} runs domain generalisation: the target train split is unused")
+
+    def _train_loader(self, data_source, views, domains: bool) -> DataLoader:
+        """Dassl's training loader, with the plugin's per-draw seeded samplers (Dassl's
+        ``RandomDomainSampler`` epochs for the sources) and persistent workers, whose
+        decoded-image caches then live across epochs: each draw is seeded from (seed,
+        epoch, position), so nothing depends on a worker's random state, and a resumed
+        run draws exactly what the uninterrupted one would have."""
+        c = self.cfg.DATALOADER
+        if domains:
+            sampler = DasslDomainBatchSampler([d.domain for d in data_source], c.TRAIN_X.BATCH_SIZE,
+                                              c.TRAIN_X.N_DOMAIN, self.data_seed,
+                                              sequential=c.TRAIN_X.SAMPLER == "SeqDomainSampler")
+        else:
+            batch = c.TRAIN_X.BATCH_SIZE if c.TRAIN_U.SAME_AS_X else c.TRAIN_U.BATCH_SIZE
+            sampler = SeededRandomBatchSampler(len(data_source), batch, self.data_seed, stream=1)
+        workers = c.NUM_WORKERS
+        return DataLoader(
+            RobustDatasetWrapper(self.cfg, data_source, transform=views, is_train=True),
+            batch_sampler=sampler, num_workers=workers, pin_memory=torch.cuda.is_available() and self.cfg.USE_CUDA,
+            persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
+            generator=torch.Generator().manual_seed(self.data_seed),  # iterators never touch the global RNG
+        )
+
+    def _seeded_loaders(self) -> List[DataLoader]:
+        return [self.train_loader_x] + ([self.train_loader_u] if self.is_da else [])
+
+    def _set_epoch(self) -> None:
+        for loader in self._seeded_loaders():
+            loader.batch_sampler.set_epoch(self.epoch)
 
     def build_model(self):
         from . import register_timm_backbone
@@ -126,6 +163,7 @@ class DAELTrainer(TrainerXU):
         """
         self.guard.reset()
         self.set_model_mode("train")
+        self._set_epoch()
         meters = DeviceMeters()
         batch_time, data_time = AverageMeter(), AverageMeter()
         n_x = len(self.train_loader_x)
@@ -197,6 +235,7 @@ class DAELTrainer(TrainerXU):
             "optims": {n: self._optims[n].state_dict() for n in names if self._optims[n] is not None},
             "scheds": {n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None},
             "rng": ckpt.rng_state(), "config": self.cfg.dump(), "bad_images": sorted(self.bad_images),
+            "data": {"sampler_seed": self.data_seed, "next_epoch": epochs_done},
         }
         if self.step.scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
             state["scaler"] = self.step.scaler.state_dict()
@@ -217,6 +256,11 @@ class DAELTrainer(TrainerXU):
                 if name in state.get("scheds", {}):
                     ckpt.load_sched_state(self._scheds[name], state["scheds"][name])
             ckpt.set_rng_state(state["rng"])
+            if "data" in state:  # the draws continue from the checkpoint's seed
+                self.data_seed = int(state["data"]["sampler_seed"])
+                for loader in self._seeded_loaders():
+                    loader.batch_sampler.seed = self.data_seed
+                    loader.generator.manual_seed(self.data_seed)
             if self.step.scaler is not None and "scaler" in state:
                 self.step.scaler.load_state_dict(state["scaler"])
             self.bad_images.update(state.get("bad_images", []))

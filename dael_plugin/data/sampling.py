@@ -1,0 +1,243 @@
+"""Batch samplers seeded per draw, for both engines.
+
+Every draw is an ``(index, draw_seed)`` pair: the dataset seeds the random
+augmentations of the draw from ``draw_seed`` alone (:class:`seeded_draw`), and
+``draw_seed`` is a function of (seed, epoch, position). So a run gives the
+same batches whatever the number of loader workers, long-lived workers need
+no reseeding, and a resumed run's fresh workers reproduce exactly what an
+uninterrupted run's would have drawn.
+
+- :class:`DomainBalancedBatchSampler` (built-in engine);
+- :class:`DasslDomainBatchSampler` (Dassl engine): Dassl's
+  ``RandomDomainSampler`` epochs, drawn this way;
+- :class:`SeededRandomBatchSampler`: shuffled batches (target data, pooled sources).
+
+``DomainBalancedBatchSampler`` avoids the traps of Dassl's RandomDomainSampler:
+
+- Linear time: an epoch is built from per-domain permutations with numpy,
+  no ``list.remove``.
+- A fixed, stated epoch length: ``ceil(max_d n_d * K / (n_domain * per_domain))``
+  batches, so every image of the *largest* source domain is seen once per
+  epoch (with all K domains in each batch: ``ceil(max_d n_d / per_domain)``).
+- No silent dropping: smaller domains are cycled, each pass a fresh
+  permutation, instead of ending the epoch when the smallest runs out.
+
+Each batch is ``n_domain`` contiguous single-domain chunks of ``per_domain``
+draws, the layout DAEL's per-domain experts need.
+"""
+from __future__ import annotations
+
+import math
+import random
+from typing import Iterator, List, Sequence, Tuple
+
+import numpy as np
+import torch
+from torch.utils.data import Sampler, get_worker_info
+
+from ..errors import DAELConfigError
+
+Draw = Tuple[int, int]
+
+
+def draw_seeds(seed: int, epoch: int, stream: int, count: int) -> np.ndarray:
+    """``count`` seeds for one epoch of one sampler, a function of its arguments only."""
+    return np.random.default_rng([seed, epoch, stream, 0xDAE1]).integers(0, 2 ** 62, size=count, dtype=np.int64)
+
+
+class DomainBalancedBatchSampler(Sampler[List[Draw]]):
+    def __init__(self, domains: Sequence[int], batch_size: int, n_domain: int = 0, seed: int = 0) -> None:
+        self.domains = np.asarray(domains, dtype=np.int64)
+        self.domain_ids = np.unique(self.domains)
+        k = len(self.domain_ids)
+        if batch_size <= 0:
+            raise DAELConfigError(f"DATALOADER.TRAIN_X.BATCH_SIZE={batch_size} must be positive")
+        self.n_domain = k if n_domain <= 0 else n_domain
+        if self.n_domain > k:
+            raise DAELConfigError(f"DATALOADER.TRAIN_X.N_DOMAIN={n_domain} exceeds the {k} domains in the data")
+        if batch_size % self.n_domain != 0:
+            raise DAELConfigError(
+                f"DATALOADER.TRAIN_X.BATCH_SIZE={batch_size} is not divisible by the {self.n_domain} domains per batch"
+            )
+        self.per_domain = batch_size // self.n_domain
+        self.members = [np.flatnonzero(self.domains == d) for d in self.domain_ids]
+        largest = max(len(m) for m in self.members)
+        self.num_batches = math.ceil(largest * k / (self.n_domain * self.per_domain))
+        self.seed = seed
+        self.epoch = 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __len__(self) -> int:
+        return self.num_batches
+
+    def small_domains(self) -> List[Tuple[int, int]]:
+        """(domain id, size) of each domain with fewer images than its per-batch share."""
+        return [(int(d), len(m)) for d, m in zip(self.domain_ids, self.members) if len(m) < self.per_domain]
+
+    def _stream(self, rng: np.random.Generator, members: np.ndarray, count: int) -> np.ndarray:
+        passes = math.ceil(count / len(members))
+        return np.concatenate([rng.permutation(members) for _ in range(passes)])[:count]
+
+    def plan(self) -> np.ndarray:
+        """This epoch's ``(num_batches, batch_size)`` indices."""
+        rng = np.random.default_rng([self.seed, self.epoch])
+        k = len(self.domain_ids)
+        if self.n_domain == k:
+            chosen = np.tile(np.arange(k), (self.num_batches, 1))
+        else:
+            chosen = np.argsort(rng.random((self.num_batches, k)), axis=1)[:, : self.n_domain]
+            chosen.sort(axis=1)
+        need = np.bincount(chosen.ravel(), minlength=k) * self.per_domain
+        streams = [self._stream(rng, self.members[d], int(need[d])) for d in range(k)]
+        # Vectorised gather: the j-th use of domain d in the epoch takes chunk j of its stream.
+        flat = chosen.ravel()
+        order = np.argsort(flat, kind="stable")
+        rank = np.empty_like(order)
+        starts = np.concatenate([[0], np.cumsum(np.bincount(flat, minlength=k))[:-1]])
+        rank[order] = np.arange(flat.size) - starts[flat[order]]
+        cols = rank[:, None] * self.per_domain + np.arange(self.per_domain)
+        out = np.empty((flat.size, self.per_domain), dtype=np.int64)
+        for d in range(k):
+            rows = flat == d
+            out[rows] = streams[d][cols[rows]]
+        return out.reshape(self.num_batches, -1)
+
+    def __iter__(self) -> Iterator[List[Draw]]:
+        plan = self.plan()
+        seeds = draw_seeds(self.seed, self.epoch, 0, plan.size).reshape(plan.shape)
+        for idx, s in zip(plan.tolist(), seeds.tolist()):
+            yield list(zip(idx, s))
+
+
+class DasslDomainBatchSampler(Sampler[List[Draw]]):
+    """Dassl's ``RandomDomainSampler``, drawn per draw from (seed, epoch, pass).
+
+    The same epochs as Dassl's: each batch takes ``n_domain`` domains in random
+    order and ``per_domain`` images of each, without replacement, and the epoch
+    ends after the batch that leaves a chosen domain with fewer than
+    ``per_domain`` images (with every domain in each batch: ``min_d floor(n_d /
+    per_domain)`` batches). Dassl draws from Python's global ``random`` in the
+    main process, with an ``O(n)`` ``list.remove`` per image, and its length is
+    fixed at construction; here each epoch is a NumPy plan from (seed, epoch),
+    its length is that epoch's, and each pass over the loader within an epoch
+    (the target loader restarts when it runs out) draws afresh."""
+
+    def __init__(self, domains: Sequence[int], batch_size: int, n_domain: int = 0, seed: int = 0,
+                 sequential: bool = False) -> None:
+        self.domains = np.asarray(domains, dtype=np.int64)
+        self.domain_ids = np.unique(self.domains)
+        k = len(self.domain_ids)
+        self.sequential = sequential  # Dassl's SeqDomainSampler: every domain, in order, in each batch
+        self.n_domain = k if (n_domain <= 0 or sequential) else n_domain
+        if batch_size <= 0 or self.n_domain > k or batch_size % self.n_domain:
+            raise DAELConfigError(f"DATALOADER.TRAIN_X.BATCH_SIZE={batch_size} does not split into "
+                                  f"{self.n_domain} of the {k} domains")
+        self.per_domain = batch_size // self.n_domain
+        self.members = [np.flatnonzero(self.domains == d) for d in self.domain_ids]
+        small = [(int(d), len(m)) for d, m in zip(self.domain_ids, self.members) if len(m) < self.per_domain]
+        if small:
+            d, n = small[0]
+            raise DAELConfigError(f"source domain {d} has {n} training images, fewer than its per-batch share of "
+                                  f"{self.per_domain}: Dassl's sampler cannot fill one batch; lower "
+                                  "DATALOADER.TRAIN_X.BATCH_SIZE")
+        self.seed, self.epoch, self.passes = seed, 0, 0
+        self._plan = None
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.passes, self._plan = epoch, 0, None
+
+    def plan(self, pass_: int = 0) -> np.ndarray:
+        """This epoch's (and pass's) ``(batches, batch_size)`` indices."""
+        rng = np.random.default_rng([self.seed, self.epoch, pass_, 0xDA55])
+        left = [rng.permutation(m) for m in self.members]
+        used = [0] * len(left)
+        batches = []
+        while True:  # a loop over batches, not images
+            chosen = np.arange(len(left)) if self.sequential else rng.permutation(len(left))[: self.n_domain]
+            if any(len(left[d]) - used[d] < self.per_domain for d in chosen):
+                break  # Dassl checks after each domain; an epoch never holds a short chunk
+            batches.append(np.concatenate([left[d][used[d]:used[d] + self.per_domain] for d in chosen]))
+            for d in chosen:
+                used[d] += self.per_domain
+            if any(len(left[d]) - used[d] < self.per_domain for d in chosen):
+                break
+        return np.stack(batches) if batches else np.zeros((0, self.per_domain * self.n_domain), dtype=np.int64)
+
+    def __len__(self) -> int:
+        if self._plan is None:
+            self._plan = self.plan(0)
+        return len(self._plan)
+
+    def __iter__(self) -> Iterator[List[Draw]]:
+        plan = self._plan if (self.passes == 0 and self._plan is not None) else self.plan(self.passes)
+        seeds = draw_seeds(self.seed, self.epoch, 2 + self.passes, plan.size).reshape(plan.shape)
+        self.passes += 1
+        for idx, s in zip(plan.tolist(), seeds.tolist()):
+            yield list(zip(idx, s))
+
+
+class SeededRandomBatchSampler(Sampler[List[Draw]]):
+    """Shuffled batches of ``(index, draw_seed)``, a function of (seed, epoch, stream, pass):
+    each pass over the loader within an epoch (a target loader that restarts) draws afresh."""
+
+    def __init__(self, n: int, batch_size: int, seed: int = 0, stream: int = 1, drop_last: bool = True) -> None:
+        if batch_size <= 0:
+            raise DAELConfigError(f"batch size {batch_size} must be positive")
+        self.n, self.batch_size, self.seed, self.stream = n, batch_size, seed, stream
+        self.drop_last = drop_last and n >= batch_size
+        self.epoch, self.passes = 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.passes = epoch, 0
+
+    def __len__(self) -> int:
+        return self.n // self.batch_size if self.drop_last else math.ceil(self.n / self.batch_size)
+
+    def __iter__(self) -> Iterator[List[Draw]]:
+        # Pass 0 keeps the (seed, epoch, stream) key of earlier versions; later passes of an
+        # epoch use (epoch + 100003 * pass), as the built-in loop's target restarts did.
+        epoch = self.epoch + 100_003 * self.passes
+        self.passes += 1
+        perm = np.random.default_rng([self.seed, epoch, self.stream]).permutation(self.n)
+        seeds = draw_seeds(self.seed, epoch, self.stream, self.n)
+        for b in range(len(self)):
+            sl = slice(b * self.batch_size, (b + 1) * self.batch_size)
+            yield list(zip(perm[sl].tolist(), seeds[sl].tolist()))
+
+
+class seeded_draw:
+    """Seed torch, NumPy and Python ``random`` for one draw. In the main process the previous
+    states are put back afterwards, so the model's own randomness is untouched; a worker's
+    own streams then matter to nothing."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.saved = None
+
+    def __enter__(self):
+        if get_worker_info() is None:
+            self.saved = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+        torch.default_generator.manual_seed(self.seed)  # the CPU generator only: augmentations run there
+        np.random.seed(self.seed % (2 ** 32))
+        random.seed(self.seed)
+
+    def __exit__(self, *exc):
+        if self.saved is not None:
+            torch.set_rng_state(self.saved[0])
+            np.random.set_state(self.saved[1])
+            random.setstate(self.saved[2])
+
+
+class DrawPicker:
+    """Replacements for unreadable images that depend on the draw's seed alone; the generator is
+    made only when an image turns out unreadable (not on every draw)."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed, self.rng = seed, None
+
+    def __call__(self, members: np.ndarray) -> int:
+        if self.rng is None:
+            self.rng = np.random.default_rng([self.seed, 0xBAD])
+        return int(members[self.rng.integers(len(members))])

@@ -289,16 +289,23 @@ def test_dassl_engine_replaces_unreadable_images_and_check_data_lists_them(damag
 
 
 def test_bench_script_runs_and_its_losses_agree(tmp_path):
-    """scripts/bench.py builds both trainers by hand; a new attribute of the
-    trainer must not break it silently."""
+    """scripts/bench.py builds both trainers by hand; a new attribute of the trainer must not break
+    it silently. Its launch count is exact (counted, not timed), so it is held here: the default
+    configuration launches at most half of Dassl's DAEL's operators per step (issue 14's target)."""
     proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "--repeats", "1", "--warmup", "0",
-                           "--per-domain", "4", "--device", "cpu", "--epoch", "--epoch-images", "20",
-                           "--workers", "0"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+                           "--steps", "1", "--per-domain", "4", "--device", "cpu", "--epoch", "--epoch-data",
+                           "synthetic", "--epoch-images", "20", "--workers", "0", "--launch-size", "16"],
+                          capture_output=True, text=True, cwd=ROOT, timeout=400)
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     diff = float(out.split("max abs diff ", 1)[1].split()[0])
     assert diff < 2e-4 and out.strip().splitlines()[-1].startswith("speedup_vs_dassl_dael: ")
     for line in ("+ fused pass", "+ fused optimiser", "+ channels_last", "share fused pass", "share aug on device",
-                 "epoch ratio dael_plugin:", "epoch ratio dael_plugin + aug on device:"):
+                 "epoch ratio dael_plugin (dassl engine):", "epoch ratio dael_plugin + aug on device:",
+                 "views only, per batch", "waiting for data"):
         assert line in out, line
+    ratio = float(out.split("launches_per_step_vs_dassl: ", 1)[1].split()[0])
+    assert ratio <= 0.50, f"the default step launches {ratio:.2f} of Dassl's operators (target: at most 0.50)"
+    table = out.split("== launches per step", 1)[1].split("launches_per_step_vs_dassl", 1)[0].splitlines()[3:]
+    plugin_rows = [line for line in table if not line.startswith("dassl DAEL") and line.strip()]
+    assert len(plugin_rows) == 8 and all(line.split()[-1] == "0" for line in plugin_rows), plugin_rows  # no host read

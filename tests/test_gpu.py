@@ -1,5 +1,15 @@
-"""On one GPU (skipped without CUDA): the built-in engine trains there, and no
-training step of DAEL or SourceOnly makes the host wait for the device."""
+"""On one GPU (skipped without CUDA): the paths a GPU run takes, checked where only a GPU can.
+
+- no training step makes the host wait for the device, for every execution option
+  (``torch.cuda.set_sync_debug_mode("error")`` raises at any synchronising call);
+- fp16 trains (its loss scaler and the fused optimiser);
+- the grouped per-chunk batch norm (``CHUNK_BN auto`` on CUDA) gives split's numbers in fp32 and bf16;
+- ``COMPILE reduce-overhead`` really replays CUDA graphs (a silent fallback would pass a timing test);
+- views made on the device with the paper's miniDomainNet transforms (cutout included).
+
+``scripts/gpu_bench.sh`` runs these with the benchmark.
+"""
+import copy
 import os
 
 import pytest
@@ -9,14 +19,11 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
+PAPER = ["INPUT.TRANSFORMS", "['random_flip', 'random_translation', 'normalize']",
+         "TRAINER.DAEL.STRONG_TRANSFORMS", "['random_flip', 'cutout', 'randaugment2', 'normalize']"]
 
-@pytest.mark.parametrize("trainer,cfg,extra", [
-    ("DAEL", "dael", []),
-    ("DAEL", "dael", ["TRAINER.DAEL.AUG_ON_DEVICE", "True", "TRAINER.DAEL.PREC", "bf16"]),
-    ("DAEL", "dael", ["TRAINER.DAEL.COMPILE", "reduce-overhead"]),
-    ("SourceOnly", "source_only", []),
-])
-def test_training_steps_do_not_sync_the_host(tmp_path, tiny_root, trainer, cfg, extra):
+
+def _trainer(tmp_path, tiny_root, trainer="DAEL", cfg="dael", extra=()):
     from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
     from dael_plugin.cli import build_parser, setup_cfg
 
@@ -27,19 +34,140 @@ def test_training_steps_do_not_sync_the_host(tmp_path, tiny_root, trainer, cfg, 
         "--source-domains", "hand", "street", "font", "--target-domains", "blend",
         "--output-dir", str(tmp_path), "--seed", "1",
         "DATALOADER.NUM_WORKERS", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8",
-    ] + extra)
+    ] + list(extra))
     set_random_seed(1)
     tr = build_builtin_trainer(setup_cfg(args, "builtin"))
     assert tr.device.type == "cuda"
     tr.modules.train()
-    batches = [b for _, b in zip(range(6), tr._batches())]
-    for b in batches[:3]:  # warm-up: lazy CUDA initialisation, compilation and graph capture may sync
+    return tr
+
+
+OPTIONS = {
+    "defaults": [],
+    "fp16": ["TRAINER.DAEL.PREC", "fp16"],
+    "bf16": ["TRAINER.DAEL.PREC", "bf16"],
+    "split batch norm": ["TRAINER.DAEL.CHUNK_BN", "split"],
+    "one call per chunk": ["TRAINER.DAEL.FUSE_CHUNKS", "False"],
+    "plain optimiser": ["TRAINER.DAEL.FUSED_OPTIM", "False"],
+    "default layout": ["TRAINER.DAEL.CHANNELS_LAST", "False"],
+    "views on the device, paper's transforms": ["TRAINER.DAEL.AUG_ON_DEVICE", "True"] + PAPER,
+    "views on the device, bf16": ["TRAINER.DAEL.AUG_ON_DEVICE", "True", "TRAINER.DAEL.PREC", "bf16"] + PAPER,
+    "reduce-overhead": ["TRAINER.DAEL.COMPILE", "reduce-overhead"],
+    "reduce-overhead, views on the device, fp16": ["TRAINER.DAEL.COMPILE", "reduce-overhead",
+                                                   "TRAINER.DAEL.AUG_ON_DEVICE", "True",
+                                                   "TRAINER.DAEL.PREC", "fp16"] + PAPER,
+}
+
+
+@pytest.mark.parametrize("name", list(OPTIONS) + ["SourceOnly"])
+def test_training_steps_do_not_sync_the_host(tmp_path, tiny_root, name):
+    if name == "SourceOnly":
+        tr = _trainer(tmp_path, tiny_root, "SourceOnly", "source_only")
+    else:
+        tr = _trainer(tmp_path, tiny_root, extra=OPTIONS[name])
+    batches = [b for _, b in zip(range(7), tr._batches())]
+    for b in batches[:4]:  # warm-up: lazy CUDA initialisation, compilation and graph capture may sync
         tr.forward_backward(*b)
     torch.cuda.synchronize()
     torch.cuda.set_sync_debug_mode("error")  # a synchronising call below raises
     try:
-        outs = [tr.forward_backward(*b) for b in batches[3:]]
+        outs = [tr.forward_backward(*b) for b in batches[4:]]
     finally:
         torch.cuda.set_sync_debug_mode("default")
-    assert all(torch.isfinite(v).all() for v in outs[-1].values())
+    assert all(torch.isfinite(v).all() for v in outs[-1].values()), outs[-1]
     assert all(v.device.type == "cuda" for v in outs[-1].values())
+    if "fp16" in name:
+        assert tr.step.scaler is not None and tr.step.scaler.get_scale() > 0
+
+
+@pytest.mark.parametrize("prec", ["fp32", "bf16"])
+def test_grouped_batch_norm_gives_splits_numbers_on_cuda(prec):
+    from dael_plugin.backbones import build_backbone
+    from dael_plugin.core.chunk_norm import per_chunk_batch_norm
+
+    tf32 = torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+    torch.backends.cudnn.allow_tf32 = False  # compare the batch norms, not TF32's rounding
+    torch.set_float32_matmul_precision("highest")
+    try:
+        torch.manual_seed(0)
+        net = build_backbone("timm_resnet18").cuda().to(memory_format=torch.channels_last).train()
+        x = torch.randn(7 * 16, 3, 64, 64, device="cuda").contiguous(memory_format=torch.channels_last)
+        sizes = [16] * 6 + [16]
+        dtype = torch.bfloat16 if prec == "bf16" else None
+        outs = []
+        for impl in ("split", "grouped"):
+            m = copy.deepcopy(net)
+            with torch.autocast("cuda", dtype=dtype, enabled=dtype is not None):
+                with per_chunk_batch_norm(m, sizes, impl):
+                    y = m(x)
+            y.float().square().mean().backward()
+            outs.append((y.float(), m))
+        (ya, a), (yb, b) = outs
+        tol = 1e-4 if prec == "fp32" else 3e-2
+        rel = lambda u, v: ((u - v).abs().max() / v.abs().max().clamp_min(1)).item()  # noqa: E731
+        assert rel(yb, ya) <= tol
+        for (n, pa), pb in zip(a.named_parameters(), b.parameters()):
+            assert rel(pb.grad.float(), pa.grad.float()) <= tol, n
+        for (n, ba), bb in zip(a.named_buffers(), b.buffers()):
+            assert rel(bb.float(), ba.float()) <= (1e-5 if prec == "fp32" else 3e-3), n
+    finally:
+        torch.backends.cudnn.allow_tf32 = tf32[0]
+        torch.set_float32_matmul_precision(tf32[1])
+
+
+def test_reduce_overhead_replays_cuda_graphs(tmp_path, tiny_root):
+    """After warm-up, a step under COMPILE reduce-overhead launches CUDA graphs (cudaGraphLaunch in
+    the runtime trace), and inductor skipped no graph."""
+    from torch._dynamo.utils import counters
+    from torch.profiler import ProfilerActivity, profile
+
+    counters.clear()
+    tr = _trainer(tmp_path, tiny_root, extra=OPTIONS["reduce-overhead"])
+    batches = [b for _, b in zip(range(6), tr._batches())]
+    for b in batches[:5]:
+        tr.forward_backward(*b)
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        tr.forward_backward(*batches[5])
+        torch.cuda.synchronize()
+    launches = [e for e in prof.events() if "cudaGraphLaunch" in e.name]
+    assert launches, "no CUDA graph was replayed"
+    assert not counters["inductor"].get("cudagraph_skips"), dict(counters["inductor"])
+
+
+def test_views_on_the_device_with_the_papers_transforms():
+    """The paper's miniDomainNet views (flip, translation; flip, cutout, RandAugment2) on CUDA: per-sample
+    draws, cutout squares present, normalised, the same shapes as the loader's."""
+    from yacs.config import CfgNode as CN
+
+    from dael_plugin.augment_device import DeviceViews
+    from dael_plugin.builtin.defaults import get_builtin_cfg
+
+    cfg = get_builtin_cfg()
+    cfg.INPUT.SIZE = (96, 96)
+    strong = ["random_flip", "cutout", "randaugment2", "normalize"]
+    views = DeviceViews(["random_flip", "random_translation", "normalize"], strong, 2, cfg.INPUT,
+                        CN({"STRONG_TRANSFORMS": strong}), device="cuda", size=(96, 96))
+    imgs = torch.randint(1, 255, (64, 3, 96, 96), dtype=torch.uint8, device="cuda")
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        weak, strong_view = views(imgs)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert weak.shape == strong_view.shape == (64, 3, 96, 96) and weak.is_cuda
+    zero = (strong_view * torch.tensor(cfg.INPUT.PIXEL_STD, device="cuda").view(1, 3, 1, 1)
+            + torch.tensor(cfg.INPUT.PIXEL_MEAN, device="cuda").view(1, 3, 1, 1)).abs() < 1e-6
+    holes = zero.all(1).flatten(1).sum(1)
+    assert (holes > 0).float().mean() > 0.9  # a 16x16 cutout hole in (almost) every image
+    assert len({tuple(v.flatten()[:64].tolist()) for v in strong_view.cpu()}) == 64
+
+
+def test_cuda_settings_autotune_and_tf32(tmp_path, tiny_root):
+    """Both engines turn on cudnn.benchmark and TF32 on CUDA; USE_TF32 False keeps full fp32."""
+    _trainer(tmp_path / "a", tiny_root)
+    assert torch.backends.cudnn.benchmark and torch.backends.cudnn.allow_tf32
+    assert torch.get_float32_matmul_precision() == "high"
+    _trainer(tmp_path / "b", tiny_root, extra=["USE_TF32", "False"])
+    assert not torch.backends.cudnn.allow_tf32 and torch.get_float32_matmul_precision() == "highest"
+    torch.set_float32_matmul_precision("high")
+    torch.backends.cudnn.allow_tf32 = True

@@ -358,3 +358,25 @@ def test_fused_sgd_survives_a_first_step_the_loss_scaler_skips():
         results.append(w.detach().clone())
     assert torch.isfinite(results[1]).all()
     torch.testing.assert_close(results[1], results[0], atol=1e-6, rtol=1e-6)
+
+
+def test_cuda_settings_follow_use_tf32(monkeypatch, capsys):
+    """On CUDA (faked here; tests/test_gpu.py checks a real one): cudnn.benchmark, and TF32 unless
+    USE_TF32 False. Without CUDA nothing is touched."""
+    from yacs.config import CfgNode as CN
+
+    saved = torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32, torch.get_float32_matmul_precision()
+    try:
+        torch.backends.cudnn.benchmark = False
+        ex.cuda_settings(CN({"USE_CUDA": True, "USE_TF32": True}))
+        assert torch.backends.cudnn.benchmark is False  # no GPU here: untouched
+        monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+        ex.cuda_settings(CN({"USE_CUDA": True, "USE_TF32": True}))
+        assert torch.backends.cudnn.benchmark and torch.backends.cudnn.allow_tf32
+        assert torch.get_float32_matmul_precision() == "high"
+        ex.cuda_settings(CN({"USE_CUDA": True, "USE_TF32": False}))
+        assert not torch.backends.cudnn.allow_tf32 and torch.get_float32_matmul_precision() == "highest"
+        assert "TF32 off" in capsys.readouterr().out
+    finally:
+        torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = saved[:2]
+        torch.set_float32_matmul_precision(saved[2])

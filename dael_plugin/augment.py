@@ -21,7 +21,6 @@ from typing import Callable, List, Sequence
 
 import torchvision.transforms as T
 from torchvision.transforms import InterpolationMode
-from torchvision.transforms import v2
 
 from .errors import DAELConfigError
 
@@ -43,7 +42,7 @@ TORCHVISION_EQUIVALENTS = {
     "randaugment_fixmatch": "RandAugment(N)",
     "randaugment2": "RandAugment(N)",
     "cutout": "RandomErasing(square of CUTOUT_LEN, value=0) x CUTOUT_N",
-    "gaussian_noise": "RandomApply([v2.GaussianNoise], p=0.5)",
+    "gaussian_noise": "GaussianNoise (Dassl's rule: with p 0.5, add N(GN_MEAN, GN_STD) to the tensor)",
 }
 _BUILTIN_UNSUPPORTED = ("instance_norm",)
 
@@ -73,6 +72,18 @@ def _dassl_ops():
     from dassl.data.transforms import transforms as dt
 
     return dt, ra, aa
+
+
+class _GaussianNoise:
+    """Add N(mean, std) to a tensor image (torchvision has one from 0.19 on; this runs on any)."""
+
+    def __init__(self, mean: float, std: float) -> None:
+        self.mean, self.std = mean, std
+
+    def __call__(self, img):
+        import torch
+
+        return img + torch.randn(img.size()) * self.std + self.mean
 
 
 def _cutout_tv(n_holes: int, length: int, size) -> List[Callable]:
@@ -155,7 +166,7 @@ def build_train_transform(cfg, choices: Sequence[str], dassl_node=None, use_dass
         if ops:
             tfm.append(ops[0].GaussianNoise(inp.GN_MEAN, inp.GN_STD))
         else:
-            tfm.append(T.RandomApply([v2.GaussianNoise(mean=inp.GN_MEAN, sigma=inp.GN_STD, clip=False)], p=0.5))
+            tfm.append(T.RandomApply([_GaussianNoise(inp.GN_MEAN, inp.GN_STD)], p=0.5))
     if "instance_norm" in choices and ops:
         tfm.append(ops[0].InstanceNormalization())
     return T.Compose(tfm)

@@ -13,6 +13,7 @@
 """
 from __future__ import annotations
 
+import collections
 import os
 import pickle
 import random
@@ -120,19 +121,29 @@ def set_rng_state(state: Dict[str, object]) -> None:
         torch.cuda.set_rng_state_all(state["cuda"])
 
 
-# -- schedulers whose state holds another scheduler (Dassl's warmup) -------
+# -- scheduler states: loadable with weights_only on every supported torch ---------
 def sched_state(sched) -> dict:
-    sd = sched.state_dict()
+    """The scheduler's state as plain containers: a successor scheduler (Dassl's warmup) as
+    its own state, and ``MultiStepLR``'s ``Counter`` of milestones as a dict (torch before 2.4
+    refuses a ``Counter`` in a weights-only load)."""
+    sd = dict(sched.state_dict())
     if "successor" in sd and hasattr(sd["successor"], "state_dict"):
-        sd = dict(sd, successor=sd["successor"].state_dict())
+        sd["successor"] = sched_state(sd["successor"])
+    counters = [k for k, v in sd.items() if isinstance(v, collections.Counter)]
+    for k in counters:
+        sd[k] = dict(sd[k])
+    if counters:
+        sd["_dael_counters"] = counters
     return sd
 
 
 def load_sched_state(sched, sd: dict) -> None:
     sd = dict(sd)
+    for k in sd.pop("_dael_counters", []):
+        sd[k] = collections.Counter(sd[k])
     successor = sd.pop("successor", None)
     if isinstance(successor, dict) and hasattr(sched, "successor"):
-        sched.successor.load_state_dict(successor)
+        load_sched_state(sched.successor, successor)
         sd["successor"] = sched.successor
     sched.load_state_dict(sd)
 

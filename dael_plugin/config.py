@@ -131,7 +131,7 @@ def execution_from_cfg(cfg: CN) -> Execution:
         aug_on_device=bool(node.get("AUG_ON_DEVICE", d.aug_on_device)),
     )
     prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}"
-    check_execution(e.prec, e.compile, prefix)
+    check_execution(e.prec, e.compile, prefix, e.fuse_chunks)
     if e.chunk_bn not in IMPLS:
         raise DAELConfigError(f"{prefix}.CHUNK_BN={e.chunk_bn!r} is invalid; use one of {list(IMPLS)}")
     return e

@@ -120,8 +120,8 @@ def count_launches(fn: Callable[[], object]) -> LaunchCount:
             if inner:
                 return inner
         out.ops[e.name] += 1
-        if e.name == "aten::copy_":
-            out.copy_bytes += _bytes(e.input_shapes[:1], e.input_dtypes[:1])
+        if e.name == "aten::copy_":  # (input_dtypes is recorded from torch 2.3 on; fp32 is assumed before)
+            out.copy_bytes += _bytes(e.input_shapes[:1], getattr(e, "input_dtypes", None) or ["float"])
         elif e.name == "aten::cat":  # its output, which it allocates (tensor lists' shapes are not recorded)
             out.copy_bytes += max(int(e.self_cpu_memory_usage), 0)
         return 1

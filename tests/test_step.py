@@ -11,6 +11,14 @@ from dael_plugin.backbones import build_backbone
 from dael_plugin.core import DAEL, DAELHparams, ExpertHeads
 from dael_plugin.step import DAELStep, DeviceMeters, ExpertTally
 
+# What the installed torch lacks is skipped with the reason, not failed (README: which torch runs what).
+needs_cpu_fp16 = pytest.mark.skipif(not hasattr(torch.amp, "GradScaler"),
+                                    reason=f"fp16 loss scaling on CPU needs torch >= 2.3 (this is {torch.__version__})")
+needs_compiled_fused = pytest.mark.skipif(torch.__version__ < ex.COMPILE_FUSED_MIN_TORCH,
+                                         reason=f"a compiled fused pass needs torch >= {ex.COMPILE_FUSED_MIN_TORCH}")
+needs_cpu_fused = pytest.mark.skipif(not ex.supports_fused(torch.optim.SGD, "cpu"),
+                                     reason=f"fused optimisers on CPU need torch >= 2.4 (this is {torch.__version__})")
+
 
 def _batch(seed=0, per=8, size=32):
     g = torch.Generator().manual_seed(seed)
@@ -78,6 +86,7 @@ def test_each_fp32_option_keeps_the_numbers(option):
     _params_close(fb, fo, 1e-4)
 
 
+@needs_compiled_fused
 def test_compiled_step_is_one_graph_and_the_same_numbers():
     # aot_eager compiles the same graph as inductor without a C++ build (fast on
     # CPU); fullgraph=True makes any host sync or other graph break an error.
@@ -89,7 +98,7 @@ def test_compiled_step_is_one_graph_and_the_same_numbers():
     _params_close(fe, fc, 1e-5)
 
 
-@pytest.mark.parametrize("prec", ["bf16", "fp16"])
+@pytest.mark.parametrize("prec", ["bf16", pytest.param("fp16", marks=needs_cpu_fp16)])
 def test_low_precision_keeps_fp32_weights_and_close_losses(prec):
     base, fb, _ = _make()
     low, fl, _ = _make(prec=prec)
@@ -140,6 +149,7 @@ def test_channels_last_stops_before_a_view_of_the_feature_map_or_falls_back(caps
     assert capsys.readouterr().out == ""  # runs in channels_last as it is: nothing to say
 
 
+@needs_cpu_fused
 def test_fused_optimizer_matches_and_leaves_others_alone():
     torch.manual_seed(0)
     for cls, kw in ((torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True}),
@@ -304,7 +314,7 @@ EXECUTION = {  # each execution option away from the defaults, and the paper's v
 }
 
 
-@pytest.mark.parametrize("name", list(EXECUTION))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=needs_cpu_fp16) if "fp16" in n else n for n in EXECUTION])
 def test_no_step_reads_the_device_or_copies_a_python_value(name):
     """On a GPU, any host read of a tensor (item, bool, tolist, ...) or Python value turned into a
     tensor in a step makes the host wait for the device. dael_plugin.profiling.HostTraffic sees them
@@ -337,6 +347,8 @@ def test_no_step_reads_the_device_or_copies_a_python_value(name):
     assert all(torch.isfinite(v).all() for v in out.values())
 
 
+@needs_cpu_fp16
+@needs_cpu_fused
 def test_fused_sgd_survives_a_first_step_the_loss_scaler_skips():
     """PyTorch's fused SGD makes its momentum buffers with empty_like on its first step; when fp16's
     scaler skips that step (found_inf), the kernel returns early and the garbage stays. The plugin
@@ -380,3 +392,15 @@ def test_cuda_settings_follow_use_tf32(monkeypatch, capsys):
     finally:
         torch.backends.cudnn.benchmark, torch.backends.cudnn.allow_tf32 = saved[:2]
         torch.set_float32_matmul_precision(saved[2])
+
+
+def test_a_compiled_fused_pass_is_refused_on_a_torch_that_compiles_it_wrong(monkeypatch):
+    from torch.torch_version import TorchVersion
+
+    from dael_plugin.errors import DAELConfigError
+
+    ex.check_execution("fp32", "default", "TRAINER.DAEL", fuse_chunks=True)  # this torch
+    monkeypatch.setattr(torch, "__version__", TorchVersion("2.4.1"))
+    with pytest.raises(DAELConfigError, match="needs torch >= 2.5.*FUSE_CHUNKS False"):
+        ex.check_execution("fp32", "default", "TRAINER.DAEL", fuse_chunks=True)
+    ex.check_execution("fp32", "default", "TRAINER.DAEL", fuse_chunks=False)  # per-chunk calls compile right

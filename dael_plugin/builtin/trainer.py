@@ -163,7 +163,7 @@ class BuiltinTrainer:
     def _state(self, epochs_done: int) -> dict:
         state = {"format": ckpt.FORMAT, "engine": "builtin", "trainer": self.cfg.TRAINER.NAME,
                  "epoch": epochs_done, "model": self.modules.state_dict(), "optim": self.optim.state_dict(),
-                 "sched": self.sched.state_dict(), "rng": ckpt.rng_state(), "config": self.cfg.dump(),
+                 "sched": ckpt.sched_state(self.sched), "rng": ckpt.rng_state(), "config": self.cfg.dump(),
                  "data": self._data_state(epochs_done), "bad_images": sorted(self.bad_images)}
         scaler = self._scaler()
         if scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
@@ -208,7 +208,7 @@ class BuiltinTrainer:
         ckpt.check_resume_config(state, self.cfg, path)
         self.modules.load_state_dict(state["model"])
         self.optim.load_state_dict(state["optim"])
-        self.sched.load_state_dict(state["sched"])
+        ckpt.load_sched_state(self.sched, state["sched"])
         ckpt.set_rng_state(state["rng"])
         if self._scaler() is not None and "scaler" in state:
             self._scaler().load_state_dict(state["scaler"])

@@ -306,17 +306,18 @@ def resolve_impl(impl: str, device_type: str) -> str:
 
 
 def _device_type(module: nn.Module) -> str:
-    p = next(module.parameters(), None)
-    return p.device.type if p is not None else "cpu"
+    for p in module.parameters():
+        return p.device.type
+    return "cpu"
 
 
-def _begin(module: nn.Module, chunks: Sequence[int], impl: str,
-           layers: Optional[List[_BatchNorm]]) -> List[_BatchNorm]:
+def _begin(module: nn.Module, chunks: Sequence[int], impl: str, layers: Optional[List[_BatchNorm]],
+           device_type: Optional[str]) -> List[_BatchNorm]:
     reason = unfusable_reason(module)
     if reason is not None:
         raise ValueError(f"per-chunk batch norm cannot fuse this module: {reason}")
     bns = layers if layers is not None else convert(module)
-    mode = resolve_impl(impl, _device_type(module))
+    mode = resolve_impl(impl, device_type or _device_type(module))
     sizes = [int(s) for s in chunks]
     weights: dict = {}
     for m in bns:
@@ -340,7 +341,7 @@ def fused_forward(module: nn.Module, x: torch.Tensor, chunks: Sequence[int], imp
     :func:`convert`), to skip the module walk on every call.
 
     Plain functions, no context manager or helper object, so ``torch.compile`` traces it whole."""
-    bns = _begin(module, chunks, impl, layers)
+    bns = _begin(module, chunks, impl, layers, x.device.type)
     done = False
     try:
         y = module(x)
@@ -356,7 +357,7 @@ def per_chunk_batch_norm(
 ) -> Iterator[None]:
     """Within this block, ``module(x)`` normalises each chunk of ``x`` with its own statistics,
     as :func:`fused_forward` does (for tests and interactive use: one call in the block)."""
-    bns = _begin(module, chunks, impl, layers)
+    bns = _begin(module, chunks, impl, layers, None)
     done = False
     try:
         yield

@@ -1,7 +1,7 @@
 """Checkpoints shared by both engines: atomic saves, safe loads, RNG states, config checks.
 
-- :func:`save_checkpoint` writes to a temporary file in the same folder and
-  renames it, so a run killed mid-save leaves the previous checkpoint whole.
+- :func:`save_checkpoint` writes through :mod:`dael_plugin.atomic`, so a run killed
+  mid-save, or a full disk, leaves the previous checkpoint whole.
 - :func:`load_checkpoint` always uses ``torch.load(..., weights_only=True)``:
   tensors and plain containers only, never pickled code. A file that needs
   more, or that is truncated, is one :class:`CheckpointError` line naming it.
@@ -23,6 +23,7 @@ import numpy as np
 import torch
 import yaml
 
+from .atomic import save_torch
 from .errors import DAELConfigError
 
 LAST = "checkpoint.pth.tar"  # the "last" checkpoint, rewritten after every epoch
@@ -55,16 +56,9 @@ class CheckpointError(DAELConfigError):
 
 
 def save_checkpoint(state: dict, path: str) -> str:
-    """Write ``state`` to ``path`` atomically (temporary file, fsync, rename)."""
-    folder = os.path.dirname(os.path.abspath(path))
-    os.makedirs(folder, exist_ok=True)
-    tmp = f"{path}.tmp.{os.getpid()}"
-    with open(tmp, "wb") as f:
-        torch.save(state, f)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return path
+    """Write ``state`` to ``path`` atomically (:mod:`dael_plugin.atomic`: temporary file, fsync,
+    rename; a full disk is one line and leaves the previous checkpoint whole)."""
+    return save_torch(path, state)
 
 
 def load_checkpoint(path: str, map_location="cpu") -> dict:
@@ -122,13 +116,10 @@ def set_rng_state(state: Dict[str, object]) -> None:
 
 
 # -- scheduler states: loadable with weights_only on every supported torch ---------
-def sched_state(sched) -> dict:
-    """The scheduler's state as plain containers: a successor scheduler (Dassl's warmup) as
-    its own state, and ``MultiStepLR``'s ``Counter`` of milestones as a dict (torch before 2.4
-    refuses a ``Counter`` in a weights-only load)."""
-    sd = dict(sched.state_dict())
-    if "successor" in sd and hasattr(sd["successor"], "state_dict"):
-        sd["successor"] = sched_state(sd["successor"])
+def counters_to_dicts(sd: dict) -> dict:
+    """``Counter`` values (``MultiStepLR``'s milestones) as dicts, named in ``_dael_counters``:
+    torch before 2.4 refuses a ``Counter`` in a weights-only load."""
+    sd = dict(sd)
     counters = [k for k, v in sd.items() if isinstance(v, collections.Counter)]
     for k in counters:
         sd[k] = dict(sd[k])
@@ -137,10 +128,24 @@ def sched_state(sched) -> dict:
     return sd
 
 
-def load_sched_state(sched, sd: dict) -> None:
+def restore_counters(sd: dict) -> dict:
     sd = dict(sd)
     for k in sd.pop("_dael_counters", []):
         sd[k] = collections.Counter(sd[k])
+    return sd
+
+
+def sched_state(sched) -> dict:
+    """The scheduler's state as plain containers: a successor scheduler (Dassl's warmup) as its
+    own state, and ``Counter`` values as dicts (:func:`counters_to_dicts`)."""
+    sd = dict(sched.state_dict())
+    if "successor" in sd and hasattr(sd["successor"], "state_dict"):
+        sd["successor"] = sched_state(sd["successor"])
+    return counters_to_dicts(sd)
+
+
+def load_sched_state(sched, sd: dict) -> None:
+    sd = restore_counters(sd)
     successor = sd.pop("successor", None)
     if isinstance(successor, dict) and hasattr(sched, "successor"):
         load_sched_state(sched.successor, successor)
@@ -198,3 +203,54 @@ def checkpoint_epoch(path: str) -> Optional[int]:
         return int(load_checkpoint(path).get("epoch"))
     except (DAELConfigError, TypeError, ValueError):
         return None
+
+
+# -- what an evaluation loads ------------------------------------------------
+_FAMILIES = ({"DAEL", "DAELDG"},)
+
+
+def _family(trainer: str) -> str:
+    name = str(trainer).upper()
+    return next(("/".join(sorted(f)) for f in _FAMILIES if name in f), name)
+
+
+def check_loaded_run(state: dict, cfg, path: str, engine: str, classnames=None) -> Optional[List[int]]:
+    """Compare a checkpoint with the run that loads it for evaluation: which engine wrote it, the
+    trainer, the backbone, the classes and the source domains. A mismatch is one line naming the
+    file. Sources in another order are mapped by name: returns, for each of this run's experts,
+    the index of the checkpoint's expert of the same domain (None when the order is the same)."""
+    writer = state.get("engine")
+    if writer is not None and writer != engine:
+        raise CheckpointError(f"{path} was written by the {writer} engine; evaluate it with --engine {writer}")
+    saved = yaml.safe_load(state.get("config") or "") or {}
+    if not saved:
+        return None  # written before checkpoints held their config: nothing to compare
+    checks = [
+        ("trainer", _family(saved.get("TRAINER", {}).get("NAME", "")), _family(cfg.TRAINER.NAME)),
+        ("backbone (MODEL.BACKBONE.NAME)", saved.get("MODEL", {}).get("BACKBONE", {}).get("NAME"),
+         cfg.MODEL.BACKBONE.NAME),
+    ]
+    if classnames is not None and state.get("classnames") is not None:
+        checks.append(("classes", list(state["classnames"]), list(classnames)))
+    for what, was, now in checks:
+        if was != now:
+            raise CheckpointError(f"{path} holds a run with another {what} ({was!r}, this run {now!r}); "
+                                  "evaluate it with the settings of the run that wrote it")
+    was = list(saved.get("DATASET", {}).get("SOURCE_DOMAINS", []))
+    now = list(cfg.DATASET.SOURCE_DOMAINS)
+    if sorted(was) != sorted(now):
+        raise CheckpointError(f"{path} has experts for source domains {was}, not {now}; pass "
+                              f"--source-domains {' '.join(was)}")
+    if was == now:
+        return None
+    print(f"dael_plugin: {path} has its experts in the order {was}; mapped by domain name to {now}")
+    return [was.index(d) for d in now]
+
+
+def reorder_experts(head_state: dict, order: Optional[List[int]]) -> dict:
+    """The expert heads' state (``weight`` (K, C, D), ``bias`` (K, C)) with its experts in ``order``."""
+    if order is None:
+        return head_state
+    index = torch.tensor(order)
+    return {k: (v.index_select(0, index) if k in ("weight", "bias") and v.dim() >= 2 and v.shape[0] == len(order)
+                else v) for k, v in head_state.items()}

@@ -10,7 +10,10 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import shutil
+import signal
 import sys
+import threading
 import time
 from typing import List, Optional
 
@@ -19,10 +22,13 @@ from yacs.config import CfgNode as CN
 from .backbones.timm_backbone import check_timm_backbone
 from .checkpoint import LAST, checkpoint_epoch
 from .config import add_dael_config, check_run_values
-from .errors import DAELConfigError, NonFiniteLossError
+from .atomic import remove_stale_temps
+from .errors import DAELConfigError, NonFiniteLossError, Terminated
 from .execution import cuda_settings
 from .results import remove_failure, results_record, write_failure, write_results
-from .runlock import RunLock
+from .runlock import BusyError, RunLock
+
+EXIT_BUSY = 75  # the output directory is held by another live run (EX_TEMPFAIL: try again later)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -50,6 +56,9 @@ def build_parser() -> argparse.ArgumentParser:
                         "the dataset has one, else on the target test split, which is then said in the log)")
     p.add_argument("--check-data", action="store_true",
                    help="decode every image of the run's splits before training; stop with the list of bad files")
+    p.add_argument("--retrain", action="store_true",
+                   help="train again into an OUTPUT_DIR whose run finished (its files move to "
+                        "OUTPUT_DIR/replaced-<time>/); without it, rerunning a finished run does nothing")
     p.add_argument("opts", default=None, nargs=argparse.REMAINDER, help="modify config options using the command-line")
     return p
 
@@ -68,10 +77,15 @@ def choose_engine(requested: str) -> str:
 
 
 def _merge_file(cfg: CN, path: str, engine: str) -> None:
+    """Merge a config file as data: YAML read with ``yaml.safe_load``, never imported (yacs's
+    ``merge_from_file`` would import a ``.py`` file and run it)."""
     import yaml
 
     if not os.path.isfile(path):
         raise DAELConfigError(f"config file {path!r} not found")
+    if path.endswith(".py"):
+        raise DAELConfigError(f"config file {path} is a Python file; config files are YAML, read as data and "
+                              "never run: write its KEY: value pairs to a .yaml file")
     try:
         with open(path) as f:
             loaded = yaml.safe_load(f)
@@ -89,7 +103,7 @@ def _merge_file(cfg: CN, path: str, engine: str) -> None:
             "see configs/ for examples"
         )
     try:
-        cfg.merge_from_file(path)
+        cfg.merge_from_other_cfg(CN(loaded))  # yacs decodes the values as merge_from_file does
     except KeyError as exc:
         raise DAELConfigError(_key_error(exc, engine, f"config file {path}")) from None
     except (ValueError, AssertionError, TypeError) as exc:
@@ -215,7 +229,6 @@ def _check_builtin_values(cfg: CN) -> None:
 
 def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     from dassl.engine import build_trainer
-    from dassl.engine.build import TRAINER_REGISTRY
     from dassl.utils import collect_env_info, set_random_seed, setup_logger
 
     from .dassl_adapter import prepare_cfg
@@ -229,14 +242,14 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     print(cfg)
     print("** System info **\n{}\n".format(collect_env_info()))
     prepare_cfg(cfg)
-    if cfg.TRAINER.NAME not in TRAINER_REGISTRY.registered_names():
-        raise DAELConfigError(
-            f"unknown trainer {cfg.TRAINER.NAME!r}; Dassl has {sorted(TRAINER_REGISTRY.registered_names())}"
-        )
-    from .dassl_adapter.checks import check_dataset_cfg
+    from .dassl_adapter.checks import check_backbone_cfg, check_dataset_cfg, check_trainer_cfg
 
+    check_trainer_cfg(cfg)
     check_dataset_cfg(cfg)
+    check_backbone_cfg(cfg)
     trainer = build_trainer(cfg)
+    if cfg.TEST.FINAL_MODEL == "best_val" and getattr(trainer, "val_loader", None) is None:
+        raise DAELConfigError(_BEST_VAL_WITHOUT_VAL.format(dataset=cfg.DATASET.NAME))
     recorded = {}
     original_test = trainer.test
 
@@ -247,6 +260,20 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
 
     trainer.test = recording_test  # every trainer's final test result reaches results.json
     return {"trainer": trainer, "recorded": recorded}
+
+
+_BEST_VAL_WITHOUT_VAL = (
+    "TEST.FINAL_MODEL best_val: dataset {dataset} has no validation split, so 'best' would be chosen on the "
+    "target test set (test leakage); set TEST.FINAL_MODEL last_step")
+
+
+def _setting(trainer) -> str:
+    """DA when the run trained on unlabeled target data, else DG (for the tables)."""
+    if hasattr(trainer, "is_da"):
+        return "DA" if trainer.is_da else "DG"
+    from dassl.engine import TrainerXU  # a Dassl baseline
+
+    return "DA" if isinstance(trainer, TrainerXU) and getattr(trainer, "train_loader_u", None) is not None else "DG"
 
 
 def _load_for_eval(trainer, engine: str, args: argparse.Namespace) -> Optional[int]:
@@ -263,13 +290,26 @@ def _load_for_eval(trainer, engine: str, args: argparse.Namespace) -> Optional[i
     return trainer.load_model(args.model_dir, epoch=args.load_epoch)
 
 
+def _terminate(signum, _frame):
+    raise Terminated(signum)
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from .builtin.runlog import close_logger
 
     args = build_parser().parse_args(argv)
     state: dict = {}
+    # SIGTERM (scancel, preemption, most schedulers, a sweep that ends) stops the run as Ctrl-C does.
+    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
+        else None
     try:
         return _main(args, state)
+    except Terminated:
+        print(f"terminated (SIGTERM): {_where_to_resume(state.get('output_dir'))}", file=sys.stderr)
+        return 143
+    except BusyError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return EXIT_BUSY
     except DAELConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -285,6 +325,34 @@ def main(argv: Optional[List[str]] = None) -> int:
         if state.get("lock") is not None:
             state["lock"].release()
         close_logger()
+        if previous is not None:
+            signal.signal(signal.SIGTERM, previous)
+
+
+def _finished(cfg: CN, args: argparse.Namespace) -> bool:
+    """A run whose ``results.json`` exists is finished: rerunning its command does nothing (and
+    says so) unless ``--retrain`` moves its files aside; another config is refused, as on resume."""
+    from .checkpoint import check_resume_config, load_checkpoint
+
+    out = cfg.OUTPUT_DIR
+    record = os.path.join(out, "results.json")
+    if not os.path.isfile(record):
+        return False
+    if args.retrain:
+        aside = os.path.join(out, time.strftime("replaced-%Y%m%d-%H%M%S"))
+        keep = {".dael_run.lock", ".dael_run.json", "sweep_log.txt", "sweep_job.txt", "sweep_run.json"}
+        os.makedirs(aside)
+        for name in sorted(os.listdir(out)):
+            if name not in keep and not name.startswith("replaced-"):
+                shutil.move(os.path.join(out, name), os.path.join(aside, name))
+        print(f"dael_plugin: --retrain: the finished run's files moved to {aside}; training from scratch")
+        return False
+    last = os.path.join(out, LAST)
+    if os.path.isfile(last):
+        check_resume_config(load_checkpoint(last), cfg, last)  # another config: refused, listing the keys
+    print(f"dael_plugin: {out} holds a finished run ({record}); nothing to do. Pass --retrain to train it "
+          "again (its files move aside), or another --output-dir")
+    return True
 
 
 def _where_to_resume(output_dir: Optional[str]) -> str:
@@ -320,6 +388,10 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     _prepare_output_dir(cfg.OUTPUT_DIR)
     state["lock"] = RunLock(cfg.OUTPUT_DIR).acquire()
     state["output_dir"] = cfg.OUTPUT_DIR
+    for path in remove_stale_temps(cfg.OUTPUT_DIR):
+        print(f"dael_plugin: removed {path}, left by a write that was killed")
+    if not args.eval_only and not args.no_train and _finished(cfg, args):
+        return 0
     start = time.time()
     if engine == "dassl":
         run = _run_dassl(cfg, args)
@@ -353,7 +425,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     else:
         return 0
     record = results_record(
-        cfg, engine, recorded.get("accuracy"), getattr(trainer, "expert_accuracy", []) or [],
+        cfg, engine, recorded.get("accuracy"), getattr(trainer, "expert_accuracy", []) or [], setting=_setting(trainer),
         wall_seconds=time.time() - start, epochs=epochs, eval_only=args.eval_only,
         unreadable_images=sorted(getattr(trainer, "bad_images", ()) or ()),
         model_dir=os.path.abspath(args.model_dir) if args.eval_only else None,

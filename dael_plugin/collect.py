@@ -5,16 +5,22 @@
 One table per dataset and setting (DA/DG): a row per trainer and override
 setting, a column per target domain plus the average, each cell the mean ±
 std over seeds (``n=`` where a cell's seed count differs from the table's
-usual count). A run without a record is marked (``failed`` with a
-``failed.json``, else ``missing``), never dropped. The tables are printed and
-written to ``DIR/results.md`` and ``DIR/results.csv``; ``--latex`` also
-prints LaTeX. ``--paper`` adds the published numbers of the DAEL paper
-(``dael_plugin/data/paper_results.json``, each with its table cited).
+usual count). A cell never mixes settings: records of one row whose merged
+configs differ (other epochs, rates, engines, sources...) become rows of
+their own, named by the keys that differ, and two records of one seed in a
+cell are an error naming both, never an average. A run without a record is
+marked (``failed`` with a ``failed.json``, ``corrupt`` for a record that
+cannot be read, with a warning naming it, else ``missing``), never dropped.
+The tables are printed and written to ``DIR/results.md`` and
+``DIR/results.csv``; ``--latex`` also prints LaTeX. ``--paper`` adds the
+published numbers of the DAEL paper (``dael_plugin/data/paper_results.json``,
+each with its table cited).
 """
 from __future__ import annotations
 
 import argparse
 import csv
+import io
 import json
 import os
 import statistics
@@ -22,13 +28,21 @@ import sys
 from collections import Counter, defaultdict
 from typing import Dict, List, Optional, Tuple
 
+from .atomic import write_text
+from .records import Record, differing, read_records, setting_items, setting_key
+
 PAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "paper_results.json")
 DG_TRAINERS = ("DAELDG", "Vanilla")
 
 
+class CollectError(ValueError):
+    """Records that cannot share a table cell (one line naming them)."""
+
+
 class Cell:
-    def __init__(self, values: List[float], missing: int = 0, failed: int = 0, paper: Optional[Tuple] = None):
-        self.values, self.missing, self.failed, self.paper = values, missing, failed, paper
+    def __init__(self, values: List[float], missing: int = 0, failed: int = 0, paper: Optional[Tuple] = None,
+                 corrupt: int = 0):
+        self.values, self.missing, self.failed, self.paper, self.corrupt = values, missing, failed, paper, corrupt
 
     @property
     def mean(self) -> Optional[float]:
@@ -41,63 +55,99 @@ class Cell:
             mean, std = self.paper
             return f"{mean:.2f}" + (f" ± {std:.2f}" if std is not None else "")
         if not self.values:
-            return "failed" if self.failed else "missing"
+            return "corrupt" if self.corrupt else ("failed" if self.failed else "missing")
         std = statistics.stdev(self.values) if len(self.values) > 1 else 0.0
         out = f"{self.mean:.2f} ± {std:.2f}"
         if len(self.values) != usual_n:
             out += f" (n={len(self.values)})"
-        if self.failed or self.missing:
-            out += f" [{self.failed + self.missing} not done]"
+        not_done = self.failed + self.missing + self.corrupt
+        if not_done:
+            out += f" [{not_done} not done]"
         return out
 
 
 def _setting(rec: dict) -> str:
-    return "DG" if rec.get("trainer") in DG_TRAINERS else rec.get("setting", "DA")
+    # Records since the run integrity work say it; older ones: DG trainers by name, else DA.
+    return rec.get("setting") or ("DG" if rec.get("trainer") in DG_TRAINERS else "DA")
 
 
-def _row_label(rec_dir: str, root: str, rec: dict) -> str:
+def _row_label(rec_dir: str, root: str, trainer: str) -> str:
     """``trainer[/override]`` from the sweep layout ``<dataset>/<trainer>[/<setting>]/<target>/seed<N>``."""
     rel = os.path.relpath(rec_dir, root).split(os.sep)
-    if len(rel) >= 4 and rel[-1].startswith("seed") and rel[1] == rec.get("trainer"):
+    if len(rel) >= 4 and rel[-1].startswith("seed") and rel[1] == trainer:
         return "/".join(rel[1:-2])
-    return str(rec.get("trainer"))
+    return str(trainer)
 
 
-def read_runs(root: str):
-    """``{(dataset, setting): {row: {target: Cell}}}`` and the seed count seen per table."""
-    tables: Dict[Tuple[str, str], Dict[str, Dict[str, list]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(
-        lambda: {"values": [], "failed": 0, "missing": 0})))
-    for dirpath, dirnames, filenames in os.walk(root):
-        dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
-        rec_path = os.path.join(dirpath, "results.json")
-        if "results.json" in filenames:
-            with open(rec_path) as f:
-                rec = json.load(f)
-            if rec.get("failed") or rec.get("accuracy") is None:
+def _layout(path: str, root: str):
+    """(dataset, row label, target) of a sweep run folder, from its place in the layout."""
+    rel = os.path.relpath(path, root).split(os.sep)
+    if len(rel) >= 4 and rel[-1].startswith("seed"):
+        return rel[0], "/".join(rel[1:-2]), rel[-2]
+    return None
+
+
+def read_runs(root: str, warn=print):
+    """``{(dataset, setting): {row: {target: slot}}}`` from the records under ``root``. A cell
+    holds one setting: records of one row label with different settings become rows of their
+    own, named by the keys that differ; two records of one seed in a cell are an error."""
+    walk = read_records(root)
+    for problem in walk.problems:
+        warn(problem.warning())
+    groups: Dict[tuple, Dict[Optional[str], List[Record]]] = defaultdict(lambda: defaultdict(list))
+    for rec in walk.records:
+        table = (rec.data.get("dataset"), _setting(rec.data))
+        label = _row_label(rec.dir, root, str(rec.data.get("trainer")))
+        groups[(table, label)][setting_key(rec)].append(rec)
+    tables: Dict[Tuple[str, str], Dict[str, Dict[str, dict]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(
+        lambda: {"values": [], "failed": 0, "missing": 0, "corrupt": 0, "seeds": {}})))
+    for (table, label), by_setting in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
+        names = _setting_names(label, by_setting)
+        for key, recs in by_setting.items():
+            for rec in recs:
+                slot = tables[table][names[key]][rec.target]
+                seed = rec.data.get("seed")
+                if seed in slot["seeds"]:
+                    raise CollectError(f"two records for {names[key]} -> {rec.target} seed {seed}: "
+                                       f"{slot['seeds'][seed]} and {rec.path}; keep one (move the other out of {root})")
+                slot["seeds"][seed] = rec.path
+                slot["values"].append(float(rec.data["accuracy"]))
+    for kind, paths in (("failed", walk.failed), ("missing", walk.pending),
+                        ("corrupt", [os.path.dirname(p.path) for p in walk.problems])):
+        for path in paths:
+            place = _layout(path, root)
+            if place is None:
                 continue
-            key = (rec["dataset"], _setting(rec))
-            target = ",".join(rec["target_domains"])
-            tables[key][_row_label(dirpath, root, rec)][target]["values"].append(float(rec["accuracy"]))
-        elif os.path.basename(dirpath).startswith("seed") and ("sweep_log.txt" in filenames or "failed.json" in filenames):
-            # A sweep run without a record: find its table from the layout.
-            rel = os.path.relpath(dirpath, root).split(os.sep)
-            if len(rel) >= 4:
-                dataset, trainer, target = rel[0], rel[1], rel[-2]
-                key = (dataset, "DG" if trainer in DG_TRAINERS else "DA")
-                slot = tables[key]["/".join(rel[1:-2])][target]
-                slot["failed" if "failed.json" in filenames else "missing"] += 1
+            dataset, label, target = place
+            trainer = label.split("/")[0]
+            key = (dataset, "DG" if trainer in DG_TRAINERS else "DA")
+            rows = [r for r in tables[key] if r == label or r.startswith(label + " [")] or [label]
+            tables[key][rows[0]][target][kind] += 1
     return tables
 
 
-def build(root: str, paper: bool):
-    raw = read_runs(root)
-    published = json.load(open(PAPER)) if paper else {"tables": []}
+def _setting_names(label: str, by_setting: Dict[Optional[str], List[Record]]) -> Dict[Optional[str], str]:
+    if len(by_setting) == 1:
+        return {k: label for k in by_setting}
+    keys = differing([recs[0] for recs in by_setting.values()])
+    names = {}
+    for key, recs in by_setting.items():
+        items = setting_items(recs[0])
+        shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={items.get(k)}" for k in keys[:3])
+        names[key] = f"{label} [{shown}{', ...' if len(keys) > 3 else ''}]"
+    return names
+
+
+def build(root: str, paper: bool, warn=print):
+    raw = read_runs(root, warn)
+    with open(PAPER) as f:
+        published = json.load(f) if paper else {"tables": []}
     out = []
     for key in sorted(raw):
         rows = raw[key]
         targets = sorted({t for r in rows.values() for t in r})
-        cells = {row: {t: Cell(**rows[row][t]) if t in rows[row] else Cell([], missing=1) for t in targets}
-                 for row in sorted(rows)}
+        cells = {row: {t: Cell(**{k: v for k, v in rows[row][t].items() if k != "seeds"}) if t in rows[row]
+                       else Cell([], missing=1) for t in targets} for row in sorted(rows)}
         counts = Counter(len(c.values) for r in cells.values() for c in r.values() if c.values)
         usual = counts.most_common(1)[0][0] if counts else 0
         cite = None
@@ -132,7 +182,8 @@ def render(tables, latex: bool = False) -> Tuple[str, List[List[str]], str]:
                 c = row[t]
                 std = (c.paper[1] if c.paper else (statistics.stdev(c.values) if len(c.values) > 1 else 0.0)
                        if c.values or c.paper else None)
-                state = "paper" if c.paper else ("done" if c.values else ("failed" if c.failed else "missing"))
+                state = "paper" if c.paper else ("done" if c.values else
+                                                 ("corrupt" if c.corrupt else "failed" if c.failed else "missing"))
                 rows_csv.append([dataset, setting, name, t, "" if c.mean is None else f"{c.mean:.4f}",
                                  "" if std is None else f"{std:.4f}", str(len(c.values)), state])
         md.append("")
@@ -156,7 +207,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not os.path.isdir(args.dir):
         print(f"error: {args.dir} is not a folder; pass a sweep's --output-dir", file=sys.stderr)
         return 2
-    tables = build(args.dir, args.paper)
+    try:
+        tables = build(args.dir, args.paper, warn=lambda line: print(line, file=sys.stderr))
+    except CollectError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
     if not tables:
         print(f"error: no results.json under {args.dir}", file=sys.stderr)
         return 2
@@ -164,10 +219,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(md)
     if args.latex:
         print(tex)
-    with open(os.path.join(args.dir, "results.md"), "w") as f:
-        f.write(md + "\n")
-    with open(os.path.join(args.dir, "results.csv"), "w", newline="") as f:
-        csv.writer(f).writerows(rows)
+    buf = io.StringIO()
+    csv.writer(buf).writerows(rows)
+    write_text(os.path.join(args.dir, "results.md"), md + "\n")
+    write_text(os.path.join(args.dir, "results.csv"), buf.getvalue())
     print(f"wrote {os.path.join(args.dir, 'results.md')} and results.csv")
     return 0
 

@@ -13,3 +13,7 @@ class DAELConfigError(ValueError):
 
 class NonFiniteLossError(RuntimeError):
     """A loss or a weight became NaN or inf during training."""
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM arrived: the run stops as Ctrl-C stops it (exit code 143)."""

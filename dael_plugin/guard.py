@@ -30,9 +30,12 @@ class FiniteGuard:
         return self.bad is not None and bool(self.bad)
 
 
-def params_finite(params: Iterable[torch.Tensor]) -> bool:
-    """One host read for all parameters (used once per epoch, before saving)."""
-    flags = [torch.isfinite(p.detach()).all() for p in params]
+def weights_finite(modules: Iterable[torch.nn.Module]) -> bool:
+    """Whether every parameter and floating-point buffer (batch-norm statistics) is finite: one
+    host read for all of them, once per epoch before the checkpoint is written, so a "last good
+    checkpoint" is good in its buffers too."""
+    flags = [torch.isfinite(t.detach()).all() for m in modules
+             for t in list(m.parameters()) + [b for b in m.buffers() if b.is_floating_point()]]
     return bool(torch.stack(flags).all()) if flags else True
 
 

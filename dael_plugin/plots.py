@@ -24,28 +24,26 @@ with the dataset under the run's ``DATASET.ROOT``.
 from __future__ import annotations
 
 import argparse
-import glob
-import json
 import os
 import statistics
 import sys
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
+from .atomic import write_bytes
+from .records import read_records
+
 LOSS_ORDER = ("ce", "ce_cr", "ce_cr_u")
 LOSS_LABELS = {"ce": "$L_{ce}$", "ce_cr": "$+L_{cr}$", "ce_cr_u": "$+L_u$"}
 
 
-def _records(root: str) -> List[dict]:
-    recs = []
-    for path in sorted(glob.glob(os.path.join(root, "**", "results.json"), recursive=True)):
-        with open(path) as f:
-            rec = json.load(f)
-        if rec.get("accuracy") is None:
-            continue
-        rec["_dir"] = os.path.dirname(path)
-        recs.append(rec)
-    return recs
+def _records(root: str, warn=print) -> List[dict]:
+    """The run records under ``root`` (one reader with collect: :mod:`dael_plugin.records`); a
+    file that is not a record is skipped with a warning naming it."""
+    walk = read_records(root)
+    for problem in walk.problems:
+        warn(problem.warning())
+    return [dict(r.data, _dir=r.dir) for r in walk.records]
 
 
 def _key(rec: dict, key: str) -> Optional[str]:
@@ -61,10 +59,13 @@ def _key(rec: dict, key: str) -> Optional[str]:
 
 
 def _save(fig, out: str, name: str) -> List[str]:
-    os.makedirs(out, exist_ok=True)
+    import io
+
     paths = [os.path.join(out, f"{name}.{ext}") for ext in ("png", "pdf")]
     for p in paths:
-        fig.savefig(p, bbox_inches="tight", dpi=150)
+        buf = io.BytesIO()
+        fig.savefig(buf, bbox_inches="tight", dpi=150, format=p.rsplit(".", 1)[1])
+        write_bytes(p, buf.getvalue())
     import matplotlib.pyplot as plt
 
     plt.close(fig)
@@ -281,35 +282,71 @@ class LoadedRun:
             return f, probs if probs.dim() == 3 else probs.unsqueeze(1)
 
 
-def _pick(items, n, seed=0):
+def _at_defaults(rec: dict) -> bool:
+    return _others_default(rec, "")
+
+
+def describe(rec: dict) -> str:
+    """The run a figure draws, in its title: trainer, setting (the design keys away from the paper's
+    defaults), target and seed."""
+    from .core.hparams import DAELHparams
+
+    defaults = DAELHparams()
+    keys = []
+    if str(rec.get("trainer", "")).upper() in ("DAEL", "DAELDG"):
+        keys = [f"{k}={_key(rec, k)}" for k, attr in DESIGN_KEYS.items()
+                if _key(rec, k) is not None and _key(rec, k) != str(getattr(defaults, attr))]
+    setting = ", ".join(keys) if keys else "defaults"
+    return (f"{rec.get('trainer')} ({setting}), target {','.join(rec.get('target_domains', []))}, "
+            f"seed {rec.get('seed')}")
+
+
+def _pick(recs, trainer: str, run_dir: Optional[str] = None, like: Optional[dict] = None):
+    """The run a one-run figure draws: the one named with ``--run``, else the first (in path order)
+    at the paper's defaults, preferring the target and seed of ``like``; (run or None, why not)."""
+    if run_dir is not None:
+        chosen = [r for r in recs if os.path.abspath(r["_dir"]) == os.path.abspath(run_dir)
+                  and str(r.get("trainer")).upper() == trainer.upper()]
+        if not chosen:
+            return None, f"--run {run_dir} is not a {trainer} run with a results.json under the sweep folder"
+    else:
+        chosen = [r for r in recs if str(r.get("trainer")).upper() == trainer.upper()
+                  and (trainer.upper() not in ("DAEL", "DAELDG") or _at_defaults(r))]
+        if like is not None:
+            chosen.sort(key=lambda r: (r.get("target_domains") != like.get("target_domains"),
+                                       r.get("seed") != like.get("seed")))
+    why = ""
+    for r in chosen:
+        if not (r.get("provenance") or {}).get("config"):
+            continue
+        try:
+            return LoadedRun(r), None
+        except Exception as exc:  # a run whose checkpoint or data is gone or foreign
+            why = f" (last tried: {str(exc).splitlines()[0][:120]})"
+    return None, f"needs a {trainer} run{' at the defaults' if run_dir is None else ''} with its " \
+                 f"checkpoint.pth.tar and data{why}"
+
+
+def _pick_items(items, n, seed=0):
     import random
 
     rng = random.Random(seed)
     return rng.sample(list(items), min(n, len(items)))
 
 
-def _load(recs, trainer):
-    """The first run of ``trainer`` that loads, or None and why not."""
-    why = ""
-    for r in recs:
-        if str(r.get("trainer")).upper() == trainer.upper() and (r.get("provenance") or {}).get("config"):
-            try:
-                return LoadedRun(r), None
-            except Exception as exc:  # a run whose checkpoint or data is gone or foreign
-                why = f" (last tried: {str(exc).splitlines()[0][:120]})"
-    return None, f"needs a {trainer} run with its checkpoint.pth.tar and data{why}"
-
-
-def top3(recs, out: str, n_images: int = 4):
+def top3(recs, out: str, n_images: int = 4, run_dir: Optional[str] = None):
     import matplotlib.pyplot as plt
 
-    run, why = _load(recs, "DAEL")
+    run, why = _pick(recs, "DAEL", run_dir)
     if run is None:
         return None, f"top3 {why}"
-    items = _pick(run.test, n_images)
+    items = _pick_items(run.test, n_images)
     _, probs = run.features_and_probs(items)  # (N, K, C)
-    names = list(run.rec.get("expert_accuracy") or {}) or [f"E{k}" for k in range(probs.shape[1])]
-    rows = [(f"E[{n}]", probs[:, k]) for k, n in enumerate(names[: probs.shape[1]])] + [("ensemble", probs.mean(1))]
+    if probs.shape[1] == 1:  # one shared classifier (Table 3b's ablation): nothing to compare
+        rows = [("classifier", probs[:, 0])]
+    else:
+        names = list(run.rec.get("expert_accuracy") or {}) or [f"E{k}" for k in range(probs.shape[1])]
+        rows = [(f"E[{n}]", probs[:, k]) for k, n in enumerate(names[: probs.shape[1]])] + [("ensemble", probs.mean(1))]
     images = run._tensor(items)
     import torch
 
@@ -335,26 +372,27 @@ def top3(recs, out: str, n_images: int = 4):
                 ax.set_ylabel(who, fontsize=8)
             if i == len(rows):
                 ax.set_xlabel("probability", fontsize=7)
-    fig.suptitle(f"Top-3 predictions on target {','.join(run.rec['target_domains'])} (Fig. 7); green: true class")
+    fig.suptitle(f"Top-3 predictions (Fig. 7) of {describe(run.rec)}; green: true class", fontsize=9)
     fig.tight_layout()
     return _save(fig, out, "top3"), None
 
 
-def tsne(recs, out: str, per_domain: int = 150):
+def tsne(recs, out: str, per_domain: int = 150, run_dir: Optional[str] = None):
     import matplotlib.pyplot as plt
     import torch
     from sklearn.manifold import TSNE
 
-    runs = []
-    for trainer in ("SourceOnly", "DAEL"):
-        run, why = _load(recs, trainer)
-        if run is None:
-            return None, f"tsne {why}"
-        runs.append((trainer, run))
+    dael, why = _pick(recs, "DAEL", run_dir)
+    if dael is None:
+        return None, f"tsne {why}"
+    source_only, why = _pick(recs, "SourceOnly", like=dael.rec)  # the DAEL run's target and seed, if there
+    if source_only is None:
+        return None, f"tsne {why}"
+    runs = [("SourceOnly", source_only), ("DAEL", dael)]
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.2))
     for ax, (trainer, run) in zip(axes, runs):
-        src = _pick(run.source, per_domain * len(run.cfg["DATASET"]["SOURCE_DOMAINS"]))
-        tgt = _pick(run.test, per_domain)
+        src = _pick_items(run.source, per_domain * len(run.cfg["DATASET"]["SOURCE_DOMAINS"]))
+        tgt = _pick_items(run.test, per_domain)
         f_src, _ = run.features_and_probs(src)
         f_tgt, _ = run.features_and_probs(tgt)
         feats = torch.cat([f_src, f_tgt]).numpy()
@@ -362,7 +400,7 @@ def tsne(recs, out: str, per_domain: int = 150):
         n = len(src)
         ax.scatter(emb[:n, 0], emb[:n, 1], s=6, c="tab:blue", alpha=0.6, label="source")
         ax.scatter(emb[n:, 0], emb[n:, 1], s=6, c="tab:red", alpha=0.6, label="target")
-        ax.set_title(f"{trainer} (target {','.join(run.rec['target_domains'])})")
+        ax.set_title(describe(run.rec), fontsize=8)
         ax.set_xlabel("t-SNE 1")
         ax.set_ylabel("t-SNE 2")
         ax.legend(markerscale=3)
@@ -378,6 +416,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sweep_dir")
     p.add_argument("--out", required=True, help="folder for the PNG and PDF files")
+    p.add_argument("--run", default=None, metavar="DIR",
+                   help="the DAEL run that Fig. 7 and Fig. 8 draw (default: the first at the paper's defaults)")
+    p.add_argument("--only", nargs="+", choices=sorted(FIGURES), default=None, help="draw only these figures")
     args = p.parse_args(argv)
     try:
         import matplotlib
@@ -386,12 +427,14 @@ def main(argv: Optional[List[str]] = None) -> int:
     except ImportError:
         print("error: scripts/plots.py needs matplotlib: pip install matplotlib (or .[plots])", file=sys.stderr)
         return 2
-    recs = _records(args.sweep_dir)
+    recs = _records(args.sweep_dir, warn=lambda line: print(line, file=sys.stderr))
     if not recs:
         print(f"error: no results.json under {args.sweep_dir}", file=sys.stderr)
         return 2
     for name, fn in FIGURES.items():
-        paths, why = fn(recs, args.out)
+        if args.only and name not in args.only:
+            continue
+        paths, why = fn(recs, args.out, run_dir=args.run) if name in ("top3", "tsne") else fn(recs, args.out)
         print(f"{name}: " + (", ".join(paths) if paths else f"skipped ({why})"))
     return 0
 

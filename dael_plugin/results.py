@@ -11,7 +11,6 @@ Sweeps aggregate these records instead of regex-parsing ``log.txt``.
 from __future__ import annotations
 
 import hashlib
-import json
 import os
 import socket
 import subprocess
@@ -71,6 +70,7 @@ def results_record(
     unreadable_images: Sequence[str] = (),
     model_dir: Optional[str] = None,
     per_class_accuracy: Optional[Dict[str, Dict[str, float]]] = None,
+    setting: Optional[str] = None,
 ) -> Dict[str, object]:
     sources = list(cfg.DATASET.SOURCE_DOMAINS)
     names: List[str] = sources if len(expert_accuracy) == len(sources) else [f"expert{i}" for i in range(len(expert_accuracy))]
@@ -81,6 +81,7 @@ def results_record(
         "trainer": cfg.TRAINER.NAME,
         "engine": engine,
         "dataset": cfg.DATASET.NAME,
+        "setting": setting,  # DA (unlabeled target data used) or DG
         "source_domains": sources,
         "target_domains": list(cfg.DATASET.TARGET_DOMAINS),
         "seed": int(cfg.SEED),
@@ -104,14 +105,9 @@ def results_record(
 
 
 def write_results(output_dir: str, record: Dict[str, object], name: str = "results.json") -> str:
-    os.makedirs(output_dir, exist_ok=True)
-    path = os.path.join(output_dir, name)
-    tmp = path + ".tmp"
-    with open(tmp, "w") as f:
-        json.dump(record, f, indent=2)
-        f.write("\n")
-    os.replace(tmp, path)
-    return path
+    from .atomic import write_json
+
+    return write_json(os.path.join(output_dir, name), record)
 
 
 FAILED = "failed.json"

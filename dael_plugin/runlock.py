@@ -1,93 +1,95 @@
-"""One live run per output directory: a lock file with the owner's pid and host.
+"""One live run per output directory: a kernel lock, released by the kernel when its owner dies.
 
-A lock whose owner is gone (same host, pid dead, or the pid now belongs to a
-process that started later) is stale: it is taken over with one log line.
-A lock from another host cannot be checked, so it is refused with the path
-to delete if that run is known to be dead.
+The lock is ``filelock``'s (``fcntl.flock`` on ``.dael_run.lock``): two
+processes can never hold it together, and a run killed by any signal, even
+``kill -9``, releases it with its last file descriptor; nothing is ever
+"stale". Beside it, ``.dael_run.json`` names the owner (pid, host, start
+time) for the message a second run gets. On a shared file system where
+``flock`` does not reach across hosts (some NFS setups), run one process per
+output directory yourself.
 """
 from __future__ import annotations
 
+import inspect
 import json
 import os
 import socket
 import time
 from typing import Optional
 
+import filelock
+
+from .atomic import write_json
 from .errors import DAELConfigError
 
 LOCK = ".dael_run.lock"
+OWNER = ".dael_run.json"
 
 
-def _start_time(pid: int) -> Optional[str]:
-    """The kernel's start time of ``pid`` (Linux), to tell a reused pid apart."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rsplit(")", 1)[1].split()[19]
-    except (OSError, IndexError):
-        return None
+class BusyError(DAELConfigError):
+    """The output directory is held by another live run (exit code 75: try again later)."""
 
 
-def _alive(pid: int, start: Optional[str]) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    now = _start_time(pid)
-    return start is None or now is None or now == start
+def _kernel_lock(path: str) -> filelock.BaseFileLock:
+    """``flock`` itself: never filelock's soft fallback (a marker file no kernel releases)."""
+    kwargs = {"timeout": 0}
+    if "fallback_to_soft" in inspect.signature(filelock.UnixFileLock.__init__).parameters:
+        kwargs["fallback_to_soft"] = False
+    return filelock.UnixFileLock(path, **kwargs)
 
 
 class RunLock:
     def __init__(self, output_dir: str) -> None:
+        self.dir = output_dir
         self.path = os.path.join(output_dir, LOCK)
-        self.held = False
+        self.owner_path = os.path.join(output_dir, OWNER)
+        self._lock: Optional[filelock.BaseFileLock] = None
+
+    @property
+    def held(self) -> bool:
+        return self._lock is not None and self._lock.is_locked
 
     def acquire(self) -> "RunLock":
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "start": _start_time(os.getpid()),
-              "since": time.strftime("%Y-%m-%dT%H:%M:%S")}
-        for _ in range(3):
-            try:
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                self._handle_existing()
-                continue
-            with os.fdopen(fd, "w") as f:
-                json.dump(me, f)
-            self.held = True
-            return self
-        raise DAELConfigError(f"could not take the lock {self.path}; another run keeps creating it")
+        for path in (self.path, self.owner_path):
+            if os.path.isdir(path):
+                raise DAELConfigError(f"{path} is a directory, where the run's lock belongs; remove it and rerun")
+        lock = _kernel_lock(self.path)
+        try:
+            lock.acquire()
+        except filelock.Timeout:
+            raise BusyError(self._busy_message()) from None
+        except OSError as exc:
+            raise DAELConfigError(f"cannot take the lock {self.path} ({exc.strerror or exc}); "
+                                  "pass a writable --output-dir") from None
+        self._lock = lock
+        previous = self._owner()
+        if previous and previous.get("pid") != os.getpid():
+            print(f"dael_plugin: removing a stale lock of pid {previous.get('pid')} on {previous.get('host')} "
+                  "(that run ended without releasing it; the kernel did)")
+        write_json(self.owner_path, {"pid": os.getpid(), "host": socket.gethostname(),
+                                     "since": time.strftime("%Y-%m-%dT%H:%M:%S")})
+        return self
 
-    def _handle_existing(self) -> None:
+    def _owner(self) -> dict:
         try:
-            with open(self.path) as f:
+            with open(self.owner_path) as f:
                 owner = json.load(f)
-            pid, host = int(owner["pid"]), str(owner["host"])
-        except (OSError, ValueError, KeyError, TypeError):
-            owner, pid, host = {}, -1, ""
-        if pid > 0 and host == socket.gethostname():
-            if pid != os.getpid() and _alive(pid, owner.get("start")):
-                raise DAELConfigError(
-                    f"output directory {os.path.dirname(self.path)} is in use by a live run (pid {pid} on {host}, "
-                    f"since {owner.get('since', '?')}); wait for it, or pass another --output-dir"
-                )
-            print(f"dael_plugin: removing a stale lock of pid {pid} (no longer running)")
-        elif pid > 0:
-            raise DAELConfigError(
-                f"output directory {os.path.dirname(self.path)} is locked by pid {pid} on host {host} "
-                f"(since {owner.get('since', '?')}); if that run is dead, delete {self.path}"
-            )
-        else:
-            print(f"dael_plugin: removing an unreadable lock file {self.path}")
-        try:
-            os.remove(self.path)
-        except FileNotFoundError:
-            pass
+            return owner if isinstance(owner, dict) else {}
+        except (OSError, ValueError):
+            return {}
+
+    def _busy_message(self) -> str:
+        owner = self._owner()
+        who = (f"pid {owner.get('pid')} on {owner.get('host')}, since {owner.get('since', '?')}" if owner
+               else "another process")
+        return (f"output directory {self.dir} is in use by a live run ({who}); wait for it to finish, "
+                "or pass another --output-dir")
 
     def release(self) -> None:
-        if self.held:
-            self.held = False
+        if self._lock is not None:
             try:
-                os.remove(self.path)
-            except FileNotFoundError:
+                os.remove(self.owner_path)
+            except OSError:
                 pass
+            self._lock.release()
+            self._lock = None

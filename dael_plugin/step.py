@@ -7,8 +7,12 @@ device sync), moves the views to the device, optionally makes them there
 (``AUG_ON_DEVICE``), runs the core's losses under the chosen precision and
 layout (optionally compiled), the backward pass and the optimiser steps, and
 flags a non-finite loss on the device. Nothing in it reads a device value on
-the host, so a step never waits for the device (fp16's loss scaler is the one
-exception: PyTorch's GradScaler checks for inf on the host).
+the host or turns a Python value into a device tensor, so a step never waits
+for the device (``tests/test_step.py`` checks every execution option with
+:class:`dael_plugin.profiling.HostTraffic`). With fp16 and the fused
+optimisers (the defaults), the loss scaler hands its inf flag to the
+optimiser kernel; the one host read left is PyTorch's ``GradScaler.step``
+with ``FUSED_OPTIM False``, once per optimiser.
 
 :class:`DeviceMeters` keeps running sums on the device for the log, read at
 ``PRINT_FREQ``; :class:`ExpertTally` counts each expert's and the ensemble's

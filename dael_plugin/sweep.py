@@ -8,9 +8,18 @@
   other domains are the sources. The method config of a trainer defaults to
   ``configs/trainers/<da|dg>/<trainer>/<dataset>.yaml``.
 - Each run's directory is ``DIR/<dataset>/<trainer>[/<grid setting>]/<target>/seed<N>``.
-- A run with ``results.json`` is done and skipped; one without it is started
-  and resumes from its checkpoint if it has one (scripts/train.py does that
-  for a used output directory), so a relaunched sweep loses no finished run.
+- A run's folder keeps the settings it was launched with (``sweep_run.json``:
+  trainer, target, sources, seed, engine, grid setting, trailing options, and
+  the method and dataset configs with their content's hash). A run with
+  ``results.json`` and the same settings is done and skipped; one without a
+  record is started and resumes from its checkpoint if it has one. A relaunch
+  whose settings differ from a folder's is refused, listing what changed:
+  an old result is never counted as the new settings' result.
+- A sweep owns its runs: each ``train.py`` gets SIGTERM from the kernel when
+  the sweep exits, however it exits (``PR_SET_PDEATHSIG``), and stops as at
+  Ctrl-C. A run whose folder another live process holds (a second sweep on
+  the same folder, or a run left by a sweep killed on a system without
+  ``PR_SET_PDEATHSIG``) is reported as "running elsewhere", not failed.
 - Launchers: ``local`` runs N workers here, each pinned to one GPU through
   ``CUDA_VISIBLE_DEVICES`` when GPUs exist; ``slurm`` submits a Slurm job array
   through submitit; ``submitit-local`` is submitit's local executor, the same
@@ -28,21 +37,27 @@ from __future__ import annotations
 
 import argparse
 import itertools
+import json
 import os
 import re
+import signal
 import subprocess
 import sys
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Set, Tuple
 
+from .atomic import remove_stale_temps, write_json, write_text
 from .errors import DAELConfigError
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
 LOG = "sweep_log.txt"  # a run's stdout and stderr, in its directory
 JOB = "sweep_job.txt"  # the Slurm job id a run was last submitted as
+IDENTITY = "sweep_run.json"  # everything that changes the run's result: a relaunch must match it
+EXIT_BUSY = 75  # train.py: the output directory is held by another live run
 
 
 @dataclass(frozen=True)
@@ -55,14 +70,41 @@ class Run:
     config_file: str
     output_dir: str
     argv: Tuple[str, ...] = field(compare=False)
+    identity: Tuple[Tuple[str, str], ...] = field(compare=False, default=())
 
     @property
     def name(self) -> str:
         setting = ",".join(f"{_short(k)}={v}" for k, v in self.grid)
         return f"{self.trainer}{'[' + setting + ']' if setting else ''} -> {self.target} seed {self.seed}"
 
+    def recorded_identity(self) -> Optional[dict]:
+        """The settings this folder's run was launched with (``sweep_run.json``), or None."""
+        try:
+            with open(os.path.join(self.output_dir, IDENTITY)) as f:
+                data = json.load(f)
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return None
+
+    def changes(self) -> List[str]:
+        """How this run's settings differ from those its folder was launched with ([] if none)."""
+        had = self.recorded_identity()
+        if had is None:
+            if os.path.isfile(os.path.join(self.output_dir, "results.json")):
+                return ["the folder holds a record of a run whose settings were not written down"]
+            return []
+        now = dict(self.identity)
+        return [f"{k}: {had.get(k, '<absent>')} -> {now.get(k, '<absent>')}"
+                for k in sorted(set(had) | set(now)) if had.get(k) != now.get(k)]
+
     def done(self) -> bool:
-        return os.path.isfile(os.path.join(self.output_dir, "results.json"))
+        """Finished, with exactly these settings: a record, and the identity it was launched with."""
+        return os.path.isfile(os.path.join(self.output_dir, "results.json")) and not self.changes()
+
+    def claim(self) -> None:
+        """Write down the settings the folder is launched with (before the run starts)."""
+        if self.recorded_identity() is None:
+            write_json(os.path.join(self.output_dir, IDENTITY), dict(self.identity))
 
     def log_path(self) -> str:
         return os.path.join(self.output_dir, LOG)
@@ -127,6 +169,8 @@ def plan(args: argparse.Namespace) -> List[Run]:
     if unknown:
         raise DAELConfigError(f"--targets {unknown} are not domains of {dataset} ({domains})")
     overrides = dict(c.split("=", 1) for c in args.config)
+    engine = _resolved_engine(args.engine)
+    dataset_sha = _sha256(args.dataset_config_file)
     runs = []
     for trainer in args.trainers:
         # A grid key of another trainer's node (TRAINER.DAEL.* for SourceOnly) is not
@@ -149,8 +193,45 @@ def plan(args: argparse.Namespace) -> List[Run]:
                     "--seed", str(seed), *args.opts]
             for k, v in setting_kv:
                 argv += [k, str(v)]
-            runs.append(Run(trainer, target, sources, seed, setting_kv, cfg_file, out, tuple(argv)))
+            identity = {"trainer": trainer, "target": target, "sources": " ".join(sources), "seed": str(seed),
+                        "engine": engine, "grid": " ".join(f"{k}={v}" for k, v in setting_kv),
+                        "options": " ".join(f"{k}={v}" for k, v in zip(args.opts[::2], args.opts[1::2])),
+                        "method config": f"{cfg_file} (sha256 {_sha256(cfg_file)[:12]})",
+                        "dataset config": f"{args.dataset_config_file} (sha256 {dataset_sha[:12]})"}
+            runs.append(Run(trainer, target, sources, seed, setting_kv, cfg_file, out, tuple(argv),
+                            tuple(sorted(identity.items()))))
     return runs
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _resolved_engine(engine: str) -> str:
+    if engine != "auto":
+        return engine
+    from . import HAS_DASSL
+
+    return "dassl" if HAS_DASSL else "builtin"
+
+
+def _die_with_parent(parent: int):
+    """In the child, before exec: the kernel sends it SIGTERM when the sweep dies, however it
+    dies (kill -9 included). train.py stops at SIGTERM as at Ctrl-C, releasing its lock."""
+    def setup() -> None:
+        try:
+            import ctypes
+
+            libc = ctypes.CDLL(None, use_errno=True)
+            libc.prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):  # not Linux: the sweep's own handlers stop its runs
+            return
+        if os.getppid() != parent:  # the sweep died before the line above
+            os._exit(143)
+    return setup
 
 
 def _start(argv: Sequence[str], env: Optional[Dict[str, str]], log) -> "subprocess.Popen":
@@ -159,7 +240,8 @@ def _start(argv: Sequence[str], env: Optional[Dict[str, str]], log) -> "subproce
     full_env.update(env or {})
     log.write(f"$ {' '.join(argv)}\n")
     log.flush()
-    return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT)
+    return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT,
+                            preexec_fn=_die_with_parent(os.getpid()))
 
 
 try:  # submitit is optional: only its launchers need it
@@ -175,6 +257,8 @@ class RunJob(_Checkpointable):
     stops it, the job goes back in the queue, and scripts/train.py resumes it from its
     last checkpoint, bit for bit. submitit gives up after 3 timeouts."""
 
+    live: Set[subprocess.Popen] = set()  # this process's running train.py commands
+
     def __init__(self) -> None:
         self._proc: Optional[subprocess.Popen] = None
 
@@ -182,6 +266,7 @@ class RunJob(_Checkpointable):
         os.makedirs(output_dir, exist_ok=True)
         with open(os.path.join(output_dir, LOG), "a") as log:
             self._proc = proc = _start(argv, env, log)
+            RunJob.live.add(proc)
             try:
                 # poll, not wait(): a blocking wait() holds the Popen's lock, and the signal
                 # handler's checkpoint() (run on this thread) could then never reap the process
@@ -189,7 +274,15 @@ class RunJob(_Checkpointable):
                     time.sleep(0.5)
                 return code
             finally:
+                RunJob.live.discard(proc)
                 self._proc = None
+
+    @classmethod
+    def stop_all(cls) -> None:
+        """SIGTERM to every running command (they stop as at Ctrl-C and release their locks)."""
+        for proc in list(cls.live):
+            if proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
 
     def checkpoint(self, argv, output_dir, env=None):
         import signal
@@ -214,13 +307,25 @@ def run_one(argv: Sequence[str], output_dir: str, env: Optional[Dict[str, str]] 
     return RunJob()(argv, output_dir, env)
 
 
-def _report(run: Run, code: int, n_done: int, total: int, seconds: float) -> str:
+def _outcome(run: Run, code: int) -> str:
+    """done, busy (its folder is held by another live run: a second sweep, or an orphan), or failed."""
     if code == 0 and run.done():
-        import json
+        return "done"
+    return "busy" if code == EXIT_BUSY else "failed"
 
-        with open(os.path.join(run.output_dir, "results.json")) as f:
-            acc = json.load(f).get("accuracy")
+
+def _report(run: Run, code: int, n_done: int, total: int, seconds: float) -> str:
+    outcome = _outcome(run, code)
+    if outcome == "done":
+        try:
+            with open(os.path.join(run.output_dir, "results.json")) as f:
+                acc = json.load(f).get("accuracy")
+        except (OSError, ValueError):
+            acc = "?"
         return f"[{n_done}/{total}] done   {run.name}: accuracy {acc} ({seconds:.0f} s) {run.output_dir}"
+    if outcome == "busy":
+        return (f"[{n_done}/{total}] running elsewhere {run.name}: another live process holds {run.output_dir} "
+                "(another sweep on this folder, or a run left from a sweep that was killed); not started here")
     return f"[{n_done}/{total}] FAILED {run.name}: exit {code}; log {run.log_path()}"
 
 
@@ -242,6 +347,7 @@ def launch_local(runs: List[Run], workers: int, bar) -> int:
     threads = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
 
     def work(run: Run):
+        run.claim()
         slot = free.get()
         try:
             env = {"CUDA_VISIBLE_DEVICES": str(slot % gpus)} if gpus else {}
@@ -252,15 +358,21 @@ def launch_local(runs: List[Run], workers: int, bar) -> int:
         finally:
             free.put(slot)
 
-    failed = 0
-    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+    tally: Counter = Counter()
+    pool = ThreadPoolExecutor(max_workers=max(1, workers))
+    try:
         futures = [pool.submit(work, r) for r in runs]
         for n, fut in enumerate(as_completed(futures), 1):
             run, code, secs = fut.result()
-            failed += int(code != 0 or not run.done())
+            tally[_outcome(run, code)] += 1
             bar.write(_report(run, code, n, len(runs), secs))
             bar.update(1)
-    return failed
+    except BaseException:  # Ctrl-C or SIGTERM: the runs stop with the sweep, none starts
+        pool.shutdown(wait=False, cancel_futures=True)
+        RunJob.stop_all()
+        raise
+    pool.shutdown()
+    return tally
 
 
 def launch_submitit(runs: List[Run], args: argparse.Namespace, bar) -> int:
@@ -280,23 +392,34 @@ def launch_submitit(runs: List[Run], args: argparse.Namespace, bar) -> int:
     else:
         ex = submitit.LocalExecutor(folder=folder)
         ex.update_parameters(timeout_min=args.time, visible_gpus=tuple(range(args.gpus)) if args.gpus else ())
+    for run in runs:
+        run.claim()
     if args.launcher == "slurm":  # one job array; Slurm keeps --workers of them running
         jobs = ex.map_array(RunJob(), [list(r.argv) for r in runs], [r.output_dir for r in runs])
         for job, run in zip(jobs, runs):
-            os.makedirs(run.output_dir, exist_ok=True)
-            with open(os.path.join(run.output_dir, JOB), "w") as f:
-                f.write(f"{job.job_id}\n")
+            write_text(os.path.join(run.output_dir, JOB), f"{job.job_id}\n")
             if args.no_wait:
                 bar.write(f"submitted {run.name}: Slurm job {job.job_id}; log {run.log_path()}")
         if args.no_wait:
-            return 0
+            return Counter()
         now = time.time()
         queue, pending = [], {j: (r, now) for j, r in zip(jobs, runs)}
+        env = {}
     else:  # the local executor starts every job at once: keep --workers of them running
         threads = str(max(1, (os.cpu_count() or 1) // max(1, args.workers)))
         env = {} if args.gpus else {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
         queue, pending = list(runs), {}
-    failed, n = 0, 0
+    tally: Counter = Counter()
+    try:
+        return _wait_for_jobs(ex, queue, pending, runs, env, args, bar, tally)
+    except BaseException:  # Ctrl-C or SIGTERM: the sweep's jobs are cancelled (scancel on Slurm)
+        for job in pending:
+            job.cancel(check=False)
+        raise
+
+
+def _wait_for_jobs(ex, queue, pending, runs, env, args, bar, tally) -> Counter:
+    n = 0
     while pending or queue:
         while queue and len(pending) < max(1, args.workers):
             run = queue.pop(0)
@@ -309,11 +432,11 @@ def launch_submitit(runs: List[Run], args: argparse.Namespace, bar) -> int:
                 print(f"submitit job {job.job_id} of {run.name} failed: {str(exc).splitlines()[0][:160]}")
                 code = 1
             n += 1
-            failed += int(code != 0 or not run.done())
+            tally[_outcome(run, code)] += 1
             bar.write(_report(run, code, n, len(runs), time.time() - started))
             bar.update(1)
         time.sleep(0.5)
-    return failed
+    return tally
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -389,9 +512,18 @@ def main(argv: Optional[List[str]] = None) -> int:
         args.output_dir = os.path.abspath(args.output_dir)
         args.dataset_config_file = os.path.abspath(args.dataset_config_file)
         runs = plan(args)
+        changed = [(r, r.changes()) for r in runs if r.changes()]
+        if changed:
+            run, what = changed[0]
+            more = f" (and {len(changed) - 1} more run(s))" if len(changed) > 1 else ""
+            raise DAELConfigError(f"{run.output_dir} was launched with other settings than {run.name} has now: "
+                                  f"{'; '.join(what)}{more}; its result stays as it is: pass another --output-dir "
+                                  "for these settings")
     except DAELConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    for folder in {os.path.dirname(os.path.dirname(r.output_dir)) for r in runs}:
+        remove_stale_temps(folder, recursive=True)
     todo = [r for r in runs if not r.done()]
     print(f"sweep: {len(runs)} runs ({len(runs) - len(todo)} done, {len(todo)} to run) in {args.output_dir}")
     if args.dry_run:
@@ -408,22 +540,35 @@ def main(argv: Optional[List[str]] = None) -> int:
     if not todo:
         return 0
     bar = tqdm(total=len(todo), desc="sweep", unit="run", disable=not sys.stderr.isatty())
+    # SIGTERM to the sweep (scancel, a shell's kill) stops it as Ctrl-C does; its runs get SIGTERM
+    # from the kernel when it exits (PR_SET_PDEATHSIG), whatever stopped it.
+    previous = signal.signal(signal.SIGTERM, _sweep_terminated)
     try:
         if args.launcher == "local":
-            failed = launch_local(todo, args.workers, bar)
+            tally = launch_local(todo, args.workers, bar)
         else:
-            failed = launch_submitit(todo, args, bar)
+            tally = launch_submitit(todo, args, bar)
     except DAELConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print("sweep: stopped; its runs stop with it and resume when the sweep is relaunched", file=sys.stderr)
+        return 130
     finally:
+        signal.signal(signal.SIGTERM, previous)
         bar.close()
     if args.no_wait:
         print(f"sweep: {len(todo)} runs submitted; relaunch this command (add --dry-run to only look) "
               f"or run collect.py when they are done")
         return 0
-    print(f"sweep: {len(todo) - failed} of {len(todo)} runs finished" + (f", {failed} failed" if failed else ""))
+    done, busy, failed = tally["done"], tally["busy"], tally["failed"]
+    print(f"sweep: {done} of {len(todo)} runs finished" + (f", {busy} running elsewhere" if busy else "")
+          + (f", {failed} failed" if failed else ""))
     return 1 if failed else 0
+
+
+def _sweep_terminated(signum, _frame):
+    raise KeyboardInterrupt
 
 
 if __name__ == "__main__":

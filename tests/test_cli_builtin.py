@@ -56,20 +56,27 @@ def test_auto_engine_without_dassl_runs_dael_da_and_writes_results(tmp_path, tin
 
 
 def test_builtin_dg_and_rerun_into_a_finished_run(tmp_path, tiny_root):
-    """DG has no L_u; rerunning the same command into a finished run resumes at
-    its end (nothing is retrained) and reproduces its result."""
+    """DG has no L_u. Rerunning the same command into a finished run does nothing and says so:
+    its results.json is untouched (byte for byte). Another config there is refused, as on
+    resume; --retrain trains again and keeps the old files aside."""
     out = tmp_path / "dg"
     cfg = os.path.join(ROOT, "configs/trainers/dg/daeldg/embedded_digits_dg.yaml")
     args = base_args(tiny_root, out, trainer="DAELDG", ds=DS_DG, cfg=cfg) + ["--engine", "builtin"] + FAST
     proc = run_train(args, env_hide_dassl=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "setting DG" in proc.stdout and "loss_u" not in (out / "log.txt").read_text()
-    first = json.loads((out / "results.json").read_text())
+    first = (out / "results.json").read_bytes()
     proc = run_train(args, env_hide_dassl=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "will resume training from epoch 2" in proc.stdout and "epoch [1/1]" not in proc.stdout
-    again = json.loads((out / "results.json").read_text())
-    assert again["accuracy"] == first["accuracy"] and again["epochs"] == 1
+    assert "holds a finished run" in proc.stdout and "epoch [" not in proc.stdout
+    assert (out / "results.json").read_bytes() == first
+    proc = run_train(args + ["OPTIM.LR", "0.2"], env_hide_dassl=True)
+    assert proc.returncode == 2 and "OPTIM.LR" in proc.stderr and (out / "results.json").read_bytes() == first
+    proc = run_train(args[:1] + ["--retrain"] + args[1:], env_hide_dassl=True)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    aside = [d for d in os.listdir(out) if d.startswith("replaced-")]
+    assert len(aside) == 1 and (out / aside[0] / "results.json").read_bytes() == first
+    assert json.loads((out / "results.json").read_text())["accuracy"] == json.loads(first)["accuracy"]
 
 
 def test_builtin_source_only(tmp_path, tiny_root):
@@ -185,3 +192,19 @@ def test_a_whole_number_for_a_float_key_is_taken(tmp_path, tiny_root, capsys):
     assert merged["TRAINER"]["DAEL"]["WEIGHT_U"] == 0.0 and merged["OPTIM"]["LR"] == 1.0
     code, _, err = cli(args_for(tiny_root, tmp_path / "x", extra=["OPTIM.MAX_EPOCH", "1.5"]), capsys)
     assert code == 2 and "OPTIM.MAX_EPOCH" in err  # an int key still refuses a float
+
+
+def test_every_dataset_config_says_which_engine_reads_it():
+    """README 'Which datasets run where' and the configs agree: a dataset the built-in engine
+    cannot read says it needs Dassl, and the others are read by both."""
+    from dael_plugin.data.folders import SPECS
+
+    for setting in ("da", "dg"):
+        folder = os.path.join(ROOT, "configs", "datasets", setting)
+        for name in sorted(os.listdir(folder)):
+            text = open(os.path.join(folder, name)).read()
+            tag = [line for line in text.splitlines() if line.startswith("# Engine: ")]
+            dataset = next(line.split(":", 1)[1].strip().strip('"') for line in text.splitlines()
+                           if line.strip().startswith("NAME:") and "BACKBONE" not in line)
+            assert len(tag) == 1, name
+            assert ("needs Dassl" in tag[0]) == (dataset not in SPECS), (name, dataset, tag[0])

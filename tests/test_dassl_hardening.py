@@ -310,3 +310,5 @@ def test_bench_script_runs_and_its_losses_agree(tmp_path):
     table = out.split("== launches per step", 1)[1].split("launches_per_step_vs_dassl", 1)[0].splitlines()[3:]
     plugin_rows = [line for line in table if not line.startswith("dassl DAEL") and line.strip()]
     assert len(plugin_rows) == 8 and all(line.split()[-1] == "0" for line in plugin_rows), plugin_rows  # no host read
+    views = next(line for line in plugin_rows if line.startswith("views only, per batch"))
+    assert int(views.split()[4]) <= 300, views  # the paper's views, source and target batches (551 before)

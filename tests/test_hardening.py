@@ -8,7 +8,6 @@ import json
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import sys
 import time
@@ -104,7 +103,7 @@ def test_resume_after_kill_9_is_bitwise_exact_with_persistent_workers(tmp_path, 
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     assert not (killed / "results.json").exists(), "killed too late to test a resume"
-    assert json.loads((killed / ".dael_run.lock").read_text())["pid"] == proc.pid  # left behind by kill -9
+    assert json.loads((killed / ".dael_run.json").read_text())["pid"] == proc.pid  # left behind by kill -9
 
     proc = spawn(args_for(tiny_root, killed, epochs=3, extra=workers))
     out, err = proc.communicate(timeout=300)
@@ -279,27 +278,71 @@ def _holds(obj, cls) -> bool:
     return False
 
 
+HOLDER = """
+import json, os, socket, sys, time
+from dael_plugin.runlock import RunLock
+lock = RunLock(sys.argv[1]).acquire()
+print("held", flush=True)
+time.sleep(60)
+"""
+
+
 def test_a_live_run_holds_its_output_directory(tmp_path, tiny_root, capsys):
+    """The kernel's lock: a live holder refuses a second run (exit 75, 'try again later'); a holder
+    killed with -9 releases it with its file descriptor, and the next run takes over."""
     out = tmp_path / "busy"
     out.mkdir()
-    sleeper = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=env)
     try:
-        from dael_plugin.runlock import _start_time
-
-        (out / ".dael_run.lock").write_text(json.dumps({"pid": sleeper.pid, "host": socket.gethostname(),
-                                                        "start": _start_time(sleeper.pid)}))
+        assert holder.stdout.readline().strip() == "held"
         code, _, err = cli(args_for(tiny_root, out), capsys)
-        assert code == 2 and f"in use by a live run (pid {sleeper.pid}" in one_error_line(err)
+        assert code == 75 and f"in use by a live run (pid {holder.pid}" in one_error_line(err)
     finally:
-        sleeper.kill()
-        sleeper.wait()
-    # The same pid, now dead: a stale lock, taken over.
-    code, stdout, _ = cli(args_for(tiny_root, out), capsys)
-    assert code == 0 and "removing a stale lock" in stdout and not (out / ".dael_run.lock").exists()
-    # Another host's lock cannot be checked: refused, naming the file to delete.
-    (out / ".dael_run.lock").write_text(json.dumps({"pid": 1, "host": "elsewhere"}))
+        holder.kill()
+        holder.wait()
+    code, stdout, _ = cli(args_for(tiny_root, out), capsys)  # the holder died without releasing anything
+    assert code == 0 and f"removing a stale lock of pid {holder.pid}" in stdout
+    assert not (out / ".dael_run.json").exists()
+    (out / ".dael_run.lock").unlink()
+    (out / ".dael_run.lock").mkdir()  # a lock path that is a folder: one line, no traceback
     code, _, err = cli(args_for(tiny_root, out), capsys)
-    assert code == 2 and "host elsewhere" in one_error_line(err) and ".dael_run.lock" in err
+    assert code == 2 and "is a directory" in one_error_line(err)
+
+
+RACER = """
+import os, sys, time
+from dael_plugin.errors import DAELConfigError
+from dael_plugin.runlock import RunLock
+folder, rounds = sys.argv[1], int(sys.argv[2])
+held = both = 0
+for _ in range(rounds):
+    try:
+        lock = RunLock(folder).acquire()
+    except DAELConfigError:
+        continue
+    try:
+        fd = os.open(os.path.join(folder, "holder"), os.O_CREAT | os.O_EXCL | os.O_WRONLY)
+    except FileExistsError:
+        both += 1  # another process holds the lock at the same time
+    else:
+        held += 1
+        time.sleep(0.001)
+        os.close(fd)
+        os.remove(os.path.join(folder, "holder"))
+    lock.release()
+print(held, both)
+"""
+
+
+def test_processes_racing_for_the_lock_never_hold_it_together(tmp_path):
+    """Four processes acquiring at once, 150 rounds each: the old create-then-write lock let two
+    hold it in about 10% of rounds."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path), "150"], stdout=subprocess.PIPE, text=True,
+                              env=env) for _ in range(4)]
+    results = [tuple(int(v) for v in p.communicate(timeout=120)[0].split()) for p in procs]
+    assert sum(h for h, _ in results) > 0 and sum(b for _, b in results) == 0, results
 
 
 def test_ctrl_c_exits_cleanly_naming_the_last_checkpoint(tmp_path, tiny_root):
@@ -311,7 +354,7 @@ def test_ctrl_c_exits_cleanly_naming_the_last_checkpoint(tmp_path, tiny_root):
     assert proc.returncode == 130, err[-2000:]
     last = err.strip().splitlines()[-1]
     assert last.startswith("interrupted: the last checkpoint is ") and "checkpoint.pth.tar (epoch" in last
-    assert "Traceback" not in err and not (out / ".dael_run.lock").exists()
+    assert "Traceback" not in err and not (out / ".dael_run.json").exists()
 
 
 # -- 4. bad data ---------------------------------------------------------------

@@ -91,6 +91,9 @@ def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys, seen):
 
     sweep = tmp_path / "sweep"
     so_cfg = os.path.join(os.path.dirname(__file__), "..", "configs/trainers/da/source_only/embedded_digits.yaml")
+    # An ablation whose folder sorts first: Fig. 7 and 8 must not draw it (they drew the first DAEL run).
+    single = sweep / "EmbeddedDigits" / "DAEL" / "CLASSIFIER=single" / "street" / "seed3"
+    assert cli(args_for(tiny_root, single, extra=["TRAINER.DAEL.CLASSIFIER", "single"]), capsys)[0] == 0
     assert cli(args_for(tiny_root, sweep / "EmbeddedDigits" / "DAEL" / "street" / "seed3"), capsys)[0] == 0
     assert cli(args_for(tiny_root, sweep / "EmbeddedDigits" / "SourceOnly" / "street" / "seed3",
                         trainer="SourceOnly", cfg=so_cfg), capsys)[0] == 0
@@ -98,7 +101,13 @@ def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys, seen):
     out = capsys.readouterr().out
     assert "top3: " in out and "tsne: " in out and "skipped (top3" not in out and "skipped (tsne" not in out
     assert (tmp_path / "figs" / "top3.png").exists() and (tmp_path / "figs" / "tsne.pdf").exists()
-    assert [t for _, _, t in seen["tsne"]] == ["SourceOnly (target street)", "DAEL (target street)"]
+    assert [t for _, _, t in seen["tsne"]] == ["SourceOnly (defaults), target street, seed 3",
+                                               "DAEL (defaults), target street, seed 3"]
     assert seen["tsne"][0][:2] == ("t-SNE 1", "t-SNE 2")
     ylabels = [y for _, y, _ in seen["top3"] if y]
     assert ylabels == ["E[hand]", "E[blend]", "E[font]", "ensemble"]  # one row per expert, then the ensemble
+    # A run named with --run is drawn, and the title says which.
+    seen.clear()
+    assert plots.main([str(sweep), "--out", str(tmp_path / "figs2"), "--run", str(single)]) == 0
+    assert [t for _, _, t in seen["tsne"]][1] == "DAEL (CLASSIFIER=single), target street, seed 3"
+    assert [y for _, y, _ in seen["top3"] if y] == ["classifier"]  # one classifier: no expert rows

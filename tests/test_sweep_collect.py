@@ -198,7 +198,7 @@ def test_an_interrupted_submitit_job_is_requeued_and_its_run_resumes(tmp_path, t
     # as submitit's local controller does at its time limit: do what they do.
     import signal
 
-    with open(os.path.join(run.output_dir, ".dael_run.lock")) as f:
+    with open(os.path.join(run.output_dir, ".dael_run.json")) as f:
         train_pid = json.load(f)["pid"]
     with open(f"/proc/{train_pid}/stat") as f:
         task_pid = int(f.read().rsplit(")", 1)[1].split()[1])

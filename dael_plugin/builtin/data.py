@@ -12,10 +12,9 @@ from __future__ import annotations
 
 from typing import Callable, List, Sequence, Union
 
-import numpy as np
 import torch
 from PIL import Image
-from torch.utils.data import DataLoader, Dataset, get_worker_info
+from torch.utils.data import DataLoader, Dataset
 
 from ..data.folders import Item
 from ..data.images import ReplacingReader

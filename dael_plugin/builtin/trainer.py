@@ -35,7 +35,7 @@ from ..data.folders import load_splits
 from ..data.images import LEFT_OUT, REPLACED, note_unreadable
 from ..errors import DAELConfigError
 from ..execution import cuda_settings, fused_optimizer
-from ..guard import FiniteGuard, divergence_error, params_finite
+from ..guard import FiniteGuard, divergence_error, weights_finite
 from ..step import DeviceMeters, ExpertTally, make_step, prepare_model
 from . import data as bdata
 
@@ -164,7 +164,8 @@ class BuiltinTrainer:
         state = {"format": ckpt.FORMAT, "engine": "builtin", "trainer": self.cfg.TRAINER.NAME,
                  "epoch": epochs_done, "model": self.modules.state_dict(), "optim": self.optim.state_dict(),
                  "sched": ckpt.sched_state(self.sched), "rng": ckpt.rng_state(), "config": self.cfg.dump(),
-                 "data": self._data_state(epochs_done), "bad_images": sorted(self.bad_images)}
+                 "data": self._data_state(epochs_done), "bad_images": sorted(self.bad_images),
+                 "classnames": list(self.classnames)}
         scaler = self._scaler()
         if scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
             state["scaler"] = scaler.state_dict()
@@ -200,6 +201,9 @@ class BuiltinTrainer:
             print("No checkpoint found, train from scratch")
             return 0
         state = ckpt.load_checkpoint(path, map_location=self.device)
+        if state.get("engine") not in (None, "builtin"):
+            raise ckpt.CheckpointError(f"{path} was written by the {state['engine']} engine; resume it with "
+                                       f"--engine {state['engine']}, or pass a new --output-dir")
         if state.get("format") != ckpt.FORMAT or "rng" not in state or "data" not in state:
             raise ckpt.CheckpointError(
                 f"{path} was written by an older dael-plugin and cannot be resumed exactly; "
@@ -225,8 +229,16 @@ class BuiltinTrainer:
         if not os.path.isfile(path):
             raise DAELConfigError(f"no checkpoint {path}; pass --model-dir <OUTPUT_DIR of a run> (and --load-epoch N)")
         state = ckpt.load_checkpoint(path, map_location=self.device)
+        if "model" not in state:
+            raise ckpt.CheckpointError(f"{path} is not a checkpoint of dael-plugin's built-in engine; "
+                                       "evaluate it with --engine dassl")
+        order = ckpt.check_loaded_run(state, self.cfg, path, "builtin", self.classnames)
+        model = dict(state["model"])
+        if order is not None:  # the experts of this run's sources, by name
+            heads = ckpt.reorder_experts({k[2:]: v for k, v in model.items() if k.startswith("E.")}, order)
+            model.update({f"E.{k}": v for k, v in heads.items()})
         try:
-            self.modules.load_state_dict(state["model"])
+            self.modules.load_state_dict(model)
         except (KeyError, RuntimeError) as exc:
             first = str(exc).strip().splitlines()[0][:200]
             raise ckpt.CheckpointError(f"{path} does not fit this model ({first}); check --trainer and "
@@ -249,8 +261,9 @@ class BuiltinTrainer:
         for self.epoch in range(self.start_epoch, cfg.OPTIM.MAX_EPOCH):
             self.run_epoch()
             self.sched.step()
-            if not params_finite(self.modules.parameters()):
-                raise divergence_error(self.epoch + 1, None, cfg.OPTIM.LR, cfg.OUTPUT_DIR, what="model weights")
+            if not weights_finite([self.modules]):
+                raise divergence_error(self.epoch + 1, None, cfg.OPTIM.LR, cfg.OUTPUT_DIR,
+                                       what="model's weights or batch-norm statistics")
             if self.eval_each_epoch and not cfg.TEST.NO_TEST:
                 self.test(split=self.eval_split_each_epoch())
             self.save(self.epoch)  # last: the saved RNG state is the next epoch's starting state

@@ -33,7 +33,60 @@ def register() -> None:
             BACKBONE_REGISTRY._do_register(name, _own_factory(cls))  # keyed by our name
     register_datasets()
     _make_timm_names_lazy()
+    _safe_dassl_checkpoints()
     _registered = True
+
+
+def _safe_dassl_checkpoints() -> None:
+    """Dassl's own checkpoint functions, for every trainer it runs (its baselines too), made
+    safe: loads always ``weights_only=True`` through the plugin's loader, whatever the installed
+    torch (Dassl calls plain ``torch.load``, which runs pickled code before torch 2.6), and saves
+    atomic through :mod:`dael_plugin.atomic`. Same arguments, same files."""
+    import dassl.engine.trainer as dassl_trainer
+    import dassl.utils as dassl_utils
+    import dassl.utils.torchtools as torchtools
+
+    for module in (torchtools, dassl_trainer, dassl_utils):
+        module.load_checkpoint = load_dassl_checkpoint
+        module.save_checkpoint = save_dassl_checkpoint
+
+
+def load_dassl_checkpoint(fpath):
+    """Dassl's ``load_checkpoint``, weights-only (one line naming the file when refused)."""
+    import torch
+
+    from .. import checkpoint as ckpt
+
+    if fpath is None:
+        raise ValueError("File path is None")
+    state = ckpt.load_checkpoint(fpath, map_location=None if torch.cuda.is_available() else "cpu")
+    if isinstance(state.get("scheduler"), dict):
+        state["scheduler"] = ckpt.restore_counters(state["scheduler"])
+    return state
+
+
+def save_dassl_checkpoint(state, save_dir, is_best=False, remove_module_from_keys=True, model_name=""):
+    """Dassl's ``save_checkpoint``: ``model.pth.tar-N`` (or ``model_name``), the ``checkpoint``
+    marker and ``model-best.pth.tar``, each written atomically."""
+    import os.path as osp
+    from collections import OrderedDict
+
+    from .. import checkpoint as ckpt
+    from ..atomic import save_torch, write_text
+
+    if remove_module_from_keys:
+        state["state_dict"] = OrderedDict((k[7:] if k.startswith("module.") else k, v)
+                                          for k, v in state["state_dict"].items())
+    if isinstance(state.get("scheduler"), dict):
+        state["scheduler"] = ckpt.counters_to_dicts(state["scheduler"])
+    fpath = osp.join(save_dir, model_name or f"model.pth.tar-{state['epoch']}")
+    save_torch(fpath, state)
+    print(f"Checkpoint saved to {fpath}")
+    write_text(osp.join(save_dir, "checkpoint"), f"{osp.basename(fpath)}\n")
+    if is_best:
+        best = osp.join(osp.dirname(fpath), "model-best.pth.tar")
+        save_torch(best, state)
+        print(f'Best checkpoint saved to "{best}"')
 
 
 class _TimmAwareNames(list):

@@ -1,6 +1,8 @@
 """Dataset checks against Dassl's registry, with one-line errors."""
 from __future__ import annotations
 
+import difflib
+
 from dassl.data.datasets import DATASET_REGISTRY
 
 from ..errors import DAELConfigError
@@ -16,3 +18,28 @@ def check_dataset_cfg(cfg) -> None:
         for d in list(cfg.DATASET.SOURCE_DOMAINS) + list(cfg.DATASET.TARGET_DOMAINS):
             if d not in domains:
                 raise DAELConfigError(f"dataset {name} has no domain {d!r}; its domains are {domains}")
+
+
+def check_trainer_cfg(cfg) -> None:
+    from dassl.engine import TRAINER_REGISTRY
+
+    names = TRAINER_REGISTRY.registered_names()
+    if cfg.TRAINER.NAME not in names:
+        close = difflib.get_close_matches(str(cfg.TRAINER.NAME), list(names), n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise DAELConfigError(f"unknown trainer {cfg.TRAINER.NAME!r}{hint}; Dassl has {sorted(names)}")
+
+
+def check_backbone_cfg(cfg) -> None:
+    """An unknown MODEL.BACKBONE.NAME is one line here, not Dassl's ValueError mid-construction."""
+    from dassl.modeling.backbone import BACKBONE_REGISTRY
+
+    name = cfg.MODEL.BACKBONE.NAME
+    if not name:
+        return  # Dassl's trainers that build no backbone
+    names = BACKBONE_REGISTRY.registered_names()
+    if name not in names:
+        close = difflib.get_close_matches(str(name), [n for n in list(names)], n=3)
+        hint = f" (did you mean {', '.join(close)}?)" if close else ""
+        raise DAELConfigError(f"MODEL.BACKBONE.NAME={name!r} is not a backbone Dassl has{hint}; use one of its "
+                              "backbones or timm_<any timm model>")

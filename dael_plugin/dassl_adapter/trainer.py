@@ -24,7 +24,7 @@ from tqdm import tqdm
 from torch.utils.data import DataLoader
 
 from dassl.data import DataManager
-from dassl.engine import TrainerX, TrainerXU
+from dassl.engine import TrainerXU
 from dassl.engine.trainer import SimpleNet
 from dassl.optim import build_lr_scheduler, build_optimizer
 from dassl.utils import AverageMeter, count_num_param
@@ -37,12 +37,12 @@ from ..data.images import LEFT_OUT, REPLACED, note_unreadable
 from ..data.sampling import DasslDomainBatchSampler, SeededRandomBatchSampler
 from ..errors import DAELConfigError
 from ..execution import cuda_settings, fused_optimizer
-from ..guard import FiniteGuard, divergence_error, params_finite
+from ..guard import FiniteGuard, divergence_error, weights_finite
 from ..step import DeviceMeters, ExpertTally, make_step, prepare_model
 from .checks import check_dataset_cfg
 from .robust_data import RobustDatasetWrapper
 
-__all__ = ["DAELTrainer", "load_dassl_checkpoints", "split_domains"]
+__all__ = ["DAELTrainer", "load_dassl_checkpoints"]
 
 
 class DAELTrainer(TrainerXU):
@@ -218,8 +218,9 @@ class DAELTrainer(TrainerXU):
     def after_epoch(self):
         if self.guard.tripped():
             raise divergence_error(self.epoch + 1, None, self.cfg.OPTIM.LR, self.output_dir)
-        if not params_finite(p for m in self._models.values() for p in m.parameters()):
-            raise divergence_error(self.epoch + 1, None, self.cfg.OPTIM.LR, self.output_dir, what="model weights")
+        if not weights_finite(self._models.values()):
+            raise divergence_error(self.epoch + 1, None, self.cfg.OPTIM.LR, self.output_dir,
+                                   what="model's weights or batch-norm statistics")
         # Step the schedulers once per epoch here rather than on a batch index
         # (Dassl's sampler length can differ from the real epoch length).
         self.update_lr()
@@ -236,6 +237,7 @@ class DAELTrainer(TrainerXU):
             "scheds": {n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None},
             "rng": ckpt.rng_state(), "config": self.cfg.dump(), "bad_images": sorted(self.bad_images),
             "data": {"sampler_seed": self.data_seed, "next_epoch": epochs_done},
+            "classnames": self._classnames(),
         }
         if self.step.scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
             state["scaler"] = self.step.scaler.state_dict()
@@ -245,6 +247,9 @@ class DAELTrainer(TrainerXU):
         path = osp.join(directory, ckpt.LAST)
         if osp.isfile(path):
             state = ckpt.load_checkpoint(path, map_location=self.device)
+            if state.get("engine") not in (None, "dassl"):
+                raise ckpt.CheckpointError(f"{path} was written by the {state['engine']} engine; resume it with "
+                                           f"--engine {state['engine']}, or pass a new --output-dir")
             if state.get("format") != ckpt.FORMAT or "models" not in state:
                 raise ckpt.CheckpointError(f"{path} is not a Dassl-engine checkpoint of dael-plugin; "
                                            "pass a new --output-dir to start fresh")
@@ -273,12 +278,21 @@ class DAELTrainer(TrainerXU):
             return epoch
         return 0
 
+    def _classnames(self) -> List[str]:
+        return [self.lab2cname.get(i, str(i)) for i in range(self.num_classes)]
+
     def load_model(self, directory, epoch=None):
-        if epoch is None and osp.isfile(osp.join(directory, ckpt.LAST)):
-            state = ckpt.load_checkpoint(osp.join(directory, ckpt.LAST), map_location=self.device)
+        path = osp.join(directory, ckpt.LAST)
+        if epoch is None and osp.isfile(path):
+            state = ckpt.load_checkpoint(path, map_location=self.device)
+            order = ckpt.check_loaded_run(state, self.cfg, path, "dassl", self._classnames())
+            if "models" not in state:
+                raise ckpt.CheckpointError(f"{path} is not a Dassl-engine checkpoint of dael-plugin; "
+                                           "evaluate it with --engine builtin")
             for name in self.get_model_names():
-                self._models[name].load_state_dict(state["models"][name])
-            print(f"Loaded {osp.join(directory, ckpt.LAST)} (epoch {state['epoch']})")
+                weights = state["models"][name]
+                self._models[name].load_state_dict(ckpt.reorder_experts(weights, order) if name == "E" else weights)
+            print(f"Loaded {path} (epoch {state['epoch']})")
             return int(state["epoch"])
         return load_dassl_checkpoints(self, directory, epoch)
 
@@ -313,7 +327,7 @@ class DAELTrainer(TrainerXU):
         results = self.evaluator.evaluate()
         self.expert_accuracy = tally.expert_accuracy()
         names = list(self.cfg.DATASET.SOURCE_DOMAINS) if self.E.num_experts > 1 else ["single"]
-        classnames = [self.lab2cname.get(i, str(i)) for i in range(self.num_classes)]
+        classnames = self._classnames()
         self.per_class_accuracy = tally.per_class(classnames, names)
         print("* per-class accuracy: " + ", ".join(f"{c} {a:.1f}%" for c, a in self.per_class_accuracy["ensemble"].items()))
         for c, a in self.per_class_accuracy["ensemble"].items():

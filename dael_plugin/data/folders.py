@@ -119,7 +119,8 @@ def read_items(path: str, domains: Sequence[str], splits: Sequence[str], classna
 def load_splits(name: str, root: str, sources: Sequence[str], targets: Sequence[str]) -> Dict[str, object]:
     """Read train_x, train_u, val and test lists for a DA or DG run."""
     if name not in SPECS:
-        raise DAELConfigError(f"unknown dataset {name!r}; the built-in engine reads {sorted(SPECS)}")
+        raise DAELConfigError(f"dataset {name!r} needs Dassl (see README, 'Which datasets run where'): install it "
+                              f"and use --engine dassl; the built-in engine reads {sorted(SPECS)}")
     spec = SPECS[name]
     path = dataset_dir(name, root)
     check_domains(name, root, sources, targets)

@@ -1,0 +1,141 @@
+"""The one reader of run records (``results.json``), for tables and figures alike.
+
+A sweep's folders hold one record per finished run. :func:`read_records`
+walks a folder and returns the records it can read, plus, for each file it
+cannot (truncated, not JSON, not a mapping, no accuracy), a :class:`Problem`
+naming it: one bad file never costs the table or the figures, and it is never
+silently dropped either. :func:`setting_key` says which runs share a
+setting: everything in the merged config that changes a result, except the
+seed and the target (and the sources that go with it).
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional
+
+RESULTS = "results.json"
+FAILED = "failed.json"
+
+# Config keys that never change a run's result, or that tell runs of one setting apart.
+NOT_SETTING = ("SEED", "OUTPUT_DIR", "RESUME", "DATASET.ROOT", "DATASET.SOURCE_DOMAINS", "DATASET.TARGET_DOMAINS",
+               "VERBOSE", "USE_CUDA", "DATALOADER.NUM_WORKERS", "DATALOADER.TEST.", "TRAIN.PRINT_FREQ",
+               "TRAIN.CHECKPOINT_FREQ")
+
+
+@dataclass
+class Record:
+    path: str  # the results.json
+    data: dict
+
+    @property
+    def dir(self) -> str:
+        return os.path.dirname(self.path)
+
+    @property
+    def target(self) -> str:
+        return ",".join(self.data.get("target_domains") or [])
+
+    @property
+    def config(self) -> dict:
+        """The run's merged config (``provenance.config``), or {} for records without one."""
+        if "_config" not in self.__dict__:
+            import yaml
+
+            text = (self.data.get("provenance") or {}).get("config")
+            try:
+                self.__dict__["_config"] = (yaml.safe_load(text) or {}) if text else {}
+            except yaml.YAMLError:
+                self.__dict__["_config"] = {}
+        return self.__dict__["_config"]
+
+
+@dataclass
+class Problem:
+    path: str
+    why: str
+
+    def warning(self) -> str:
+        return f"warning: skipping {self.path}: {self.why}"
+
+
+@dataclass
+class Walk:
+    records: List[Record] = field(default_factory=list)
+    problems: List[Problem] = field(default_factory=list)
+    failed: List[str] = field(default_factory=list)  # folders with failed.json and no record
+    pending: List[str] = field(default_factory=list)  # sweep run folders with neither
+
+
+def _read(path: str):
+    try:
+        with open(path) as f:
+            data = json.load(f)
+    except json.JSONDecodeError as exc:
+        return None, f"truncated or not JSON ({exc.msg} at character {exc.pos})"
+    except (OSError, UnicodeDecodeError) as exc:
+        return None, f"unreadable ({type(exc).__name__})"
+    if not isinstance(data, dict):
+        return None, f"holds a JSON {type(data).__name__}, not a run record"
+    if "accuracy" not in data or not isinstance(data.get("target_domains"), list):
+        return None, "not a run record (no accuracy or target_domains)"
+    return data, None
+
+
+def read_records(root: str) -> Walk:
+    """Every run record under ``root`` (sorted by path), the files that are not, and the sweep
+    run folders without a record (failed or not finished)."""
+    out = Walk()
+    for dirpath, dirnames, filenames in os.walk(root):
+        dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not d.startswith("replaced-"))
+        if RESULTS in filenames:
+            path = os.path.join(dirpath, RESULTS)
+            data, why = _read(path)
+            if why is not None:
+                out.problems.append(Problem(path, why))
+            elif data.get("accuracy") is not None:
+                out.records.append(Record(path, data))
+        elif FAILED in filenames:
+            out.failed.append(dirpath)
+        elif "sweep_log.txt" in filenames:
+            out.pending.append(dirpath)
+    return out
+
+
+def _flatten(d, prefix: str = "") -> Dict[str, object]:
+    flat: Dict[str, object] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            flat.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            flat[f"{prefix}{k}"] = v
+    return flat
+
+
+def setting_items(rec: Record) -> Dict[str, object]:
+    """The config keys and values that make the run's setting (engine included)."""
+    flat = {k: v for k, v in _flatten(rec.config).items()
+            if not any(k == n or (n.endswith(".") and k.startswith(n)) for n in NOT_SETTING)}
+    flat["engine"] = rec.data.get("engine")
+    return flat
+
+
+def setting_key(rec: Record) -> Optional[str]:
+    """A short hash of :func:`setting_items`; None for a record without its config."""
+    if not rec.config:
+        return None
+    text = json.dumps(setting_items(rec), sort_keys=True, default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:12]
+
+
+def differing(records: List[Record]) -> List[str]:
+    """The setting keys whose values differ between ``records``."""
+    items = [setting_items(r) for r in records]
+    keys = sorted(set().union(*items))
+    return [k for k in keys if len({json.dumps(i.get(k), default=str) for i in items}) > 1]
+
+
+__all__ = ["Problem", "Record", "Walk", "differing", "read_records", "setting_items", "setting_key"]
+

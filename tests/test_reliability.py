@@ -1,0 +1,351 @@
+"""Issue 15, reliability round two: sweeps never pass old results off as new, config files are
+data, checkpoints are checked before they are evaluated, divergence is seen in the buffers too,
+the lock is the kernel's, every write survives a full disk, SIGTERM stops a run as Ctrl-C does,
+a sweep owns its runs, and the tools that read records survive bad ones.
+
+Built-in engine unless marked ``dassl``."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+
+from conftest import ROOT
+from test_hardening import DS_DA, args_for, cli, one_error_line, spawn, wait_for_checkpoint
+
+SWEEP_FAST = ["OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False",
+              "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8"]
+
+
+def sweep(argv, capsys):
+    from dael_plugin.sweep import main
+
+    code = main(argv)
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+def sweep_args(root, out, *extra, opts=SWEEP_FAST):
+    return ["--root", root, "--dataset-config-file", DS_DA, "--output-dir", str(out), "--engine", "builtin",
+            "--trainers", "SourceOnly", "--targets", "street", *extra, *opts]
+
+
+# -- sweeps that never pass old results off as new -----------------------------------------
+def test_a_relaunch_with_other_settings_is_refused_and_the_old_result_stays(tmp_path, tiny_root, capsys):
+    code, out, err = sweep(sweep_args(tiny_root, tmp_path), capsys)
+    assert code == 0, out + err
+    record = tmp_path / "EmbeddedDigits" / "SourceOnly" / "street" / "seed1" / "results.json"
+    first = record.read_bytes()
+    longer = SWEEP_FAST[:1] + ["2"] + SWEEP_FAST[2:] + ["OPTIM.LR", "0.2"]
+    for argv, changed in ((sweep_args(tiny_root, tmp_path, opts=longer), "options: OPTIM.MAX_EPOCH=1"),
+                          (sweep_args(tiny_root, tmp_path, "--sources", "hand", "blend"), "sources: hand blend font"),
+                          (sweep_args(tiny_root, tmp_path, "--seeds", "1", "--dry-run"), None)):
+        code, out, err = sweep(argv, capsys)
+        if changed is None:  # the same settings: done, nothing to run
+            assert code == 0 and "(1 done, 0 to run)" in out
+            continue
+        line = one_error_line(err)
+        assert code == 2 and "was launched with other settings" in line and changed in line, line
+        assert "pass another --output-dir" in line
+    assert record.read_bytes() == first
+    from dael_plugin.collect import main as collect
+
+    assert collect([str(tmp_path)]) == 0
+    assert "| SourceOnly |" in capsys.readouterr().out
+
+
+def test_collect_gives_each_setting_its_own_row_and_refuses_two_records_of_one_seed(tmp_path, capsys):
+    from dael_plugin.collect import main as collect
+
+    def record(folder, seed, acc, epochs, setting=None):
+        d = tmp_path / folder
+        d.mkdir(parents=True)
+        config = f"OPTIM:\n  MAX_EPOCH: {epochs}\nSEED: {seed}\n"
+        (d / "results.json").write_text(json.dumps({
+            "dataset": "EmbeddedDigits", "trainer": "DAEL", "target_domains": ["blend"], "seed": seed,
+            "accuracy": acc, "engine": "builtin", "setting": setting, "provenance": {"config": config}}))
+        return d
+
+    record("EmbeddedDigits/DAEL/blend/seed1", 1, 70.0, 15)
+    record("by_hand/a", 2, 72.0, 15)
+    record("by_hand/b", 1, 40.0, 1)  # one epoch: another setting, never averaged with the others
+    record("dg/EmbeddedDigitsDG", 1, 66.0, 15, setting="DG")
+    assert collect([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| DAEL [MAX_EPOCH=15] | 71.00 ± 1.41 |" in out and "| DAEL [MAX_EPOCH=1] | 40.00" in out
+    assert "### EmbeddedDigits (DG)" in out  # the record says DG: not in the DA table
+    record("by_hand/c", 2, 73.0, 15)  # seed 2 again, same setting
+    assert collect([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "two records for DAEL [MAX_EPOCH=15] -> blend seed 2" in err and "by_hand/a" in err and "by_hand/c" in err
+
+
+def test_tables_and_figures_survive_bad_records(tmp_path, capsys):
+    from dael_plugin import plots
+    from dael_plugin.collect import main as collect
+
+    good = tmp_path / "EmbeddedDigits" / "DAEL" / "blend" / "seed1"
+    good.mkdir(parents=True)
+    (good / "results.json").write_text(json.dumps({"dataset": "EmbeddedDigits", "trainer": "DAEL",
+                                                   "target_domains": ["blend"], "seed": 1, "accuracy": 70.0}))
+    truncated = tmp_path / "EmbeddedDigits" / "DAEL" / "street" / "seed1"
+    truncated.mkdir(parents=True)
+    (truncated / "results.json").write_text('{"dataset": "EmbeddedDigits", "accur')
+    listed = tmp_path / "EmbeddedDigits" / "DAEL" / "font" / "seed1"
+    listed.mkdir(parents=True)
+    (listed / "results.json").write_text("[1, 2]")
+    assert collect([str(tmp_path)]) == 0
+    cap = capsys.readouterr()
+    assert f"warning: skipping {truncated / 'results.json'}: truncated or not JSON" in cap.err
+    assert f"warning: skipping {listed / 'results.json'}: holds a JSON list" in cap.err
+    assert "| DAEL | 70.00 ± 0.00 | corrupt | corrupt | — |" in cap.out, cap.out
+    assert plots.main([str(tmp_path), "--out", str(tmp_path / "figs")]) == 0
+    assert "warning: skipping" in capsys.readouterr().err
+
+
+# -- config files are data -------------------------------------------------------------------
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+def test_a_python_config_file_is_refused_and_never_runs(tmp_path, tiny_root, capsys, engine):
+    marker = tmp_path / "PWNED"
+    evil = tmp_path / "evil.py"
+    evil.write_text(f"OPTIM: __import__('os').system('touch {marker}')\n")  # valid YAML and valid Python
+    argv = args_for(tiny_root, tmp_path / "out")
+    argv[argv.index("--config-file") + 1] = str(evil)
+    argv[argv.index("--engine") + 1] = engine
+    code, _, err = cli(argv, capsys)
+    assert code == 2 and "is a Python file" in one_error_line(err)
+    assert not marker.exists()
+
+
+# -- evaluation checks what it loads ------------------------------------------------------------
+def test_eval_only_maps_the_experts_by_domain_name(tmp_path, tiny_root, capsys):
+    out = tmp_path / "run"
+    assert cli(args_for(tiny_root, out), capsys)[0] == 0
+    trained = json.loads((out / "results.json").read_text())["expert_accuracy"]
+    argv = args_for(tiny_root, tmp_path / "eval", flags=["--eval-only", "--model-dir", str(out)])
+    i = argv.index("--source-domains")
+    argv[i + 1:i + 4] = ["font", "blend", "hand"]  # the run's sources, in another order
+    code, stdout, err = cli(argv, capsys)
+    assert code == 0, err
+    assert "mapped by domain name" in stdout
+    evaluated = json.loads((tmp_path / "eval" / "results_eval.json").read_text())["expert_accuracy"]
+    assert list(evaluated) == ["font", "blend", "hand"] and evaluated == {d: trained[d] for d in evaluated}
+    argv[i + 1:i + 4] = ["font", "blend", "street"]
+    argv[argv.index("--target-domains") + 1] = "hand"
+    code, _, err = cli(argv, capsys)
+    assert code == 2 and "has experts for source domains ['hand', 'blend', 'font']" in one_error_line(err)
+
+
+@pytest.mark.dassl
+def test_a_checkpoint_of_the_other_engine_is_one_line(tmp_path, tiny_root, capsys):
+    built_in = tmp_path / "builtin"
+    assert cli(args_for(tiny_root, built_in), capsys)[0] == 0
+    argv = args_for(tiny_root, tmp_path / "eval", flags=["--eval-only", "--model-dir", str(built_in)])
+    argv[argv.index("--engine") + 1] = "dassl"
+    code, _, err = cli(argv, capsys)
+    assert code == 2 and "written by the builtin engine; evaluate it with --engine builtin" in one_error_line(err)
+    on_dassl = tmp_path / "dassl"
+    argv = args_for(tiny_root, on_dassl)
+    argv[argv.index("--engine") + 1] = "dassl"
+    assert cli(argv, capsys)[0] == 0
+    (on_dassl / "results.json").unlink()  # as if killed after its last checkpoint
+    code, _, err = cli(args_for(tiny_root, on_dassl), capsys)  # resumed on the built-in engine
+    assert code == 2 and "written by the dassl engine; resume it with --engine dassl" in one_error_line(err)
+
+
+# -- divergence, buffers included -------------------------------------------------------------
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+def test_a_one_epoch_run_that_diverges_exits_3_without_a_result(tmp_path, tiny_root, capsys, engine):
+    """At lr 1e6 the losses can stay finite for an epoch while batch-norm's running variance
+    overflows; the run ended at 'chance accuracy' with exit 0. The buffers are checked now."""
+    out = tmp_path / "nan"
+    argv = args_for(tiny_root, out, extra=["OPTIM.LR", "1e6"])
+    argv[argv.index("--engine") + 1] = engine
+    code, _, err = cli(argv, capsys)
+    line = one_error_line(err)
+    assert code == 3 and "NaN/inf" in line and "no results.json was written" in line, line
+    assert not (out / "results.json").exists() and (out / "failed.json").exists()
+
+
+# -- no selection on test data by accident ------------------------------------------------------
+@pytest.mark.dassl
+def test_best_val_without_a_validation_split_is_refused(tmp_path, tiny_root, capsys):
+    argv = args_for(tiny_root, tmp_path / "o", extra=["TEST.FINAL_MODEL", "best_val"])
+    argv[argv.index("--engine") + 1] = "dassl"
+    code, _, err = cli(argv, capsys)
+    line = one_error_line(err)
+    assert code == 2 and "no validation split" in line and "TEST.FINAL_MODEL last_step" in line
+
+
+def test_best_val_on_the_builtin_engine_names_last_step(tmp_path, tiny_root, capsys):
+    code, _, err = cli(args_for(tiny_root, tmp_path / "o", extra=["TEST.FINAL_MODEL", "best_val"]), capsys)
+    assert code == 2 and "last_step" in one_error_line(err)
+
+
+def test_a_dataset_only_dassl_reads_says_so(tmp_path, tiny_root, capsys):
+    argv = args_for(tiny_root, tmp_path / "o")
+    argv[argv.index("--dataset-config-file") + 1] = os.path.join(ROOT, "configs/datasets/dg/pacs.yaml")
+    code, _, err = cli(argv, capsys)
+    assert code == 2 and "dataset 'PACS' needs Dassl (see README" in one_error_line(err)
+
+
+# -- every write survives a full disk ----------------------------------------------------------
+def test_a_failed_write_removes_its_temporary_file_and_names_the_bytes(tmp_path, monkeypatch):
+    import errno
+
+    from dael_plugin import atomic
+
+    target = tmp_path / "checkpoint.pth.tar"
+    atomic.write_bytes(str(target), b"old")
+    real_fsync = os.fsync
+
+    def full(fd):
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(atomic.WriteError, match=r"no space left on the device \(it needs 1,000 bytes"):
+        atomic.write_bytes(str(target), b"x" * 1000)
+    monkeypatch.setattr(os, "fsync", real_fsync)
+    assert target.read_bytes() == b"old" and os.listdir(tmp_path) == ["checkpoint.pth.tar"]
+    stale = tmp_path / "results.json.tmp.99999999"  # a writer that was killed: its pid is gone
+    stale.write_text("half")
+    assert atomic.remove_stale_temps(str(tmp_path)) == [str(stale)] and not stale.exists()
+
+
+def _mount_tmpfs(path, size):
+    path.mkdir()
+    proc = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(path)], capture_output=True)
+    return proc.returncode == 0
+
+
+def test_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_last_one(tmp_path, tiny_root):
+    """A real full disk: a tmpfs that holds the first epoch's checkpoint but not a second one beside
+    it (the atomic write needs both until the rename). Needs root to mount (skipped otherwise)."""
+    sizing = tmp_path / "sizing"
+    proc = spawn(args_for(tiny_root, sizing))
+    assert proc.wait(300) == 0, proc.stderr.read()[-2000:]
+    need = (sizing / "checkpoint.pth.tar").stat().st_size
+    disk = tmp_path / "disk"
+    if not _mount_tmpfs(disk, need * 13 // 10 + 200 * 1024):
+        pytest.skip("cannot mount a tmpfs here (needs root)")
+    try:
+        proc = spawn(args_for(tiny_root, disk / "run", epochs=3) + ["TEST.NO_TEST", "True"])
+        _, err = proc.communicate(timeout=300)
+        line = one_error_line(err)
+        assert proc.returncode == 2 and "no space left on the device" in line and "checkpoint.pth.tar" in line, err
+        assert "bytes," in line and "are free" in line
+        assert torch.load(disk / "run" / "checkpoint.pth.tar", weights_only=True)["epoch"] >= 1
+        assert not [f for f in os.listdir(disk / "run") if ".tmp." in f]
+    finally:
+        subprocess.run(["umount", str(disk)])
+
+
+def test_stale_temporary_files_are_removed_at_the_next_start(tmp_path, tiny_root, capsys):
+    out = tmp_path / "o"
+    out.mkdir()
+    (out / "checkpoint.pth.tar.tmp.99999999").write_bytes(b"\0" * 1000)
+    code, stdout, _ = cli(args_for(tiny_root, out), capsys)
+    assert code == 0 and "left by a write that was killed" in stdout
+    assert not (out / "checkpoint.pth.tar.tmp.99999999").exists()
+
+
+# -- SIGTERM like Ctrl-C -------------------------------------------------------------------------
+def test_sigterm_stops_a_run_like_ctrl_c(tmp_path, tiny_root):
+    out = tmp_path / "term"
+    proc = spawn(args_for(tiny_root, out, epochs=50))
+    assert wait_for_checkpoint(out, 1, proc), "never finished epoch 1"
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143, err[-2000:]
+    last = err.strip().splitlines()[-1]
+    assert last.startswith("terminated (SIGTERM): the last checkpoint is ") and "(epoch " in last
+    assert "Traceback" not in err and not (out / ".dael_run.json").exists()
+
+
+# -- a sweep owns its runs ------------------------------------------------------------------------
+def _sweep_proc(root, out, epochs):
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    opts = ["OPTIM.MAX_EPOCH", str(epochs)] + SWEEP_FAST[2:]
+    return subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "sweep.py"),
+                             *sweep_args(root, out, opts=opts)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def _run_pid(run_dir, timeout=120):
+    t = time.time()
+    while time.time() - t < timeout:
+        try:
+            return json.loads((run_dir / ".dael_run.json").read_text())["pid"]
+        except (OSError, ValueError, KeyError):
+            time.sleep(0.1)
+    raise AssertionError("the run never started")
+
+
+def _gone(pid, timeout=60):
+    t = time.time()
+    while time.time() - t < timeout:
+        try:
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            return True
+        try:  # a zombie of ours counts as gone
+            with open(f"/proc/{pid}/stat") as f:
+                if f.read().rsplit(")", 1)[1].split()[0] == "Z":
+                    return True
+        except OSError:
+            return True
+        time.sleep(0.1)
+    return False
+
+
+def test_a_sweep_killed_with_9_takes_its_runs_with_it(tmp_path, tiny_root):
+    run_dir = tmp_path / "EmbeddedDigits" / "SourceOnly" / "street" / "seed1"
+    proc = _sweep_proc(tiny_root, tmp_path, epochs=50)
+    child = _run_pid(run_dir)
+    proc.kill()
+    proc.wait(30)
+    assert _gone(child), "the sweep's run outlived it"
+    log = (run_dir / "sweep_log.txt").read_text()
+    assert "terminated (SIGTERM)" in log, log[-2000:]
+
+
+def test_two_sweeps_on_one_folder_share_the_work(tmp_path, tiny_root, capsys):
+    run_dir = tmp_path / "EmbeddedDigits" / "SourceOnly" / "street" / "seed1"
+    first = _sweep_proc(tiny_root, tmp_path, epochs=300)
+    try:
+        _run_pid(run_dir)
+        code, out, err = sweep(sweep_args(tiny_root, tmp_path, opts=["OPTIM.MAX_EPOCH", "300"] + SWEEP_FAST[2:]),
+                               capsys)
+        assert code == 0, out + err
+        assert "running elsewhere SourceOnly -> street seed 1" in out and "1 running elsewhere" in out
+        assert "FAILED" not in out
+    finally:
+        first.send_signal(signal.SIGTERM)
+        first.wait(60)
+
+
+# -- one-line errors instead of tracebacks -------------------------------------------------------
+@pytest.mark.dassl
+def test_a_backbone_dassl_does_not_have_is_one_line(tmp_path, tiny_root, capsys):
+    argv = args_for(tiny_root, tmp_path / "o", extra=["MODEL.BACKBONE.NAME", "__import__('os')"])
+    argv[argv.index("--engine") + 1] = "dassl"
+    code, _, err = cli(argv, capsys)
+    assert code == 2 and "is not a backbone Dassl has" in one_error_line(err)
+
+
+def test_exif_orientation_is_not_applied_as_in_dassl(tmp_path):
+    """JPEGs are read as stored, their EXIF orientation ignored, as Dassl's and torchvision's
+    readers do (the published numbers were made so); README 'Bad data' says so."""
+    from PIL import Image
+
+    from dael_plugin.data.images import decode
+
+    img = Image.new("RGB", (20, 10), (255, 0, 0))
+    exif = Image.Exif()
+    exif[0x0112] = 6  # "rotate 90 degrees clockwise to display"
+    img.save(tmp_path / "rotated.jpg", exif=exif)
+    assert decode(str(tmp_path / "rotated.jpg")).size == (20, 10)

@@ -72,7 +72,7 @@ def test_builtin_dg_and_rerun_into_a_finished_run(tmp_path, tiny_root):
     assert (out / "results.json").read_bytes() == first
     proc = run_train(args + ["OPTIM.LR", "0.2"], env_hide_dassl=True)
     assert proc.returncode == 2 and "OPTIM.LR" in proc.stderr and (out / "results.json").read_bytes() == first
-    proc = run_train(args[:1] + ["--retrain"] + args[1:], env_hide_dassl=True)
+    proc = run_train(["--retrain"] + args, env_hide_dassl=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     aside = [d for d in os.listdir(out) if d.startswith("replaced-")]
     assert len(aside) == 1 and (out / aside[0] / "results.json").read_bytes() == first

@@ -34,6 +34,18 @@ def test_registration_replaces_dassl_builtins_and_keeps_them_importable():
         assert name in TRAINER_REGISTRY.registered_names()
 
 
+def test_importing_the_plugin_writes_nothing_to_stdout():
+    """A library import stays silent: the replacement of Dassl's DAEL is said in a run's log, not
+    on every import (it broke a child's first line in two tests, and would land in collect's CSV)."""
+    import subprocess
+    import sys
+
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.run([sys.executable, "-c", "import dael_plugin; assert dael_plugin.HAS_DASSL"],
+                          capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
+
+
 def _reference_cfg(data_root, conf_thre):
     from dassl.config import get_cfg_default
 

@@ -26,8 +26,9 @@ def register() -> None:
     replaced = [n for n in TRAINER_NAMES if n in TRAINER_REGISTRY.registered_names()]
     for name in TRAINER_NAMES:
         TRAINER_REGISTRY._do_register(name, DAELTrainer, force=True)
-    if replaced:
-        print(f"dael_plugin: replaced Dassl's built-in trainer(s) {replaced} with dael_plugin.DAELTrainer")
+    # Said in the run's log when the trainer is built, not on import: importing a library
+    # must not write to stdout (collect's CSV, a test reading a child's first line).
+    DAELTrainer.replaced_builtins = tuple(replaced)
     for name, cls in OWN_BACKBONES.items():
         if name not in BACKBONE_REGISTRY.registered_names():
             BACKBONE_REGISTRY._do_register(name, _own_factory(cls))  # keyed by our name

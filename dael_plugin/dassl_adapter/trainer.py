@@ -48,7 +48,12 @@ __all__ = ["DAELTrainer", "load_dassl_checkpoints"]
 class DAELTrainer(TrainerXU):
     """Domain Adaptive Ensemble Learning (Zhou et al.), on Dassl's machinery."""
 
+    replaced_builtins: tuple = ()  # Dassl's own trainers this class replaced (set by register())
+
     def __init__(self, cfg):
+        if self.replaced_builtins:
+            print(f"dael_plugin: this run uses dael_plugin's DAELTrainer, which replaced Dassl's built-in "
+                  f"trainer(s) {list(self.replaced_builtins)}")
         self.hparams = hparams_from_cfg(cfg)
         self.execution = execution_from_cfg(cfg)
         self.guard = FiniteGuard()

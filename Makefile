@@ -15,4 +15,5 @@ demo: $(STAMP)
 	$(PYTHON) scripts/demo.py
 
 test: $(STAMP)
+	$(PYTHON) -m ruff check .
 	$(PYTHON) -m pytest -q

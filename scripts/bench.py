@@ -14,7 +14,7 @@ memory is measured per configuration.
 Launches (on unless ``--no-launches``): operator launches per training step
 at miniDomainNet's shape (ResNet-18, 3 x 64 + 64; the spatial size
 ``--launch-size`` does not change the count), counted on the CPU as a GPU
-would launch them (:mod:`dael_plugin.profiling`): Dassl's DAEL with its SGD
+would launch them (:mod:`dael_plugin.engine.profiling`): Dassl's DAEL with its SGD
 as it runs on CUDA (``foreach``), and each plugin configuration with
 ``CHUNK_BN auto`` as it resolves on CUDA. Copies and the bytes they write,
 host reads, and the views made on the device per batch. The count is exact,
@@ -73,7 +73,7 @@ def has_dassl() -> bool:
 def _sgd(params, fused=False, foreach=None):
     opt = torch.optim.SGD(params, lr=0.01, momentum=0.9, weight_decay=5e-4, foreach=foreach)
     if fused:
-        from dael_plugin.execution import fused_optimizer
+        from dael_plugin.engine.execution import fused_optimizer
 
         opt = fused_optimizer(opt)
     return opt
@@ -110,8 +110,8 @@ class Plugin:
     def __init__(self, name, backbone, heads_init, device, c, per_domain, size, fuse, fused_optim,
                  channels_last, prec, compile_mode, chunk_bn="auto", foreach=None, views=None):
         from dael_plugin.core import DAEL, DAELHparams, ExpertHeads
-        from dael_plugin.execution import channels_last_reason
-        from dael_plugin.step import DAELStep
+        from dael_plugin.engine.execution import channels_last_reason
+        from dael_plugin.engine.step import DAELStep
 
         self.name = name
         self.F = backbone
@@ -277,8 +277,8 @@ def _print_step_table(runners, med, peak, dassl):
 def _paper_views(size, device):
     from yacs.config import CfgNode as CN
 
-    from dael_plugin.augment_device import DeviceViews
     from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.transforms.device import DeviceViews
 
     cfg = get_builtin_cfg()
     cfg.INPUT.SIZE = (size, size)
@@ -290,7 +290,7 @@ def launch_counts(size: int = 32, per_domain: int = 64, dassl=None):
     """``{label: LaunchCount}`` of one training step at miniDomainNet's shape, on CPU, each
     configuration as it runs on a GPU (module docstring); Dassl's DAEL first when installed."""
     from dael_plugin.core.chunk_norm import resolve_impl
-    from dael_plugin.profiling import count_launches
+    from dael_plugin.engine.profiling import count_launches
 
     dassl = has_dassl() if dassl is None else dassl
     device = torch.device("cpu")
@@ -354,8 +354,8 @@ def bench_aug(shape, args, device):
     from PIL import Image
     from yacs.config import CfgNode as CN
 
-    from dael_plugin.augment import build_views
     from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.transforms.host import build_views
 
     _, _, size, _, per = SHAPES[shape]
     n = (K + 1) * (args.per_domain or (per[1] if device.type == "cuda" else per[0]))

@@ -4,7 +4,7 @@
 For a batch of uint8 images, each way of making a strong view with
 *per-sample* random operations:
 
-- dael_plugin (``dael_plugin.augment_device``): RandAugment drawn per sample,
+- dael_plugin (``dael_plugin.transforms.device``): RandAugment drawn per sample,
   every operation vectorised over the batch;
 - torchvision v2 ``RandAugment`` on tensors: one draw per call, so per-sample
   draws need a Python loop over the images;
@@ -50,7 +50,7 @@ def main():
     dev = torch.device(args.device)
     from torchvision.transforms import v2
 
-    from dael_plugin import augment_device as ad
+    from dael_plugin.transforms import device as ad
 
     b, s = args.batch, args.size
     u8 = torch.randint(0, 256, (b, 3, s, s), dtype=torch.uint8, device=dev)

@@ -1,5 +1,5 @@
 #!/usr/bin/env python
-"""DAEL against SourceOnly on the embedded set (see ``dael_plugin.demo``; also ``dael-demo``).
+"""DAEL against SourceOnly on the embedded set (see ``dael_plugin.tools.demo``; also ``dael-demo``).
 
     python scripts/demo.py [--target blend] [--seeds 1] [--epochs 15] [--root data]
 """
@@ -8,7 +8,7 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dael_plugin.demo import main  # noqa: E402
+from dael_plugin.tools.demo import main  # noqa: E402
 
 if __name__ == "__main__":
     main()

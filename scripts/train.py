@@ -12,7 +12,7 @@ import sys
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import dael_plugin  # noqa: E402,F401  (registers DAEL into Dassl when Dassl is installed)
-from dael_plugin.cli import main  # noqa: E402
+from dael_plugin.tools.train import main  # noqa: E402
 
 if __name__ == "__main__":
     sys.exit(main())

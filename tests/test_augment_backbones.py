@@ -4,10 +4,16 @@ import torch
 from PIL import Image
 
 from dael_plugin import add_dael_config
-from dael_plugin.augment import DASSL_NAMES, EXTRA_NAMES, build_test_transform, build_train_transform, build_views
 from dael_plugin.backbones import TimmBackbone, build_backbone
 from dael_plugin.builtin.defaults import get_builtin_cfg
 from dael_plugin.errors import DAELConfigError
+from dael_plugin.transforms.host import (
+    DASSL_NAMES,
+    EXTRA_NAMES,
+    build_test_transform,
+    build_train_transform,
+    build_views,
+)
 
 
 def small_cfg():

@@ -5,8 +5,8 @@ import pytest
 import torch
 from PIL import Image, ImageEnhance, ImageOps
 
-from dael_plugin import augment_device as ad
 from dael_plugin.errors import DAELConfigError
+from dael_plugin.transforms import device as ad
 
 
 def _images(b=6, h=24, w=20, seed=0):

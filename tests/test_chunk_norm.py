@@ -11,7 +11,12 @@ from torch import nn
 
 from dael_plugin.backbones import build_backbone
 from dael_plugin.core import DAEL, DAELHparams, ExpertHeads
-from dael_plugin.core.chunk_norm import IMPLS, per_chunk_batch_norm, resolve_impl, unfusable_reason
+from dael_plugin.core.chunk_norm import (
+    IMPLS,
+    per_chunk_batch_norm,
+    resolve_impl,
+    unfusable_reason,
+)
 
 
 def _compare(net, x, chunks, impl="auto", grad_out=None):
@@ -189,9 +194,9 @@ def test_every_convolution_of_a_channels_last_resnet_gets_channels_last_input(im
 
 
 def test_grouped_copies_nothing_and_launches_less_than_split():
-    """Counted as a GPU would launch them (dael_plugin.profiling): the grouped form's fused
+    """Counted as a GPU would launch them (dael_plugin.engine.profiling): the grouped form's fused
     forward and backward copy no activation; split concatenates every layer's output."""
-    from dael_plugin.profiling import count_launches
+    from dael_plugin.engine.profiling import count_launches
 
     net = build_backbone("timm_resnet18").to(memory_format=torch.channels_last).train()
     x = torch.randn(7 * 4, 3, 32, 32).contiguous(memory_format=torch.channels_last)

@@ -9,7 +9,6 @@ import torch
 import yaml
 
 import dael_plugin
-
 from conftest import ROOT, run_train
 
 DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
@@ -110,7 +109,7 @@ DASSL_CASES = {"fewer than 2 sources", "unknown dataset", "unbalanced sampler", 
 
 @pytest.mark.parametrize("case,kw,opts,message", BAD_INPUT, ids=[c[0] for c in BAD_INPUT])
 def test_bad_input_gives_one_clear_line_builtin(tmp_path, tiny_root, capsys, case, kw, opts, message):
-    from dael_plugin.cli import main
+    from dael_plugin.tools.train import main
 
     code = main(["--engine", "builtin"] + base_args(tiny_root, tmp_path / "bad", **kw) + FAST + opts)
     err = capsys.readouterr().err
@@ -132,7 +131,7 @@ def test_bad_input_gives_one_clear_line_dassl(tmp_path, tiny_root, case, kw, opt
 
 
 def test_unsupported_key_on_builtin_names_the_key(tmp_path, tiny_root, capsys):
-    from dael_plugin.cli import main
+    from dael_plugin.tools.train import main
 
     assert main(["--engine", "builtin"] + base_args(tiny_root, tmp_path / "x") + FAST + ["INPUT.NO_TRANSFORM", "True"]) == 2
     last = capsys.readouterr().err.strip().splitlines()[-1]

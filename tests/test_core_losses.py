@@ -4,7 +4,14 @@ import math
 import pytest
 import torch
 
-from dael_plugin.core import DAEL, DAELHparams, ExpertHeads, consistency_loss, dael_losses, pseudo_labels
+from dael_plugin.core import (
+    DAEL,
+    DAELHparams,
+    ExpertHeads,
+    consistency_loss,
+    dael_losses,
+    pseudo_labels,
+)
 
 
 def logits_of(probs):
@@ -248,7 +255,7 @@ def test_consistency_averages_all_other_experts_when_a_batch_lacks_a_domain():
 
 
 def test_split_domains_refuses_batches_that_are_not_domain_chunks():
-    from dael_plugin.batching import split_domains
+    from dael_plugin.data.batching import split_domains
     from dael_plugin.errors import DAELConfigError
 
     chunks, idx = split_domains(torch.tensor([0, 0, 2, 2, 1, 1]), 2, 3)

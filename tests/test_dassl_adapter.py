@@ -15,13 +15,13 @@ FAST = ["OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "Fals
 
 
 def test_registration_replaces_dassl_builtins_and_keeps_them_importable():
-    import dael_plugin  # noqa: F401
     from dassl.data.datasets import DATASET_REGISTRY
     from dassl.engine import TRAINER_REGISTRY
     from dassl.engine.da.dael import DAEL as DasslDAEL
     from dassl.engine.dg.daeldg import DAELDG as DasslDAELDG
     from dassl.modeling.backbone import BACKBONE_REGISTRY
 
+    import dael_plugin  # noqa: F401
     from dael_plugin.dassl_adapter import DAELTrainer
 
     assert TRAINER_REGISTRY.get("DAEL") is DAELTrainer
@@ -235,9 +235,9 @@ def test_dassl_shipped_dael_configs_still_merge():
     """Dassl's own DAEL / DAELDG YAML files work unchanged, with and without the
     plugin's keys: the values in the files arrive, the plugin's keys keep the
     paper's defaults, and a trainer node without them reads the same defaults."""
+    import dassl
     from dassl.config import get_cfg_default
 
-    import dassl
     from dael_plugin import add_dael_config
     from dael_plugin.config import hparams_from_cfg
     from dael_plugin.core import DAELHparams

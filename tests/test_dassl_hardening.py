@@ -257,8 +257,9 @@ def test_dassls_own_train_script_runs_the_plugin_with_one_import(tmp_path, tiny_
 @pytest.mark.parametrize("name", ["timm_resnet18", "timm_test_convnext", "timm_mobilenetv3_small_050",
                                   "timm_resnet18.tv_in1k"])
 def test_dassls_build_backbone_takes_any_timm_model(name):
-    import dael_plugin  # noqa: F401
     from dassl.modeling import build_backbone
+
+    import dael_plugin  # noqa: F401
 
     m = build_backbone(name, verbose=False, pretrained=False)
     x = torch.randn(2, 3, 32, 32)

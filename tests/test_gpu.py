@@ -25,7 +25,7 @@ PAPER = ["INPUT.TRANSFORMS", "['random_flip', 'random_translation', 'normalize']
 
 def _trainer(tmp_path, tiny_root, trainer="DAEL", cfg="dael", extra=()):
     from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
-    from dael_plugin.cli import build_parser, setup_cfg
+    from dael_plugin.tools.train import build_parser, setup_cfg
 
     args = build_parser().parse_args([
         "--engine", "builtin", "--trainer", trainer, "--root", tiny_root,
@@ -140,8 +140,8 @@ def test_views_on_the_device_with_the_papers_transforms():
     draws, cutout squares present, normalised, the same shapes as the loader's."""
     from yacs.config import CfgNode as CN
 
-    from dael_plugin.augment_device import DeviceViews
     from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.transforms.device import DeviceViews
 
     cfg = get_builtin_cfg()
     cfg.INPUT.SIZE = (96, 96)

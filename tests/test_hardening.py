@@ -35,7 +35,7 @@ def args_for(root, out, epochs=1, trainer="DAEL", ds=DS_DA, cfg=DAEL_CFG, extra=
 
 
 def cli(argv, capsys):
-    from dael_plugin.cli import main
+    from dael_plugin.tools.train import main
 
     code = main(argv)
     cap = capsys.readouterr()
@@ -280,7 +280,7 @@ def _holds(obj, cls) -> bool:
 
 HOLDER = """
 import json, os, socket, sys, time
-from dael_plugin.runlock import RunLock
+from dael_plugin.engine.runlock import RunLock
 lock = RunLock(sys.argv[1]).acquire()
 print("held", flush=True)
 time.sleep(60)
@@ -313,7 +313,7 @@ def test_a_live_run_holds_its_output_directory(tmp_path, tiny_root, capsys):
 RACER = """
 import os, sys, time
 from dael_plugin.errors import DAELConfigError
-from dael_plugin.runlock import RunLock
+from dael_plugin.engine.runlock import RunLock
 folder, rounds = sys.argv[1], int(sys.argv[2])
 held = both = 0
 for _ in range(rounds):
@@ -513,8 +513,8 @@ def test_console_script_is_declared():
     cp.read(os.path.join(ROOT, "setup.cfg"))
     scripts = dict(line.split("=", 1) for line in cp["options.entry_points"]["console_scripts"].strip().splitlines())
     scripts = {k.strip(): v.strip() for k, v in scripts.items()}
-    assert scripts["dael-train"] == "dael_plugin.cli:main"
-    assert scripts["dael-demo"] == "dael_plugin.demo:main"
+    assert scripts["dael-train"] == "dael_plugin.tools.train:main"
+    assert scripts["dael-demo"] == "dael_plugin.tools.demo:main"
     exe = shutil.which("dael-train")
     if exe:  # installed with pip install -e . (as `make test` does)
         proc = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=120)

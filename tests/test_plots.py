@@ -22,7 +22,7 @@ def _rec(root, target, seed, acc, losses="ce_cr_u", weight_u=0.5, experts=(60.0,
 @pytest.fixture
 def seen(monkeypatch):
     """Each figure's axes (x label, y label, title) and lines (label, y data), by name, as saved."""
-    from dael_plugin import plots
+    from dael_plugin.tools import plots
 
     seen = {}
     real = plots._save
@@ -39,7 +39,7 @@ def seen(monkeypatch):
 def test_every_figure_from_a_fixture_sweep(tmp_path, seen):
     from torch.utils.tensorboard import SummaryWriter
 
-    from dael_plugin import plots
+    from dael_plugin.tools import plots
 
     root = str(tmp_path / "sweep")
     for seed in (1, 2):
@@ -73,7 +73,7 @@ def test_every_figure_from_a_fixture_sweep(tmp_path, seen):
 
 
 def test_figures_the_sweep_cannot_support_are_skipped_with_a_reason(tmp_path, capsys):
-    from dael_plugin import plots
+    from dael_plugin.tools import plots
 
     _rec(str(tmp_path), "blend", 1, 70.0)
     assert plots.main([str(tmp_path), "--out", str(tmp_path / "f")]) == 0
@@ -85,9 +85,8 @@ def test_figures_the_sweep_cannot_support_are_skipped_with_a_reason(tmp_path, ca
 
 def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys, seen):
     """Fig. 7 and Fig. 8 rebuild the models of a DAEL and a SourceOnly run (built-in engine)."""
+    from dael_plugin.tools import plots
     from test_hardening import args_for, cli
-
-    from dael_plugin import plots
 
     sweep = tmp_path / "sweep"
     so_cfg = os.path.join(os.path.dirname(__file__), "..", "configs/trainers/da/source_only/embedded_digits.yaml")

@@ -15,14 +15,21 @@ import pytest
 import torch
 
 from conftest import ROOT
-from test_hardening import DS_DA, args_for, cli, one_error_line, spawn, wait_for_checkpoint
+from test_hardening import (
+    DS_DA,
+    args_for,
+    cli,
+    one_error_line,
+    spawn,
+    wait_for_checkpoint,
+)
 
 SWEEP_FAST = ["OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False",
               "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8"]
 
 
 def sweep(argv, capsys):
-    from dael_plugin.sweep import main
+    from dael_plugin.tools.sweep import main
 
     code = main(argv)
     cap = capsys.readouterr()
@@ -52,14 +59,14 @@ def test_a_relaunch_with_other_settings_is_refused_and_the_old_result_stays(tmp_
         assert code == 2 and "was launched with other settings" in line and changed in line, line
         assert "pass another --output-dir" in line
     assert record.read_bytes() == first
-    from dael_plugin.collect import main as collect
+    from dael_plugin.tools.collect import main as collect
 
     assert collect([str(tmp_path)]) == 0
     assert "| SourceOnly |" in capsys.readouterr().out
 
 
 def test_collect_gives_each_setting_its_own_row_and_refuses_two_records_of_one_seed(tmp_path, capsys):
-    from dael_plugin.collect import main as collect
+    from dael_plugin.tools.collect import main as collect
 
     def record(folder, seed, acc, epochs, setting=None):
         d = tmp_path / folder
@@ -85,8 +92,8 @@ def test_collect_gives_each_setting_its_own_row_and_refuses_two_records_of_one_s
 
 
 def test_tables_and_figures_survive_bad_records(tmp_path, capsys):
-    from dael_plugin import plots
-    from dael_plugin.collect import main as collect
+    from dael_plugin.tools import plots
+    from dael_plugin.tools.collect import main as collect
 
     good = tmp_path / "EmbeddedDigits" / "DAEL" / "blend" / "seed1"
     good.mkdir(parents=True)
@@ -197,7 +204,7 @@ def test_a_dataset_only_dassl_reads_says_so(tmp_path, tiny_root, capsys):
 def test_a_failed_write_removes_its_temporary_file_and_names_the_bytes(tmp_path, monkeypatch):
     import errno
 
-    from dael_plugin import atomic
+    from dael_plugin.engine import atomic
 
     target = tmp_path / "checkpoint.pth.tar"
     atomic.write_bytes(str(target), b"old")

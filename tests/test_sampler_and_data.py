@@ -4,9 +4,9 @@ import time
 import numpy as np
 import pytest
 
-from dael_plugin.data.sampling import DomainBalancedBatchSampler
 from dael_plugin.data import embedded
 from dael_plugin.data.folders import load_splits
+from dael_plugin.data.sampling import DomainBalancedBatchSampler
 from dael_plugin.errors import DAELConfigError
 
 

@@ -6,10 +6,10 @@ import pytest
 import torch
 from torch import nn
 
-from dael_plugin import execution as ex
 from dael_plugin.backbones import build_backbone
 from dael_plugin.core import DAEL, DAELHparams, ExpertHeads
-from dael_plugin.step import DAELStep, DeviceMeters, ExpertTally
+from dael_plugin.engine import execution as ex
+from dael_plugin.engine.step import DAELStep, DeviceMeters, ExpertTally
 
 # What the installed torch lacks is skipped with the reason, not failed (README: which torch runs what).
 needs_cpu_fp16 = pytest.mark.skipif(not hasattr(torch.amp, "GradScaler"),
@@ -158,7 +158,7 @@ def test_fused_optimizer_matches_and_leaves_others_alone():
         m2 = copy.deepcopy(m1)
         o1, o2 = cls(m1.parameters(), **kw), ex.fused_optimizer(cls(m2.parameters(), **kw))
         assert o2.param_groups[0]["fused"] is True
-        for i in range(4):
+        for _ in range(4):
             x = torch.randn(5, 6)
             for m, o in ((m1, o1), (m2, o2)):
                 o.zero_grad()
@@ -226,7 +226,7 @@ def test_bad_execution_keys_are_one_line(tmp_path, tiny_root, capsys, key, value
 def test_a_checkpoint_from_before_the_execution_keys_resumes_with_their_old_behaviour():
     from dael_plugin import add_dael_config
     from dael_plugin.builtin.defaults import get_builtin_cfg
-    from dael_plugin.checkpoint import config_diff
+    from dael_plugin.engine.checkpoint import config_diff
 
     cfg = add_dael_config(get_builtin_cfg())
     old = cfg.clone()
@@ -280,8 +280,8 @@ PAPER_STRONG = ["random_flip", "cutout", "randaugment2", "normalize"]
 def _paper_views():
     from yacs.config import CfgNode as CN
 
-    from dael_plugin.augment_device import DeviceViews
     from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.transforms.device import DeviceViews
 
     cfg = get_builtin_cfg()
     cfg.INPUT.SIZE = (32, 32)
@@ -317,10 +317,10 @@ EXECUTION = {  # each execution option away from the defaults, and the paper's v
 @pytest.mark.parametrize("name", [pytest.param(n, marks=needs_cpu_fp16) if "fp16" in n else n for n in EXECUTION])
 def test_no_step_reads_the_device_or_copies_a_python_value(name):
     """On a GPU, any host read of a tensor (item, bool, tolist, ...) or Python value turned into a
-    tensor in a step makes the host wait for the device. dael_plugin.profiling.HostTraffic sees them
+    tensor in a step makes the host wait for the device. dael_plugin.engine.profiling.HostTraffic sees them
     on CPU. The one read left is PyTorch's: GradScaler.step reads found_inf once per optimiser
     unless the optimiser is fused (FUSED_OPTIM True, the default)."""
-    from dael_plugin.profiling import HostTraffic
+    from dael_plugin.engine.profiling import HostTraffic
 
     opts = dict(EXECUTION[name])
     aug, dg, impl = opts.pop("aug", False), opts.pop("dg", False), opts.pop("chunk_bn", "auto")

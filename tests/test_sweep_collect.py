@@ -13,7 +13,7 @@ FAST = ["OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "Fals
 
 
 def sweep(argv, capsys):
-    from dael_plugin.sweep import main
+    from dael_plugin.tools.sweep import main
 
     code = main(argv)
     cap = capsys.readouterr()
@@ -33,7 +33,7 @@ def test_the_plan(tmp_path, capsys):
     assert len(lines) == 16 + 8 and out.startswith("sweep: 24 runs (0 done, 24 to run)")
     assert any(ln.endswith(os.path.join("EmbeddedDigits", "DAEL", "WEIGHT_U=0.5", "blend", "seed2")) for ln in lines)
     assert any(ln.endswith(os.path.join("EmbeddedDigits", "SourceOnly", "font", "seed1")) for ln in lines)
-    from dael_plugin.sweep import build_parser, plan, split_opts
+    from dael_plugin.tools.sweep import build_parser, plan, split_opts
 
     flags, opts = split_opts(base("data", tmp_path, "--trainers", "DAEL", "--targets", "blend", *FAST))
     assert opts == FAST
@@ -101,7 +101,7 @@ def _record(root, dataset, trainer, target, seed, acc, setting=None):
 
 
 def test_collect_table_with_missing_and_failed_runs(tmp_path, capsys):
-    from dael_plugin.collect import main
+    from dael_plugin.tools.collect import main
 
     root = str(tmp_path)
     for seed, (a, b) in enumerate([(70.0, 80.0), (72.0, 84.0)], 1):
@@ -124,7 +124,7 @@ def test_collect_table_with_missing_and_failed_runs(tmp_path, capsys):
 
 
 def test_collect_adds_the_papers_numbers(tmp_path, capsys):
-    from dael_plugin.collect import main
+    from dael_plugin.tools.collect import main
 
     _record(str(tmp_path), "Digit5", "DAEL", "mnist_m", 1, 93.0)
     assert main([str(tmp_path), "--paper", "--latex"]) == 0
@@ -179,7 +179,7 @@ def test_an_interrupted_submitit_job_is_requeued_and_its_run_resumes(tmp_path, t
     submitit = pytest.importorskip("submitit")
     import time
 
-    from dael_plugin.sweep import LOG, RunJob, build_parser, plan
+    from dael_plugin.tools.sweep import LOG, RunJob, build_parser, plan
 
     args = build_parser().parse_args(base(tiny_root, tmp_path, "--trainers", "SourceOnly", "--targets", "street"))
     args.opts = FAST[:1] + ["15"] + FAST[2:]  # 15 epochs: long enough to interrupt after the first

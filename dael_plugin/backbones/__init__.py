@@ -3,10 +3,10 @@ from __future__ import annotations
 
 from torch import nn
 
-from ..errors import DAELConfigError
-from .small_cnn import SmallCNN
-from .timm_backbone import PREFIX as TIMM_PREFIX
-from .timm_backbone import TimmBackbone, timm_model_name
+from dael_plugin.backbones.small_cnn import SmallCNN
+from dael_plugin.backbones.timm_backbone import PREFIX as TIMM_PREFIX
+from dael_plugin.backbones.timm_backbone import TimmBackbone, timm_model_name
+from dael_plugin.errors import DAELConfigError
 
 # The plugin's own architectures, by registered name.
 OWN_BACKBONES = {

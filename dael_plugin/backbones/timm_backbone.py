@@ -9,7 +9,7 @@ from urllib.parse import urlparse
 
 from torch import nn
 
-from ..errors import DAELConfigError
+from dael_plugin.errors import DAELConfigError
 
 PREFIX = "timm_"
 

@@ -16,9 +16,14 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from ..data.folders import Item
-from ..data.images import ReplacingReader
-from ..data.sampling import DomainBalancedBatchSampler, DrawPicker, SeededRandomBatchSampler, seeded_draw
+from dael_plugin.data.folders import Item
+from dael_plugin.data.images import ReplacingReader
+from dael_plugin.data.sampling import (
+    DomainBalancedBatchSampler,
+    DrawPicker,
+    SeededRandomBatchSampler,
+    seeded_draw,
+)
 
 Transform = Callable[[Image.Image], torch.Tensor]
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from yacs.config import CfgNode as CN
 
-from ..config import add_dael_config
+from dael_plugin.config import add_dael_config
 
 
 def get_builtin_cfg() -> CN:

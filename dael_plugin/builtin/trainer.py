@@ -4,7 +4,7 @@ It serves the main job until Dassl is installed, with the same CLI, config
 keys, algorithm core and results.json schema. It is glue, not a toolbox:
 data come from ``dael_plugin.data.folders``, the model from
 ``dael_plugin.backbones``, the losses from ``dael_plugin.core`` and the
-checkpoints from ``dael_plugin.checkpoint``.
+checkpoints from ``dael_plugin.engine.checkpoint``.
 
 Resume is exact: after every epoch the "last" checkpoint holds the model,
 optimiser, scheduler, the RNG states and the config, and every data draw is
@@ -26,18 +26,29 @@ from torch.nn import functional as F
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
-from .. import checkpoint as ckpt
-from ..augment import build_test_transform, build_train_transform, build_train_views, check_names
-from ..backbones import build_backbone
-from ..config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node, uses_target_data
-from ..core import DAEL, build_heads
-from ..data.folders import load_splits
-from ..data.images import LEFT_OUT, REPLACED, note_unreadable
-from ..errors import DAELConfigError
-from ..execution import cuda_settings, fused_optimizer
-from ..guard import FiniteGuard, divergence_error, weights_finite
-from ..step import DeviceMeters, ExpertTally, make_step, prepare_model
-from . import data as bdata
+from dael_plugin.backbones import build_backbone
+from dael_plugin.builtin import data as bdata
+from dael_plugin.config import (
+    check_dael_cfg,
+    execution_from_cfg,
+    hparams_from_cfg,
+    trainer_node,
+    uses_target_data,
+)
+from dael_plugin.core import DAEL, build_heads
+from dael_plugin.data.folders import load_splits
+from dael_plugin.data.images import LEFT_OUT, REPLACED, note_unreadable
+from dael_plugin.engine import checkpoint as ckpt
+from dael_plugin.engine.execution import cuda_settings, fused_optimizer
+from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
+from dael_plugin.engine.step import DeviceMeters, ExpertTally, make_step, prepare_model
+from dael_plugin.errors import DAELConfigError
+from dael_plugin.transforms.host import (
+    build_test_transform,
+    build_train_transform,
+    build_train_views,
+    check_names,
+)
 
 CKPT = ckpt.LAST
 
@@ -176,13 +187,13 @@ class BuiltinTrainer:
         return getattr(step, "scaler", None)
 
     def _loaders(self):
-        return [l for l in (self.train_loader_x, self.train_loader_u) if l is not None]
+        return [ld for ld in (self.train_loader_x, self.train_loader_u) if ld is not None]
 
     def _data_state(self, epochs_done: int) -> dict:
         """The samplers' (seed, next epoch) and the loaders' generators. Every draw is
         derived from these, so they are all the data pipeline's randomness."""
         return {"sampler_seed": self.seed, "next_epoch": epochs_done,
-                "loader_generators": [l.generator.get_state() for l in self._loaders()]}
+                "loader_generators": [ld.generator.get_state() for ld in self._loaders()]}
 
     def save(self, epoch: int) -> None:
         out = self.cfg.OUTPUT_DIR

@@ -1,8 +1,14 @@
 """Host-independent DAEL: plain PyTorch, never imports dassl."""
-from .algorithm import DAEL, build_heads
-from .heads import ExpertHeads
-from .hparams import CHOICES, DAELHparams
-from .losses import consistency_loss, dael_losses, ensemble_probs, log_mean_probs, pseudo_labels
+from dael_plugin.core.algorithm import DAEL, build_heads
+from dael_plugin.core.heads import ExpertHeads
+from dael_plugin.core.hparams import CHOICES, DAELHparams
+from dael_plugin.core.losses import (
+    consistency_loss,
+    dael_losses,
+    ensemble_probs,
+    log_mean_probs,
+    pseudo_labels,
+)
 
 __all__ = [
     "CHOICES",

@@ -12,10 +12,15 @@ from typing import Callable, Dict, Optional, Sequence
 import torch
 from torch import nn
 
-from .chunk_norm import convert, fused_forward, resolve_impl, unfusable_reason
-from .heads import ExpertHeads
-from .hparams import DAELHparams
-from .losses import dael_losses, ensemble_probs
+from dael_plugin.core.chunk_norm import (
+    convert,
+    fused_forward,
+    resolve_impl,
+    unfusable_reason,
+)
+from dael_plugin.core.heads import ExpertHeads
+from dael_plugin.core.hparams import DAELHparams
+from dael_plugin.core.losses import dael_losses, ensemble_probs
 
 
 class DAEL:

@@ -11,7 +11,7 @@ from typing import Dict, Optional
 import torch
 from torch.nn import functional as F
 
-from .hparams import DAELHparams
+from dael_plugin.core.hparams import DAELHparams
 
 
 def log_mean_probs(log_probs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:

@@ -5,7 +5,7 @@ import difflib
 
 from dassl.data.datasets import DATASET_REGISTRY
 
-from ..errors import DAELConfigError
+from dael_plugin.errors import DAELConfigError
 
 
 def check_dataset_cfg(cfg) -> None:

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 from dassl.data.datasets import DATASET_REGISTRY, DatasetBase, Datum
 
-from ..data import folders
+from dael_plugin.data import folders
 
 
 def _datums(items):

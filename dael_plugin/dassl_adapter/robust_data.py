@@ -19,8 +19,8 @@ import random
 from dassl.data.data_manager import DatasetWrapper
 from PIL import Image
 
-from ..data.images import ReplacingReader
-from ..data.sampling import DrawPicker, seeded_draw
+from dael_plugin.data.images import ReplacingReader
+from dael_plugin.data.sampling import DrawPicker, seeded_draw
 
 
 class RobustDatasetWrapper(DatasetWrapper):

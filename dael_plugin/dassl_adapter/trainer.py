@@ -19,28 +19,32 @@ import time
 from typing import List, Optional, Set
 
 import torch
-from tqdm import tqdm
-
-from torch.utils.data import DataLoader
-
 from dassl.data import DataManager
 from dassl.engine import TrainerXU
 from dassl.engine.trainer import SimpleNet
 from dassl.optim import build_lr_scheduler, build_optimizer
 from dassl.utils import AverageMeter, count_num_param
+from torch.utils.data import DataLoader
+from tqdm import tqdm
 
-from .. import checkpoint as ckpt
-from ..augment import build_train_views, check_names
-from ..config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node, uses_target_data
-from ..core import DAEL, build_heads
-from ..data.images import LEFT_OUT, REPLACED, note_unreadable
-from ..data.sampling import DasslDomainBatchSampler, SeededRandomBatchSampler
-from ..errors import DAELConfigError
-from ..execution import cuda_settings, fused_optimizer
-from ..guard import FiniteGuard, divergence_error, weights_finite
-from ..step import DeviceMeters, ExpertTally, make_step, prepare_model
-from .checks import check_dataset_cfg
-from .robust_data import RobustDatasetWrapper
+from dael_plugin.config import (
+    check_dael_cfg,
+    execution_from_cfg,
+    hparams_from_cfg,
+    trainer_node,
+    uses_target_data,
+)
+from dael_plugin.core import DAEL, build_heads
+from dael_plugin.dassl_adapter.checks import check_dataset_cfg
+from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
+from dael_plugin.data.images import LEFT_OUT, REPLACED, note_unreadable
+from dael_plugin.data.sampling import DasslDomainBatchSampler, SeededRandomBatchSampler
+from dael_plugin.engine import checkpoint as ckpt
+from dael_plugin.engine.execution import cuda_settings, fused_optimizer
+from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
+from dael_plugin.engine.step import DeviceMeters, ExpertTally, make_step, prepare_model
+from dael_plugin.errors import DAELConfigError
+from dael_plugin.transforms.host import build_train_views, check_names
 
 __all__ = ["DAELTrainer", "load_dassl_checkpoints"]
 
@@ -123,7 +127,7 @@ class DAELTrainer(TrainerXU):
             loader.batch_sampler.set_epoch(self.epoch)
 
     def build_model(self):
-        from . import register_timm_backbone
+        from dael_plugin.dassl_adapter.backbones import register_timm_backbone
 
         cfg = self.cfg
         # The config is at hand here, so a timm backbone's local weights are honoured

@@ -12,11 +12,11 @@ from typing import Iterable, List, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
-from ..errors import DAELConfigError
+from dael_plugin.errors import DAELConfigError
 
 
 def _try_decode(path: str) -> Optional[str]:
-    from .images import decode
+    from dael_plugin.data.images import decode
 
     try:
         decode(path)

@@ -11,8 +11,8 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
-from ..errors import DAELConfigError
-from . import embedded
+from dael_plugin.data import embedded
+from dael_plugin.errors import DAELConfigError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
 

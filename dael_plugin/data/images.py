@@ -74,7 +74,7 @@ class ReplacingReader:
             if not replace:
                 return idx, None, bad_path
             idx = int(pick(self._same_domain(idx)))
-        from ..errors import DAELConfigError
+        from dael_plugin.errors import DAELConfigError
 
         raise DAELConfigError(
             f"could not find a readable image in domain {int(self.domains[idx])} after {MAX_REPLACEMENTS} "

@@ -35,7 +35,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler, get_worker_info
 
-from ..errors import DAELConfigError
+from dael_plugin.errors import DAELConfigError
 
 Draw = Tuple[int, int]
 

@@ -14,13 +14,12 @@ machine it was measured on.
 import argparse
 import json
 import os
+import platform
 import shutil
 import subprocess
 import sys
 
-import platform
-
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # the repository: configs/ and scripts/
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: configs/, scripts/
 DOMAINS = ("hand", "blend", "street", "font")
 
 

@@ -11,8 +11,8 @@ from typing import Iterable, Optional
 
 import torch
 
-from .checkpoint import LAST, checkpoint_epoch
-from .errors import NonFiniteLossError
+from dael_plugin.engine.checkpoint import LAST, checkpoint_epoch
+from dael_plugin.errors import NonFiniteLossError
 
 
 class FiniteGuard:

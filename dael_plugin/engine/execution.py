@@ -188,14 +188,14 @@ def grad_scaler(prec: str, device: torch.device):
     if device.type == "cuda":
         print(f"dael_plugin: torch {torch.__version__} has no torch.amp.GradScaler; using torch.cuda.amp.GradScaler")
         return torch.cuda.amp.GradScaler()
-    from .errors import DAELConfigError
+    from dael_plugin.errors import DAELConfigError
 
     raise DAELConfigError(f"PREC fp16 on {device.type} needs torch >= 2.3 (loss scaling there); "
                           f"this is torch {torch.__version__}: use PREC bf16 or fp32")
 
 
 def check_execution(prec: str, compile_mode: str, prefix: str, fuse_chunks: bool = False) -> None:
-    from .errors import DAELConfigError
+    from dael_plugin.errors import DAELConfigError
 
     if prec not in PRECISIONS:
         raise DAELConfigError(f"{prefix}.PREC={prec!r} is invalid; use one of {sorted(PRECISIONS)}")

@@ -13,7 +13,7 @@ marked (``failed`` with a ``failed.json``, ``corrupt`` for a record that
 cannot be read, with a warning naming it, else ``missing``), never dropped.
 The tables are printed and written to ``DIR/results.md`` and
 ``DIR/results.csv``; ``--latex`` also prints LaTeX. ``--paper`` adds the
-published numbers of the DAEL paper (``dael_plugin/data/paper_results.json``,
+published numbers of the DAEL paper (``dael_plugin/tools/paper_results.json``,
 each with its table cited).
 """
 from __future__ import annotations
@@ -28,10 +28,16 @@ import sys
 from collections import Counter, defaultdict
 from typing import Dict, List, Optional, Tuple
 
-from .atomic import write_text
-from .records import Record, differing, read_records, setting_items, setting_key
+from dael_plugin.engine.atomic import write_text
+from dael_plugin.engine.records import (
+    Record,
+    differing,
+    read_records,
+    setting_items,
+    setting_key,
+)
 
-PAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "data", "paper_results.json")
+PAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_results.json")
 DG_TRAINERS = ("DAELDG", "Vanilla")
 
 

@@ -5,7 +5,7 @@ from typing import List, Tuple
 
 import torch
 
-from .errors import DAELConfigError
+from dael_plugin.errors import DAELConfigError
 
 
 def split_domains(domain: torch.Tensor, per_domain: int, num_domains: int) -> Tuple[List[int], torch.Tensor]:

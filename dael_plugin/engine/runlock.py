@@ -19,8 +19,8 @@ from typing import Optional
 
 import filelock
 
-from .atomic import write_json
-from .errors import DAELConfigError
+from dael_plugin.engine.atomic import write_json
+from dael_plugin.errors import DAELConfigError
 
 LOCK = ".dael_run.lock"
 OWNER = ".dael_run.json"

@@ -9,7 +9,7 @@ layout (optionally compiled), the backward pass and the optimiser steps, and
 flags a non-finite loss on the device. Nothing in it reads a device value on
 the host or turns a Python value into a device tensor, so a step never waits
 for the device (``tests/test_step.py`` checks every execution option with
-:class:`dael_plugin.profiling.HostTraffic`). With fp16 and the fused
+:class:`dael_plugin.engine.profiling.HostTraffic`). With fp16 and the fused
 optimisers (the defaults), the loss scaler hands its inf flag to the
 optimiser kernel; the one host read left is PyTorch's ``GradScaler.step``
 with ``FUSED_OPTIM False``, once per optimiser.
@@ -24,10 +24,12 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from . import execution as ex
-from .batching import split_domains
-from .core import DAEL
-from .guard import FiniteGuard
+from dael_plugin.config import trainer_node
+from dael_plugin.core import DAEL
+from dael_plugin.data.batching import split_domains
+from dael_plugin.engine import execution as ex
+from dael_plugin.engine.guard import FiniteGuard
+from dael_plugin.transforms.device import DeviceViews, check_device_names
 
 VIEW_KEYS = ("img", "img2", "img3")
 
@@ -244,9 +246,17 @@ def make_step(execution, algorithm: DAEL, optimizers, device, num_domains: int, 
     """The step for an engine, from the ``Execution`` options (``TRAINER.<NAME>.*``)."""
     device_views = None
     if execution.aug_on_device:
-        from .augment_device import build_device_views
-
         device_views = build_device_views(cfg, algorithm.hparams.num_views, device)
     return DAELStep(algorithm, optimizers, device, num_domains, per_domain, is_da, prec=execution.prec,
                     channels_last=channels_last, compile_mode=execution.compile, device_views=device_views,
                     guard=guard)
+
+
+def build_device_views(cfg, num_views: int, device: torch.device) -> DeviceViews:
+    """The views on the device, from the run's config (``INPUT`` and ``TRAINER.<NAME>``)."""
+    node = trainer_node(cfg)
+    prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}"
+    check_device_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS")
+    check_device_names(node.STRONG_TRANSFORMS, f"{prefix}.STRONG_TRANSFORMS")
+    return DeviceViews(cfg.INPUT.TRANSFORMS, node.STRONG_TRANSFORMS, num_views, cfg.INPUT, node, device=device,
+                       size=tuple(cfg.INPUT.SIZE))

@@ -22,7 +22,7 @@ from typing import Callable, List, Sequence
 import torchvision.transforms as T
 from torchvision.transforms import InterpolationMode
 
-from .errors import DAELConfigError
+from dael_plugin.errors import DAELConfigError
 
 DASSL_NAMES = (
     "random_flip", "random_resized_crop", "normalize", "instance_norm", "random_crop",
@@ -67,8 +67,8 @@ def check_names(choices: Sequence[str], key: str, dassl: bool) -> None:
 
 
 def _dassl_ops():
-    from dassl.data.transforms import randaugment as ra
     from dassl.data.transforms import autoaugment as aa
+    from dassl.data.transforms import randaugment as ra
     from dassl.data.transforms import transforms as dt
 
     return dt, ra, aa

@@ -23,7 +23,7 @@ import re
 import shutil
 from typing import Any, List
 
-from .errors import DAELConfigError
+from dael_plugin.errors import DAELConfigError
 
 _TMP = re.compile(r"\.tmp\.(\d+)$")
 

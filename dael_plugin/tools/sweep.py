@@ -49,11 +49,13 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
-from .atomic import remove_stale_temps, write_json, write_text
-from .errors import DAELConfigError
+from dael_plugin.engine.atomic import remove_stale_temps, write_json, write_text
+from dael_plugin.errors import DAELConfigError
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-TRAIN = os.path.join(ROOT, "scripts", "train.py")
+# Each run is ``python -m dael_plugin.tools.train``: the installed package, or this checkout
+# (put on the runs' PYTHONPATH), never a script path relative to a checkout.
+TRAIN = ("-m", "dael_plugin.tools.train")
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOG = "sweep_log.txt"  # a run's stdout and stderr, in its directory
 JOB = "sweep_job.txt"  # the Slurm job id a run was last submitted as
 IDENTITY = "sweep_run.json"  # everything that changes the run's result: a relaunch must match it
@@ -126,7 +128,7 @@ def read_dataset(path: str) -> Tuple[str, str, List[str]]:
     """``(DATASET.NAME, setting da|dg, its domains)`` from a dataset config file."""
     import yaml
 
-    from .data.folders import SPECS
+    from dael_plugin.data.folders import SPECS
 
     try:
         with open(path) as f:
@@ -152,8 +154,19 @@ def read_dataset(path: str) -> Tuple[str, str, List[str]]:
 
 
 def method_config(trainer: str, setting: str, dataset_cfg: str) -> str:
+    """A trainer's method config, found in the dataset config's own tree: for
+    ``<tree>/datasets/<da|dg>/<name>.yaml`` it is ``<tree>/trainers/<da|dg>/<trainer>/<name>.yaml``
+    (the layout of this project's ``configs/``, and of Dassl's)."""
     base = os.path.splitext(os.path.basename(dataset_cfg))[0]
-    path = os.path.join(ROOT, "configs", "trainers", setting, _snake(trainer), f"{base}.yaml")
+    here = os.path.dirname(os.path.abspath(dataset_cfg))
+    while os.path.basename(here) != "datasets":
+        parent = os.path.dirname(here)
+        if parent == here:
+            raise DAELConfigError(
+                f"cannot find the method config of {trainer}: the dataset config {dataset_cfg} is not under a "
+                "'datasets/' folder with a 'trainers/' folder beside it; pass --config TRAINER=FILE")
+        here = parent
+    path = os.path.join(os.path.dirname(here), "trainers", setting, _snake(trainer), f"{base}.yaml")
     if not os.path.isfile(path):
         raise DAELConfigError(f"no method config for {trainer} at {path}; pass --config TRAINER=FILE")
     return path
@@ -187,7 +200,7 @@ def plan(args: argparse.Namespace) -> List[Run]:
             if setting_kv:
                 parts.append(_slug(",".join(f"{_short(k)}={v}" for k, v in setting_kv)))
             out = os.path.join(*parts, _slug(target), f"seed{seed}")
-            argv = [sys.executable, TRAIN, "--engine", args.engine, "--trainer", trainer, "--root", args.root,
+            argv = [sys.executable, *TRAIN, "--engine", args.engine, "--trainer", trainer, "--root", args.root,
                     "--dataset-config-file", args.dataset_config_file, "--config-file", cfg_file,
                     "--source-domains", *sources, "--target-domains", target, "--output-dir", out,
                     "--seed", str(seed), *args.opts]
@@ -213,7 +226,7 @@ def _sha256(path: str) -> str:
 def _resolved_engine(engine: str) -> str:
     if engine != "auto":
         return engine
-    from . import HAS_DASSL
+    from dael_plugin.about import HAS_DASSL
 
     return "dassl" if HAS_DASSL else "builtin"
 
@@ -236,11 +249,11 @@ def _die_with_parent(parent: int):
 
 def _start(argv: Sequence[str], env: Optional[Dict[str, str]], log) -> "subprocess.Popen":
     full_env = dict(os.environ)
-    full_env["PYTHONPATH"] = ROOT + os.pathsep + full_env.get("PYTHONPATH", "")
+    full_env["PYTHONPATH"] = PACKAGE_PARENT + os.pathsep + full_env.get("PYTHONPATH", "")
     full_env.update(env or {})
     log.write(f"$ {' '.join(argv)}\n")
     log.flush()
-    return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=full_env, cwd=ROOT,
+    return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=full_env,
                             preexec_fn=_die_with_parent(os.getpid()))
 
 

@@ -10,8 +10,8 @@ from dataclasses import dataclass
 
 from yacs.config import CfgNode as CN
 
-from .core.hparams import DAELHparams
-from .errors import DAELConfigError
+from dael_plugin.core.hparams import DAELHparams
+from dael_plugin.errors import DAELConfigError
 
 # Names of the trainer nodes this plugin reads; Dassl already defines both.
 TRAINER_NODES = ("DAEL", "DAELDG")
@@ -116,8 +116,8 @@ class Execution:
 
 
 def execution_from_cfg(cfg: CN) -> Execution:
-    from .core.chunk_norm import IMPLS
-    from .execution import check_execution
+    from dael_plugin.core.chunk_norm import IMPLS
+    from dael_plugin.engine.execution import check_execution
 
     node = trainer_node(cfg)
     d = Execution()
@@ -166,7 +166,7 @@ def check_dael_cfg(cfg: CN) -> None:
     prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}"
     hparams_from_cfg(cfg)
     if execution_from_cfg(cfg).aug_on_device:
-        from .augment_device import check_device_names
+        from dael_plugin.transforms.device import check_device_names
 
         check_device_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS")
         check_device_names(node.get("STRONG_TRANSFORMS", ()), f"{prefix}.STRONG_TRANSFORMS")

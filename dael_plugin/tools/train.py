@@ -19,14 +19,19 @@ from typing import List, Optional
 
 from yacs.config import CfgNode as CN
 
-from .backbones.timm_backbone import check_timm_backbone
-from .checkpoint import LAST, checkpoint_epoch
-from .config import add_dael_config, check_run_values
-from .atomic import remove_stale_temps
-from .errors import DAELConfigError, NonFiniteLossError, Terminated
-from .execution import cuda_settings
-from .results import remove_failure, results_record, write_failure, write_results
-from .runlock import BusyError, RunLock
+from dael_plugin.backbones.timm_backbone import check_timm_backbone
+from dael_plugin.config import add_dael_config, check_run_values
+from dael_plugin.engine.atomic import remove_stale_temps
+from dael_plugin.engine.checkpoint import LAST, checkpoint_epoch
+from dael_plugin.engine.execution import cuda_settings
+from dael_plugin.engine.results import (
+    remove_failure,
+    results_record,
+    write_failure,
+    write_results,
+)
+from dael_plugin.engine.runlock import BusyError, RunLock
+from dael_plugin.errors import DAELConfigError, NonFiniteLossError, Terminated
 
 EXIT_BUSY = 75  # the output directory is held by another live run (EX_TEMPFAIL: try again later)
 
@@ -64,7 +69,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def choose_engine(requested: str) -> str:
-    from . import HAS_DASSL as has_dassl
+    from dael_plugin.about import HAS_DASSL as has_dassl
 
     if requested == "dassl" and not has_dassl:
         raise DAELConfigError(
@@ -164,7 +169,7 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
 
         cfg = get_cfg_default()
     else:
-        from .builtin.defaults import get_builtin_cfg
+        from dael_plugin.builtin.defaults import get_builtin_cfg
 
         cfg = get_builtin_cfg()
         clean_cfg = _clean_cfg
@@ -214,7 +219,7 @@ def _clean_cfg(cfg: CN, trainer: str) -> None:
 
 
 def _check_builtin_values(cfg: CN) -> None:
-    from .builtin.defaults import SUPPORTED_VALUES
+    from dael_plugin.builtin.defaults import SUPPORTED_VALUES
 
     for key, allowed in SUPPORTED_VALUES.items():
         node = cfg
@@ -231,7 +236,7 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     from dassl.engine import build_trainer
     from dassl.utils import collect_env_info, set_random_seed, setup_logger
 
-    from .dassl_adapter import prepare_cfg
+    from dael_plugin.dassl_adapter import prepare_cfg
 
     if cfg.SEED >= 0:
         print(f"Setting fixed seed: {cfg.SEED}")
@@ -242,7 +247,11 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     print(cfg)
     print("** System info **\n{}\n".format(collect_env_info()))
     prepare_cfg(cfg)
-    from .dassl_adapter.checks import check_backbone_cfg, check_dataset_cfg, check_trainer_cfg
+    from dael_plugin.dassl_adapter.checks import (
+        check_backbone_cfg,
+        check_dataset_cfg,
+        check_trainer_cfg,
+    )
 
     check_trainer_cfg(cfg)
     check_dataset_cfg(cfg)
@@ -283,7 +292,7 @@ def _load_for_eval(trainer, engine: str, args: argparse.Namespace) -> Optional[i
     if engine == "dassl":
         from dassl.engine.trainer import TrainerBase
 
-        from .dassl_adapter.trainer import load_dassl_checkpoints
+        from dael_plugin.dassl_adapter.trainer import load_dassl_checkpoints
 
         if type(trainer).load_model is TrainerBase.load_model:  # Dassl's, which crashes on val_result=None
             return load_dassl_checkpoints(trainer, args.model_dir, args.load_epoch)
@@ -295,7 +304,7 @@ def _terminate(signum, _frame):
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from .builtin.runlog import close_logger
+    from dael_plugin.builtin.runlog import close_logger
 
     args = build_parser().parse_args(argv)
     state: dict = {}
@@ -332,7 +341,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 def _finished(cfg: CN, args: argparse.Namespace) -> bool:
     """A run whose ``results.json`` exists is finished: rerunning its command does nothing (and
     says so) unless ``--retrain`` moves its files aside; another config is refused, as on resume."""
-    from .checkpoint import check_resume_config, load_checkpoint
+    from dael_plugin.engine.checkpoint import check_resume_config, load_checkpoint
 
     out = cfg.OUTPUT_DIR
     record = os.path.join(out, "results.json")
@@ -397,8 +406,8 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         run = _run_dassl(cfg, args)
         trainer, recorded = run["trainer"], run["recorded"]
     else:
-        from .builtin.runlog import setup_logger
-        from .builtin.trainer import build_builtin_trainer, set_random_seed
+        from dael_plugin.builtin.runlog import setup_logger
+        from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
 
         if cfg.SEED >= 0:
             print(f"Setting fixed seed: {cfg.SEED}")
@@ -409,7 +418,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         trainer = build_builtin_trainer(cfg, eval_each_epoch=args.eval_each_epoch)
         recorded = {}
     if args.check_data:
-        from .data.check import check_trainer_data
+        from dael_plugin.data.check import check_trainer_data
 
         check_trainer_data(trainer, engine, cfg.DATALOADER.NUM_WORKERS)
     epochs = None
@@ -434,3 +443,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     path = write_results(cfg.OUTPUT_DIR, record, name="results_eval.json" if args.eval_only else "results.json")
     print(f"dael_plugin: wrote {path}")
     return 0
+
+
+if __name__ == "__main__":  # python -m dael_plugin.tools.train (what sweeps run)
+    sys.exit(main())

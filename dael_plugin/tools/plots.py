@@ -30,15 +30,15 @@ import sys
 from collections import defaultdict
 from typing import Dict, List, Optional, Tuple
 
-from .atomic import write_bytes
-from .records import read_records
+from dael_plugin.engine.atomic import write_bytes
+from dael_plugin.engine.records import read_records
 
 LOSS_ORDER = ("ce", "ce_cr", "ce_cr_u")
 LOSS_LABELS = {"ce": "$L_{ce}$", "ce_cr": "$+L_{cr}$", "ce_cr_u": "$+L_u$"}
 
 
 def _records(root: str, warn=print) -> List[dict]:
-    """The run records under ``root`` (one reader with collect: :mod:`dael_plugin.records`); a
+    """The run records under ``root`` (one reader with collect: :mod:`dael_plugin.engine.records`); a
     file that is not a record is skipped with a warning naming it."""
     walk = read_records(root)
     for problem in walk.problems:
@@ -78,7 +78,7 @@ DESIGN_KEYS = {"LOSSES": "losses", "WEIGHT_U": "weight_u", "CR_MODE": "cr_mode",
 
 def _others_default(rec: dict, key: str) -> bool:
     """Every design key but ``key`` at the paper's default (absent counts as default)."""
-    from .core.hparams import DAELHparams
+    from dael_plugin.core.hparams import DAELHparams
 
     d = DAELHparams()
     for k, attr in DESIGN_KEYS.items():
@@ -224,9 +224,9 @@ class LoadedRun:
         import yaml
         from torch import nn
 
-        from . import checkpoint as ckpt
-        from .backbones import build_backbone
-        from .core import ExpertHeads
+        from dael_plugin.backbones import build_backbone
+        from dael_plugin.core import ExpertHeads
+        from dael_plugin.engine import checkpoint as ckpt
 
         self.rec = rec
         cfg = yaml.safe_load(rec["provenance"]["config"])
@@ -254,7 +254,7 @@ class LoadedRun:
         self.classnames, self.test, self.source = self._data()
 
     def _data(self):
-        from .data.folders import load_splits
+        from dael_plugin.data.folders import load_splits
 
         ds = self.cfg["DATASET"]
         splits = load_splits(ds["NAME"], ds["ROOT"], ds["SOURCE_DOMAINS"], ds["TARGET_DOMAINS"])
@@ -264,8 +264,8 @@ class LoadedRun:
         import torch
         from yacs.config import CfgNode as CN
 
-        from .augment import build_test_transform
-        from .data.images import decode
+        from dael_plugin.data.images import decode
+        from dael_plugin.transforms.host import build_test_transform
 
         inp = self.cfg["INPUT"]
         tfm = build_test_transform(CN({"INPUT": CN({k: inp[k] for k in ("SIZE", "INTERPOLATION", "TRANSFORMS",
@@ -289,7 +289,7 @@ def _at_defaults(rec: dict) -> bool:
 def describe(rec: dict) -> str:
     """The run a figure draws, in its title: trainer, setting (the design keys away from the paper's
     defaults), target and seed."""
-    from .core.hparams import DAELHparams
+    from dael_plugin.core.hparams import DAELHparams
 
     defaults = DAELHparams()
     keys = []
@@ -390,7 +390,7 @@ def tsne(recs, out: str, per_domain: int = 150, run_dir: Optional[str] = None):
         return None, f"tsne {why}"
     runs = [("SourceOnly", source_only), ("DAEL", dael)]
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.2))
-    for ax, (trainer, run) in zip(axes, runs):
+    for ax, (_, run) in zip(axes, runs):
         src = _pick_items(run.source, per_domain * len(run.cfg["DATASET"]["SOURCE_DOMAINS"]))
         tgt = _pick_items(run.test, per_domain)
         f_src, _ = run.features_and_probs(src)

@@ -1,6 +1,6 @@
 """Checkpoints shared by both engines: atomic saves, safe loads, RNG states, config checks.
 
-- :func:`save_checkpoint` writes through :mod:`dael_plugin.atomic`, so a run killed
+- :func:`save_checkpoint` writes through :mod:`dael_plugin.engine.atomic`, so a run killed
   mid-save, or a full disk, leaves the previous checkpoint whole.
 - :func:`load_checkpoint` always uses ``torch.load(..., weights_only=True)``:
   tensors and plain containers only, never pickled code. A file that needs
@@ -23,8 +23,8 @@ import numpy as np
 import torch
 import yaml
 
-from .atomic import save_torch
-from .errors import DAELConfigError
+from dael_plugin.engine.atomic import save_torch
+from dael_plugin.errors import DAELConfigError
 
 LAST = "checkpoint.pth.tar"  # the "last" checkpoint, rewritten after every epoch
 FORMAT = "dael_plugin/2"
@@ -56,7 +56,7 @@ class CheckpointError(DAELConfigError):
 
 
 def save_checkpoint(state: dict, path: str) -> str:
-    """Write ``state`` to ``path`` atomically (:mod:`dael_plugin.atomic`: temporary file, fsync,
+    """Write ``state`` to ``path`` atomically (:mod:`dael_plugin.engine.atomic`: temporary file, fsync,
     rename; a full disk is one line and leaves the previous checkpoint whole)."""
     return save_torch(path, state)
 

@@ -22,7 +22,7 @@ SCHEMA_VERSION = 1
 
 def code_version() -> str:
     """``git describe`` of the plugin's checkout where it is one, else the package version."""
-    from . import __version__
+    from dael_plugin.about import __version__
 
     here = os.path.dirname(os.path.abspath(__file__))
     try:
@@ -40,7 +40,7 @@ def provenance(cfg) -> Dict[str, object]:
     its hash, the code and library versions, and the device."""
     import torch
 
-    from . import HAS_DASSL
+    from dael_plugin.about import HAS_DASSL
 
     versions = {"torch": torch.__version__}
     for name in ("torchvision", "timm", "dassl"):
@@ -105,7 +105,7 @@ def results_record(
 
 
 def write_results(output_dir: str, record: Dict[str, object], name: str = "results.json") -> str:
-    from .atomic import write_json
+    from dael_plugin.engine.atomic import write_json
 
     return write_json(os.path.join(output_dir, name), record)
 

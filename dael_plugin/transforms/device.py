@@ -31,7 +31,7 @@ Why plain PyTorch (``affine_grid``/``grid_sample``, ``conv2d``,
 
 - torchvision v2 draws one set of parameters per call: per-sample draws need
   a Python loop over the images (on 2 CPU cores and 32x32 images that loop is
-  as fast as the batched version here, but on a GPU it launches every
+  as the batched version here, but on a GPU it launches every
   operation once per image);
 - kornia's ``RandAugment`` draws its operations once per batch, not per
   sample; its per-sample functional operations time within 30% of the ones
@@ -54,7 +54,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 import torch
 from torch.nn import functional as F
 
-from .errors import DAELConfigError
+from dael_plugin.errors import DAELConfigError
 
 DEVICE_NAMES = ("random_flip", "random_crop", "random_translation", "cutout", "normalize",
                 "randaugment", "randaugment2", "randaugment_fixmatch", "tv_randaugment")
@@ -494,14 +494,3 @@ class DeviceViews:
         views = [self._run(self.weak, images, self.normalize[0])]
         views += [self._run(self.strong, images, self.normalize[1]) for _ in range(self.num_views - 1)]
         return views
-
-
-def build_device_views(cfg, num_views: int, device: torch.device) -> DeviceViews:
-    from .config import trainer_node
-
-    node = trainer_node(cfg)
-    prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}"
-    check_device_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS")
-    check_device_names(node.STRONG_TRANSFORMS, f"{prefix}.STRONG_TRANSFORMS")
-    return DeviceViews(cfg.INPUT.TRANSFORMS, node.STRONG_TRANSFORMS, num_views, cfg.INPUT, node, device=device,
-                       size=tuple(cfg.INPUT.SIZE))

@@ -1,0 +1,22 @@
+"""What this installation is: the plugin's version, and whether Dassl is importable.
+
+A leaf: it imports nothing of the plugin, so every room may read it.
+``DAEL_PLUGIN_HIDE_DASSL=1`` makes this process behave as on a machine without Dassl
+(used by the tests and CI).
+"""
+from __future__ import annotations
+
+import os
+import sys
+
+__version__ = "0.3.0"
+
+if os.environ.get("DAEL_PLUGIN_HIDE_DASSL") == "1":
+    sys.modules.setdefault("dassl", None)  # makes `import dassl` raise ImportError
+
+try:
+    import dassl  # noqa: F401
+
+    HAS_DASSL = True
+except ImportError:
+    HAS_DASSL = False

@@ -20,3 +20,6 @@ try:
     HAS_DASSL = True
 except ImportError:
     HAS_DASSL = False
+
+# The engines a run may ask for (``--engine`` of train, sweep and demo): auto picks Dassl where importable.
+ENGINES = ("auto", "dassl", "builtin")

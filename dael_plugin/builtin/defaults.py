@@ -94,12 +94,7 @@ def get_builtin_cfg() -> CN:
 
     _C.TRAINER = CN()
     _C.TRAINER.NAME = ""
-    for node in ("DAEL", "DAELDG"):
-        _C.TRAINER[node] = CN()
-        _C.TRAINER[node].WEIGHT_U = 0.5
-        _C.TRAINER[node].CONF_THRE = 0.95
-        _C.TRAINER[node].STRONG_TRANSFORMS = ()
-    return add_dael_config(_C)
+    return add_dael_config(_C)  # TRAINER.DAEL / TRAINER.DAELDG, from the one key table
 
 
 # Values of supported keys that the built-in engine cannot honour.

@@ -6,53 +6,28 @@ detectron2 projects call ``add_<name>_config``.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 
 from yacs.config import CfgNode as CN
 
+from dael_plugin.config.table import BY_NAME, DEFAULTS, EXECUTION_KEYS, KEYS, METHOD_KEYS, TOP_KEYS
 from dael_plugin.core.hparams import DAELHparams
 from dael_plugin.errors import DAELConfigError
 
 # Names of the trainer nodes this plugin reads; Dassl already defines both.
 TRAINER_NODES = ("DAEL", "DAELDG")
 
-_DEFAULTS = DAELHparams()
-
 
 def _dael_node_keys(node: CN) -> None:
-    # Dassl's own keys (dassl/config/defaults.py); kept if already present.
-    if "WEIGHT_U" not in node:
-        node.WEIGHT_U = 0.5  # lambda_u in Eq. 4 (Appendix A: 0.5)
-    if "CONF_THRE" not in node:
-        node.CONF_THRE = 0.95  # epsilon in Eq. 3
-    if "STRONG_TRANSFORMS" not in node:
-        node.STRONG_TRANSFORMS = ()  # A(.) in Sec. 3; weak a(.) is INPUT.TRANSFORMS
-    # Design choices of Sec. 4.3 (defaults: the paper's choice).
-    node.CR_TARGET = _DEFAULTS.cr_target  # "expert" | "label"            (Table 3c)
-    node.CR_MODE = _DEFAULTS.cr_mode  # "collaborative" | "individual"    (Table 3a)
-    node.CLASSIFIER = _DEFAULTS.classifier  # "experts" | "single"        (Table 3b)
-    node.PSEUDO_LABEL = _DEFAULTS.pseudo_label  # "expert" | "ensemble"   (Table 3d)
-    node.CR_LOSS = _DEFAULTS.cr_loss  # "mse" | "kl"                       (Eq. 2 footnote)
-    node.VIEWS = _DEFAULTS.views  # "weak_strong" | "strong_weak" | "strong_strong"
-    node.LOSSES = _DEFAULTS.losses  # "ce_cr_u" | "ce_cr" | "ce"          (Fig. 4)
-    # Execution, not method (README "Speed" says what each changes numerically).
-    # One backbone call over all chunks with per-chunk batch-norm statistics
-    # (the reference's semantics); CHUNK_BN picks its implementation.
-    node.FUSE_CHUNKS = True
-    node.CHUNK_BN = "auto"  # "auto" | "split" | "grouped"
-    node.PREC = "fp32"  # "fp32" | "bf16" | "fp16" (autocast; fp16 adds a GradScaler)
-    node.CHANNELS_LAST = True  # where the backbone runs in it (else one log line)
-    node.COMPILE = "none"  # "none" | "default" | "reduce-overhead" (torch.compile)
-    node.FUSED_OPTIM = True  # PyTorch's fused SGD/Adam/AdamW kernels
-    node.AUG_ON_DEVICE = False  # loaders decode only; views made on the device in batch
-    # Extra magnitude knobs for torchvision's augmentations in STRONG_TRANSFORMS.
-    node.TV_RANDAUGMENT_N = 2
-    node.TV_RANDAUGMENT_M = 9
+    for key in KEYS:  # every key and default from the one table (config/table.py)
+        if key.dassl and key.name in node:
+            continue  # Dassl's own keys keep Dassl's value
+        node[key.name] = key.default
 
 
 def add_dael_config(cfg: CN) -> CN:
-    """Extend ``cfg.TRAINER.DAEL`` / ``cfg.TRAINER.DAELDG`` (and add the
-    local-weights key of timm backbones). Safe to call more than once."""
+    """Extend ``cfg.TRAINER.DAEL`` / ``cfg.TRAINER.DAELDG`` with the keys of ``config/table.py``
+    (and add the local-weights key of timm backbones). Safe to call more than once."""
     for name in TRAINER_NODES:
         if name not in cfg.TRAINER:
             cfg.TRAINER[name] = CN()
@@ -61,10 +36,9 @@ def add_dael_config(cfg: CN) -> CN:
     # timm's own cache is used. Lives under MODEL so baselines can use it too.
     if "WEIGHTS" not in cfg.MODEL.BACKBONE:
         cfg.MODEL.BACKBONE.WEIGHTS = ""
-    # On CUDA, TF32 for fp32 matmuls and convolutions (Ampere and later): about 3 significant
-    # digits in their inputs, fp32 accumulation. False keeps full fp32 (README "Speed").
-    if "USE_TF32" not in cfg:
-        cfg.USE_TF32 = True
+    for key in TOP_KEYS:
+        if key.name not in cfg:
+            cfg[key.name] = key.default
     return cfg
 
 
@@ -79,61 +53,71 @@ def trainer_node(cfg: CN) -> CN:
     return cfg.TRAINER[name]
 
 
+def _read(node: CN, key) -> object:
+    """A key's value, cast to its default's type; absent keys read as their default
+    (Dassl's own tools/train.py never calls add_dael_config: a drop-in runs on Dassl's three keys)."""
+    value = node.get(key.name, key.default)
+    if isinstance(key.default, bool):
+        return bool(value)
+    if isinstance(key.default, float):
+        return float(value)
+    if isinstance(key.default, int):
+        return int(value)
+    return str(value).lower() if key.kind == "execution" else str(value)
+
+
 def hparams_from_cfg(cfg: CN) -> DAELHparams:
     """Translate the yacs node into the core's plain hyper-parameters."""
     node = trainer_node(cfg)
     prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}."
-    # ``get`` with the paper's defaults: Dassl's own tools/train.py never calls
-    # add_dael_config, so a drop-in must run on Dassl's three keys alone.
-    d = _DEFAULTS
     try:
-        return DAELHparams(
-            weight_u=float(node.get("WEIGHT_U", d.weight_u)),
-            conf_thre=float(node.get("CONF_THRE", d.conf_thre)),
-            cr_target=str(node.get("CR_TARGET", d.cr_target)),
-            cr_mode=str(node.get("CR_MODE", d.cr_mode)),
-            classifier=str(node.get("CLASSIFIER", d.classifier)),
-            pseudo_label=str(node.get("PSEUDO_LABEL", d.pseudo_label)),
-            cr_loss=str(node.get("CR_LOSS", d.cr_loss)),
-            views=str(node.get("VIEWS", d.views)),
-            losses=str(node.get("LOSSES", d.losses)),
-        )
+        return DAELHparams(**{key.field: _read(node, key) for key in METHOD_KEYS})
     except ValueError as exc:
         raise DAELConfigError(f"{prefix}{exc}") from None
 
 
 @dataclass(frozen=True)
 class Execution:
-    """How the step runs (``TRAINER.<NAME>.*`` execution keys), read with their defaults."""
+    """How the step runs (the ``execution`` keys of ``config/table.py``), with their defaults."""
 
-    fuse_chunks: bool = True
-    chunk_bn: str = "auto"
-    prec: str = "fp32"
-    channels_last: bool = True
-    compile: str = "none"
-    fused_optim: bool = True
-    aug_on_device: bool = False
+    fuse_chunks: bool = DEFAULTS["FUSE_CHUNKS"]
+    chunk_bn: str = DEFAULTS["CHUNK_BN"]
+    prec: str = DEFAULTS["PREC"]
+    channels_last: bool = DEFAULTS["CHANNELS_LAST"]
+    compile: str = DEFAULTS["COMPILE"]
+    fused_optim: bool = DEFAULTS["FUSED_OPTIM"]
+    aug_on_device: bool = DEFAULTS["AUG_ON_DEVICE"]
+
+
+assert {f.name for f in fields(Execution)} == {k.field for k in EXECUTION_KEYS}, "an execution key without a field"
+
+
+# Measured: on torch 2.4 the compiled fused pass normalises the whole batch at once (dynamo
+# ignores the batch-norm layers' chunk settings); 2.5, 2.6, 2.7 and 2.14 give eager's numbers.
+COMPILE_FUSED_MIN_TORCH = "2.5"
+
+
+def check_execution(prec: str, compile_mode: str, prefix: str, fuse_chunks: bool = False) -> None:
+    """The execution keys' values, and what the installed torch can run of them."""
+    import torch
+
+    for key, value in (("PREC", prec), ("COMPILE", compile_mode)):
+        if value not in BY_NAME[key].choices:
+            raise DAELConfigError(f"{prefix}.{key}={value!r} is invalid; use one of {list(BY_NAME[key].choices)}")
+    if compile_mode != "none" and fuse_chunks and torch.__version__ < COMPILE_FUSED_MIN_TORCH:
+        raise DAELConfigError(
+            f"{prefix}.COMPILE with the fused pass needs torch >= {COMPILE_FUSED_MIN_TORCH} (this is "
+            f"{torch.__version__}, whose compiled fused pass normalises the whole batch at once); "
+            f"set {prefix}.FUSE_CHUNKS False or {prefix}.COMPILE none, or upgrade torch")
 
 
 def execution_from_cfg(cfg: CN) -> Execution:
-    from dael_plugin.core.chunk_norm import IMPLS
-    from dael_plugin.engine.execution import check_execution
-
     node = trainer_node(cfg)
-    d = Execution()
-    e = Execution(
-        fuse_chunks=bool(node.get("FUSE_CHUNKS", d.fuse_chunks)),
-        chunk_bn=str(node.get("CHUNK_BN", d.chunk_bn)),
-        prec=str(node.get("PREC", d.prec)).lower(),
-        channels_last=bool(node.get("CHANNELS_LAST", d.channels_last)),
-        compile=str(node.get("COMPILE", d.compile)).lower(),
-        fused_optim=bool(node.get("FUSED_OPTIM", d.fused_optim)),
-        aug_on_device=bool(node.get("AUG_ON_DEVICE", d.aug_on_device)),
-    )
+    e = Execution(**{key.field: _read(node, key) for key in EXECUTION_KEYS})
     prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}"
     check_execution(e.prec, e.compile, prefix, e.fuse_chunks)
-    if e.chunk_bn not in IMPLS:
-        raise DAELConfigError(f"{prefix}.CHUNK_BN={e.chunk_bn!r} is invalid; use one of {list(IMPLS)}")
+    if e.chunk_bn not in BY_NAME["CHUNK_BN"].choices:
+        raise DAELConfigError(f"{prefix}.CHUNK_BN={e.chunk_bn!r} is invalid; use one of {list(BY_NAME['CHUNK_BN'].choices)}")
     return e
 
 

@@ -23,6 +23,8 @@ import numpy as np
 import torch
 import yaml
 
+from dael_plugin.config.keys import TRAINER_NODES
+from dael_plugin.config.table import IN_EVERY_CHECKPOINT, KEYS, TOP_KEYS
 from dael_plugin.engine.atomic import save_torch
 from dael_plugin.errors import DAELConfigError
 
@@ -38,17 +40,11 @@ RESUME_FREE_KEYS = (
 )
 
 
-# Keys added after a checkpoint was written: what the code that wrote it did
-# without them. A checkpoint without the key is compared with this value.
-LEGACY_VALUES = {
-    f"TRAINER.{node}.{key}": value
-    for node in ("DAEL", "DAELDG")
-    for key, value in (("CHUNK_BN", "auto"), ("PREC", "fp32"), ("CHANNELS_LAST", False), ("COMPILE", "none"),
-                       ("FUSED_OPTIM", False), ("AUG_ON_DEVICE", False))
-}
-# Before USE_TF32, torch's defaults held on CUDA (TF32 convolutions, fp32 matmuls); no
-# checkpoint of that code ran on a GPU here, and on CPU the key changes nothing.
-LEGACY_VALUES["USE_TF32"] = True
+# Keys added after a checkpoint was written: what the code that wrote it did without them
+# (``legacy`` in config/table.py). A checkpoint without the key is compared with this value.
+LEGACY_VALUES = {f"TRAINER.{node}.{key.name}": key.legacy for node in TRAINER_NODES for key in KEYS
+                 if key.legacy is not IN_EVERY_CHECKPOINT}
+LEGACY_VALUES.update({key.name: key.legacy for key in TOP_KEYS})
 
 
 class CheckpointError(DAELConfigError):

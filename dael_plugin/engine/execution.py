@@ -11,9 +11,11 @@ from typing import Optional, Sequence
 import torch
 from torch import nn
 
+from dael_plugin.config.keys import COMPILE_FUSED_MIN_TORCH, check_execution  # noqa: F401 (re-exported)
+from dael_plugin.config.table import BY_NAME
+
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
-COMPILE_MODES = ("none", "default", "reduce-overhead")
-COMPILE_FUSED_MIN_TORCH = "2.5"
+assert tuple(PRECISIONS) == BY_NAME["PREC"].choices
 _FUSABLE_OPTIMS = (torch.optim.SGD, torch.optim.Adam, torch.optim.AdamW)
 
 
@@ -192,19 +194,3 @@ def grad_scaler(prec: str, device: torch.device):
 
     raise DAELConfigError(f"PREC fp16 on {device.type} needs torch >= 2.3 (loss scaling there); "
                           f"this is torch {torch.__version__}: use PREC bf16 or fp32")
-
-
-def check_execution(prec: str, compile_mode: str, prefix: str, fuse_chunks: bool = False) -> None:
-    from dael_plugin.errors import DAELConfigError
-
-    if prec not in PRECISIONS:
-        raise DAELConfigError(f"{prefix}.PREC={prec!r} is invalid; use one of {sorted(PRECISIONS)}")
-    if compile_mode not in COMPILE_MODES:
-        raise DAELConfigError(f"{prefix}.COMPILE={compile_mode!r} is invalid; use one of {list(COMPILE_MODES)}")
-    if compile_mode != "none" and fuse_chunks and torch.__version__ < COMPILE_FUSED_MIN_TORCH:
-        # Measured: on torch 2.4 the compiled fused pass normalises the whole batch at once (dynamo
-        # ignores the batch-norm layers' chunk settings); 2.5, 2.6, 2.7 and 2.14 give eager's numbers.
-        raise DAELConfigError(
-            f"{prefix}.COMPILE with the fused pass needs torch >= {COMPILE_FUSED_MIN_TORCH} (this is "
-            f"{torch.__version__}, whose compiled fused pass normalises the whole batch at once); "
-            f"set {prefix}.FUSE_CHUNKS False or {prefix}.COMPILE none, or upgrade torch")

@@ -55,6 +55,7 @@ import torch
 from torch.nn import functional as F
 
 from dael_plugin.errors import DAELConfigError
+from dael_plugin.transforms.host import tv_randaugment_params
 
 DEVICE_NAMES = ("random_flip", "random_crop", "random_translation", "cutout", "normalize",
                 "randaugment", "randaugment2", "randaugment_fixmatch", "tv_randaugment")
@@ -470,8 +471,7 @@ class DeviceViews:
         if "randaugment2" in choices:
             ops.append(RandAugmentBatch(DASSL_LIST2, n, 0.6, _dassl_uniform))
         if "tv_randaugment" in choices:
-            tv_n = int(node.get("TV_RANDAUGMENT_N", 2)) if node is not None else 2
-            tv_m = int(node.get("TV_RANDAUGMENT_M", 9)) if node is not None else 9
+            tv_n, tv_m = tv_randaugment_params(node)
             ops.append(RandAugmentBatch(TV_LIST, tv_n, 1.0, _tv(tv_m)))
         if "cutout" in choices:
             holes, length = int(inp.CUTOUT_N), int(inp.CUTOUT_LEN)

@@ -24,6 +24,16 @@ from torchvision.transforms import InterpolationMode
 
 from dael_plugin.errors import DAELConfigError
 
+# torchvision RandAugment's defaults for ``tv_randaugment`` (the config table reads them from here).
+TV_RANDAUGMENT_N, TV_RANDAUGMENT_M = 2, 9
+
+
+def tv_randaugment_params(node) -> tuple:
+    """``(TV_RANDAUGMENT_N, TV_RANDAUGMENT_M)`` of a trainer node; the defaults where the node
+    lacks them (Dassl's own tools/train.py never adds the plugin's keys)."""
+    node = node if node is not None else {}
+    return int(node.get("TV_RANDAUGMENT_N", TV_RANDAUGMENT_N)), int(node.get("TV_RANDAUGMENT_M", TV_RANDAUGMENT_M))
+
 DASSL_NAMES = (
     "random_flip", "random_resized_crop", "normalize", "instance_norm", "random_crop",
     "random_translation", "center_crop", "cutout", "imagenet_policy", "cifar10_policy",
@@ -139,9 +149,7 @@ def build_train_transform(cfg, choices: Sequence[str], dassl_node=None, use_dass
         tfm.append(ops[1].RandAugmentFixMatch(n) if ops else T.RandAugment(num_ops=n))
     if "randaugment2" in choices:
         tfm.append(ops[1].RandAugment2(n) if ops else T.RandAugment(num_ops=n))
-    node = dassl_node if dassl_node is not None else {}
-    tv_n = int(node.get("TV_RANDAUGMENT_N", 2))  # absent under Dassl's own tools/train.py
-    tv_m = int(node.get("TV_RANDAUGMENT_M", 9))
+    tv_n, tv_m = tv_randaugment_params(dassl_node)
     if "tv_randaugment" in choices:
         tfm.append(T.RandAugment(num_ops=tv_n, magnitude=tv_m, interpolation=interp))
     if "tv_trivialaugment" in choices:

@@ -1,0 +1,86 @@
+"""The one table of the keys the plugin reads under ``TRAINER.DAEL`` / ``TRAINER.DAELDG``.
+
+Each key is written here once, with its default, its choices, its kind and the value a
+checkpoint written before the key existed ran with. ``add_dael_config``, the core's
+``DAELHparams``, the ``Execution`` options and the resume comparison of old checkpoints
+are all read from it:
+
+- ``method``: the paper's hyper-parameters and the design switches of Sec. 4.3 (they
+  become ``DAELHparams``; the defaults are the core's, the paper's choices);
+- ``execution``: how the step runs (README, "Speed"); none changes the method;
+- ``views``: the views' magnitudes.
+
+``dassl`` marks the three keys Dassl itself defines (``dassl/config/defaults.py``): they
+keep Dassl's value when the node already holds one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+from typing import Dict, Tuple
+
+from dael_plugin.core.chunk_norm import IMPLS
+from dael_plugin.core.hparams import CHOICES, DAELHparams
+from dael_plugin.transforms.host import TV_RANDAUGMENT_M, TV_RANDAUGMENT_N
+
+_PAPER = DAELHparams()
+IN_EVERY_CHECKPOINT = object()  # a key every checkpoint has had
+
+
+@dataclass(frozen=True)
+class Key:
+    name: str
+    default: object
+    kind: str  # "method" | "execution" | "views"
+    choices: Tuple = ()
+    legacy: object = IN_EVERY_CHECKPOINT  # what a checkpoint written before the key existed ran with
+    dassl: bool = False
+    doc: str = ""
+
+    @property
+    def field(self) -> str:
+        """The attribute of ``DAELHparams`` / ``Execution`` this key fills."""
+        return self.name.lower()
+
+
+def _method(name: str, doc: str, dassl: bool = False) -> Key:
+    field = name.lower()
+    return Key(name, getattr(_PAPER, field), "method", CHOICES.get(field, ()), dassl=dassl, doc=doc)
+
+
+KEYS: Tuple[Key, ...] = (
+    _method("WEIGHT_U", "lambda_u in Eq. 4 (Appendix A: 0.5)", dassl=True),
+    _method("CONF_THRE", "epsilon in Eq. 3: pseudo-labels kept at this probability or above", dassl=True),
+    Key("STRONG_TRANSFORMS", (), "views", dassl=True, doc="A(.) in Sec. 3; the weak a(.) is INPUT.TRANSFORMS"),
+    _method("CR_TARGET", "target of L_cr: the expert's weak-view prediction or the label (Table 3c)"),
+    _method("CR_MODE", "L_cr against the other experts' mean or each alone (Table 3a)"),
+    _method("CLASSIFIER", "K domain experts or one shared classifier (Table 3b)"),
+    _method("PSEUDO_LABEL", "pseudo-label from the most confident expert or the ensemble (Table 3d)"),
+    _method("CR_LOSS", "squared error or KL divergence (footnote to Eq. 2)"),
+    _method("VIEWS", "(target view, prediction view) of L_cr and L_u (Sec. 4.3, augmentation)"),
+    _method("LOSSES", "which terms of Eq. 4 are on (Fig. 4)"),
+    Key("FUSE_CHUNKS", True, "execution",  # in every checkpoint this comparison reads
+        doc="one backbone call over every chunk, each normalised with its own batch-norm statistics"),
+    Key("CHUNK_BN", "auto", "execution", tuple(IMPLS), legacy="auto", doc="the per-chunk batch norm's form"),
+    Key("PREC", "fp32", "execution", ("fp32", "bf16", "fp16"), legacy="fp32",
+        doc="autocast precision; fp16 adds a GradScaler"),
+    Key("CHANNELS_LAST", True, "execution", legacy=False, doc="the backbone in channels_last where it runs so"),
+    Key("COMPILE", "none", "execution", ("none", "default", "reduce-overhead"), legacy="none",
+        doc="torch.compile of the forward and losses as one graph"),
+    Key("FUSED_OPTIM", True, "execution", legacy=False, doc="PyTorch's fused SGD/Adam/AdamW kernels"),
+    Key("AUG_ON_DEVICE", False, "execution", legacy=False,
+        doc="loaders decode only; the views are made on the training device in batch"),
+    Key("TV_RANDAUGMENT_N", TV_RANDAUGMENT_N, "views", doc="torchvision RandAugment's number of operations (tv_randaugment)"),
+    Key("TV_RANDAUGMENT_M", TV_RANDAUGMENT_M, "views", doc="torchvision RandAugment's magnitude (tv_randaugment)"),
+)
+BY_NAME: Dict[str, Key] = {k.name: k for k in KEYS}
+METHOD_KEYS = tuple(k for k in KEYS if k.kind == "method")
+EXECUTION_KEYS = tuple(k for k in KEYS if k.kind == "execution")
+DEFAULTS: Dict[str, object] = {k.name: k.default for k in KEYS}
+
+# Top-level keys the plugin adds (not under a trainer node).
+TOP_KEYS: Tuple[Key, ...] = (
+    Key("USE_TF32", True, "execution", legacy=True,
+        doc="on CUDA, TF32 for fp32 matmuls and convolutions (before the key: torch's own CUDA defaults)"),
+)
+
+assert {k.field for k in METHOD_KEYS} == {f.name for f in fields(DAELHparams)}, "a method key without a field"

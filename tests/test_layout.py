@@ -1,0 +1,96 @@
+"""The house rules of the package layout (README, "Layout"): imports run one way, with no cycle
+between modules (imports inside functions count), the core never imports anything above it,
+leaves import nothing of the plugin, and the one key table is what the docs list."""
+import ast
+import os
+import re
+
+from conftest import ROOT
+
+PKG = os.path.join(ROOT, "dael_plugin")
+# Each room may import only the rooms below it (and itself). Leaves import nothing of the plugin.
+BELOW = {
+    "core": set(),
+    "about": set(), "errors": set(),
+    "transforms": {"errors"},
+    "backbones": {"errors", "about"},
+    "config": {"core", "errors", "transforms"},
+    "data": {"core", "errors", "config", "transforms"},
+    "engine": {"core", "errors", "about", "config", "data", "transforms", "backbones"},
+    "builtin": {"core", "errors", "about", "config", "data", "transforms", "backbones", "engine"},
+    "dassl_adapter": {"core", "errors", "about", "config", "data", "transforms", "backbones", "engine", "builtin"},
+    "tools": {"core", "errors", "about", "config", "data", "transforms", "backbones", "engine", "builtin",
+              "dassl_adapter", "__init__"},
+    "__init__": {"about", "config", "errors", "dassl_adapter"},
+}
+
+
+def _modules():
+    mods = {}
+    for dirpath, _, files in os.walk(PKG):
+        for f in files:
+            if f.endswith(".py"):
+                path = os.path.join(dirpath, f)
+                name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+                mods[name[:-len(".__init__")] if name.endswith(".__init__") else name] = path
+    return mods
+
+
+def _imports(mods):
+    """module -> the plugin modules it imports, anywhere in its body (functions included)."""
+    edges = {}
+    for name, path in mods.items():
+        out = set()
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("dael_plugin"):
+                assert node.level == 0, f"{path}: relative import"
+                for alias in node.names:
+                    full = f"{node.module}.{alias.name}"
+                    out.add(full if full in mods else node.module)
+            elif isinstance(node, ast.Import):
+                out.update(a.name for a in node.names if a.name.startswith("dael_plugin"))
+        edges[name] = {m for m in out if m in mods and m != name}
+    return edges
+
+
+def _room(module: str) -> str:
+    parts = module.split(".")
+    return "__init__" if len(parts) == 1 else parts[1]
+
+
+def test_imports_run_one_way_with_no_cycle():
+    mods = _modules()
+    edges = _imports(mods)
+    wrong = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
+                   if _room(t) != _room(m) and _room(t) not in BELOW[_room(m)])
+    assert not wrong, wrong
+    # No cycle between modules: a depth-first search finds no back edge.
+    state, cycle = {}, []
+
+    def visit(m, path):
+        state[m] = 1
+        for t in sorted(edges[m]):
+            if state.get(t) == 1:
+                cycle.append(path + [t])
+            elif t not in state:
+                visit(t, path + [t])
+        state[m] = 2
+
+    for m in sorted(mods):
+        if m not in state:
+            visit(m, [m])
+    assert not cycle, cycle[0]
+
+
+def test_the_docs_list_every_key_of_the_table_with_its_default():
+    from dael_plugin.config.table import KEYS, TOP_KEYS
+
+    text = open(os.path.join(ROOT, "docs", "config_keys.md")).read()
+    for key in KEYS + TOP_KEYS:
+        if key.dassl:
+            continue  # Dassl's own three keys are described in the text above the table
+        name = "TV_RANDAUGMENT_N" if key.name == "TV_RANDAUGMENT_M" else key.name
+        row = next((ln for ln in text.splitlines() if ln.startswith(f"| `{name}`")), None)
+        assert row is not None, f"docs/config_keys.md has no row for {key.name}"
+        default = str(key.default) if not isinstance(key.default, str) else key.default
+        assert re.search(rf"`{re.escape(default)}`|\b{re.escape(default)}\b", row), (key.name, key.default, row)

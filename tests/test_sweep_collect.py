@@ -208,3 +208,54 @@ def test_an_interrupted_submitit_job_is_requeued_and_its_run_resumes(tmp_path, t
     assert "sweep: job interrupted (time limit or preemption); requeued, the run resumes" in log, log[-3000:]
     assert log.count("$ ") == 2 and "will resume training from epoch" in log, log[-3000:]
     assert json.load(open(os.path.join(run.output_dir, "results.json")))["epochs"] == 15
+
+
+def test_a_sweep_from_a_wheel_installed_outside_the_checkout(tmp_path, tiny_root):
+    """The installed package runs on its own: the sweep's runs are ``python -m
+    dael_plugin.tools.train`` on the installed code (not scripts/train.py of a checkout), and the
+    method config is found in the dataset config's own tree, wherever that is."""
+    import shutil
+    import subprocess
+    import sys
+
+    src = tmp_path / "src"
+    for name in ("dael_plugin", "setup.cfg", "pyproject.toml", "README.md"):
+        (shutil.copytree if name == "dael_plugin" else shutil.copy)(os.path.join(ROOT, name), src / name)
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
+                            "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, env=env)
+    assert wheel.returncode == 0, wheel.stderr[-2000:]
+    site = tmp_path / "site"
+    (whl,) = (tmp_path / "dist").glob("dael_plugin-*.whl")
+    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
+                              str(whl)], capture_output=True, text=True, env=env)
+    assert install.returncode == 0, install.stderr[-2000:]
+    tree = tmp_path / "my_configs"  # a user's own tree, in Dassl's datasets/ + trainers/ split
+    (tree / "datasets" / "da").mkdir(parents=True)
+    (tree / "trainers" / "da" / "dael").mkdir(parents=True)
+    shutil.copy(DS, tree / "datasets" / "da" / "mine.yaml")
+    shutil.copy(os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml"),
+                tree / "trainers" / "da" / "dael" / "mine.yaml")
+    work = tmp_path / "elsewhere"
+    work.mkdir()
+    env.update(PYTHONPATH=str(site), DAEL_PLUGIN_HIDE_DASSL="1")
+    proc = subprocess.run([sys.executable, "-m", "dael_plugin.tools.sweep", "--root", tiny_root, "--dataset-config-file",
+                           str(tree / "datasets" / "da" / "mine.yaml"), "--output-dir", str(work / "sweep"),
+                           "--trainers", "DAEL", "--targets", "blend", *FAST],
+                          cwd=work, capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    (log,) = (work / "sweep").rglob("sweep_log.txt")
+    first = log.read_text().splitlines()[0]
+    assert first.startswith(f"$ {sys.executable} -m dael_plugin.tools.train ") and str(tree) in first
+    (record,) = (work / "sweep").rglob("results.json")
+    assert json.loads(record.read_text())["accuracy"] >= 0
+    where = subprocess.run([sys.executable, "-c", "import dael_plugin; print(dael_plugin.__file__)"], cwd=work,
+                           capture_output=True, text=True, env=env).stdout.strip()
+    assert where.startswith(str(site)), where  # the wheel's code ran, not the checkout's
+    # Without a trainers/ tree beside it, one line says how to give the method config.
+    lone = tmp_path / "lone.yaml"
+    shutil.copy(DS, lone)
+    proc = subprocess.run([sys.executable, "-m", "dael_plugin.tools.sweep", "--root", tiny_root, "--dataset-config-file",
+                           str(lone), "--output-dir", str(work / "s2"), "--trainers", "DAEL", "--dry-run"],
+                          cwd=work, capture_output=True, text=True, env=env, timeout=120)
+    assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("pass --config TRAINER=FILE")

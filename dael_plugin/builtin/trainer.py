@@ -13,6 +13,7 @@ same weights as an uninterrupted one.
 """
 from __future__ import annotations
 
+import datetime
 import os
 import random
 import sys
@@ -41,7 +42,7 @@ from dael_plugin.data.images import LEFT_OUT, REPLACED, note_unreadable
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
-from dael_plugin.engine.step import DeviceMeters, ExpertTally, make_step, prepare_model
+from dael_plugin.engine.step import DeviceMeters, ExpertTally, format_meters, make_step, prepare_model, short_meters
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import (
     build_test_transform,
@@ -269,6 +270,7 @@ class BuiltinTrainer:
         if self.eval_each_epoch and self.eval_split_each_epoch() == "test":
             print("Note: there is no validation split, so --eval-each-epoch reads the target *test* split; "
                   "do not choose an epoch on it")
+        self._run_start, self._batches_run = time.time(), 0
         for self.epoch in range(self.start_epoch, cfg.OPTIM.MAX_EPOCH):
             self.run_epoch()
             self.sched.step()
@@ -282,6 +284,8 @@ class BuiltinTrainer:
         if not cfg.TEST.NO_TEST:
             print("Deploy the last-epoch model")
             self.test()
+        # As Dassl's after_train: the wall time of this process's part of the run.
+        print(f"Elapsed: {datetime.timedelta(seconds=round(time.time() - self._run_start))}")
         self.writer.close()
 
     def _batches(self):
@@ -312,13 +316,14 @@ class BuiltinTrainer:
         meters = DeviceMeters()
         self.guard.reset()
         tty = show_progress()
-        bar = tqdm(total=n, desc=f"epoch {self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}", dynamic_ncols=True,
-                   leave=False, disable=not tty)
-        start = time.time()
+        # No bar graphics: the count, the meters under short names and the run's eta fit 100 columns.
+        bar = tqdm(total=n, desc=f"epoch {self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}", leave=False, disable=not tty,
+                   bar_format="{desc} {n_fmt}/{total_fmt} {postfix}")
         for i, (batch_x, batch_u) in enumerate(self._batches()):
             self._note_bad(batch_x, batch_u)
             out = self.forward_backward(batch_x, batch_u)
             meters.update(out)
+            self._batches_run += 1
             bar.update(1)
             if (i + 1) % cfg.TRAIN.PRINT_FREQ == 0 or i + 1 == n:
                 # The host reads the running means and the divergence flag only here.
@@ -331,17 +336,22 @@ class BuiltinTrainer:
                 for k, v in means.items():
                     self.writer.add_scalar(f"train/{k}", v, step)
                 self.writer.add_scalar("train/lr", lr, step)
+                eta = self._eta(n - i - 1 + (cfg.OPTIM.MAX_EPOCH - self.epoch - 1) * n)
                 if tty:
-                    bar.set_postfix({k: f"{v:.3f}" for k, v in means.items()})
+                    bar.set_postfix_str(f"{short_meters(means)} eta {eta}", refresh=False)
                 elif i + 1 < n:
-                    info = " ".join(f"{k} {v:.4f}" for k, v in means.items())
-                    eta = (time.time() - start) / (i + 1) * (n - i - 1)
-                    print(f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batch [{i + 1}/{n}] {info} "
-                          f"lr {lr:.4e} eta {eta:.0f}s")
+                    print(f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batch [{i + 1}/{n}] {format_meters(means)} "
+                          f"lr {lr:.4e} eta {eta}")
         bar.close()
         means = meters.means()
-        info = " ".join(f"{k} {v:.4f}" for k, v in means.items())
-        print(f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batches {n} {info} lr {self.optim.param_groups[0]['lr']:.4e}")
+        eta = self._eta((cfg.OPTIM.MAX_EPOCH - self.epoch - 1) * n)
+        print(f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batches {n} {format_meters(means)} eta {eta} "
+              f"lr {self.optim.param_groups[0]['lr']:.4e}")
+
+    def _eta(self, batches_left: int) -> datetime.timedelta:
+        """Time left in the whole run, at this process's pace so far (Dassl's eta is the run's too)."""
+        per_batch = (time.time() - self._run_start) / max(1, self._batches_run)
+        return datetime.timedelta(seconds=int(per_batch * batches_left))
 
     @torch.no_grad()
     def test(self, split: Optional[str] = None) -> float:

@@ -12,12 +12,16 @@ def check_dataset_cfg(cfg) -> None:
     name = cfg.DATASET.NAME
     names = DATASET_REGISTRY.registered_names()
     if name not in names:
-        raise DAELConfigError(f"unknown dataset DATASET.NAME={name!r}; registered datasets: {sorted(names)}")
+        close = difflib.get_close_matches(str(name), list(names), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise DAELConfigError(f"unknown dataset DATASET.NAME={name!r}{hint}; registered datasets: {sorted(names)}")
     domains = list(getattr(DATASET_REGISTRY.get(name), "domains", []) or [])
     if domains:
         for d in list(cfg.DATASET.SOURCE_DOMAINS) + list(cfg.DATASET.TARGET_DOMAINS):
             if d not in domains:
-                raise DAELConfigError(f"dataset {name} has no domain {d!r}; its domains are {domains}")
+                close = difflib.get_close_matches(str(d), domains, n=1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise DAELConfigError(f"dataset {name} has no domain {d!r}{hint}; its domains are {domains}")
 
 
 def check_trainer_cfg(cfg) -> None:
@@ -43,3 +47,15 @@ def check_backbone_cfg(cfg) -> None:
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise DAELConfigError(f"MODEL.BACKBONE.NAME={name!r} is not a backbone Dassl has{hint}; use one of its "
                               "backbones or timm_<any timm model>")
+
+
+def check_run_names(cfg) -> None:
+    """The names a run gives (trainer, dataset, domains, backbone), checked before its output
+    folder or log exists: a typo costs one line and leaves nothing behind."""
+    from dael_plugin.dassl_adapter.backbones import register_timm_backbone
+
+    # A timm backbone (and its local weights file) registered by name (``import dael_plugin`` did the rest).
+    register_timm_backbone(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""))
+    check_trainer_cfg(cfg)
+    check_dataset_cfg(cfg)
+    check_backbone_cfg(cfg)

@@ -42,7 +42,7 @@ from dael_plugin.data.sampling import DasslDomainBatchSampler, SeededRandomBatch
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
-from dael_plugin.engine.step import DeviceMeters, ExpertTally, make_step, prepare_model
+from dael_plugin.engine.step import DeviceMeters, ExpertTally, format_meters, make_step, prepare_model
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_train_views, check_names
 
@@ -200,7 +200,7 @@ class DAELTrainer(TrainerXU):
                 last, avg = meters.read()
                 remain = self.num_batches - self.batch_idx - 1 + (self.max_epoch - self.epoch - 1) * self.num_batches
                 eta = datetime.timedelta(seconds=int(batch_time.avg * remain))
-                info = " ".join(f"{k} {last[k]:.4f} ({avg[k]:.4f})" for k in avg)
+                info = format_meters(avg, last)
                 print(f"epoch [{self.epoch + 1}/{self.max_epoch}] batch [{self.batch_idx + 1}/{self.num_batches}] "
                       f"time {batch_time.val:.3f} ({batch_time.avg:.3f}) data {data_time.val:.3f} "
                       f"({data_time.avg:.3f}) {info} lr {self.get_current_lr():.4e} eta {eta}")

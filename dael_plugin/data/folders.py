@@ -7,6 +7,7 @@ train_x, train_u, val and test.
 """
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
@@ -74,10 +75,25 @@ def available_domains(name: str, root: str) -> Tuple[str, ...]:
 
 
 def check_domains(name: str, root: str, sources: Sequence[str], targets: Sequence[str]) -> None:
-    domains = available_domains(name, root)
+    _check_domain_names(name, available_domains(name, root), sources, targets)
+
+
+def check_dataset_names(name: str, sources: Sequence[str], targets: Sequence[str]) -> None:
+    """What can be checked before any folder is made or read: the built-in engine reads this
+    dataset, and (where its domains are fixed) the run's domains are among them."""
+    if name not in SPECS:
+        raise DAELConfigError(f"dataset {name!r} needs Dassl (see README, 'Which datasets run where'): install it "
+                              f"and use --engine dassl; the built-in engine reads {sorted(SPECS)}")
+    if SPECS[name].domains is not None:
+        _check_domain_names(name, SPECS[name].domains, sources, targets)
+
+
+def _check_domain_names(name: str, domains: Sequence[str], sources: Sequence[str], targets: Sequence[str]) -> None:
     for d in list(sources) + list(targets):
         if d not in domains:
-            raise DAELConfigError(f"dataset {name} has no domain {d!r}; its domains are {list(domains)}")
+            close = difflib.get_close_matches(str(d), list(domains), n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise DAELConfigError(f"dataset {name} has no domain {d!r}{hint}; its domains are {list(domains)}")
     if not targets:
         raise DAELConfigError(f"no target domain given; pass --target-domains one of {list(domains)}")
 
@@ -118,9 +134,7 @@ def read_items(path: str, domains: Sequence[str], splits: Sequence[str], classna
 
 def load_splits(name: str, root: str, sources: Sequence[str], targets: Sequence[str]) -> Dict[str, object]:
     """Read train_x, train_u, val and test lists for a DA or DG run."""
-    if name not in SPECS:
-        raise DAELConfigError(f"dataset {name!r} needs Dassl (see README, 'Which datasets run where'): install it "
-                              f"and use --engine dassl; the built-in engine reads {sorted(SPECS)}")
+    check_dataset_names(name, sources, targets)
     spec = SPECS[name]
     path = dataset_dir(name, root)
     check_domains(name, root, sources, targets)

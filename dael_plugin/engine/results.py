@@ -55,7 +55,10 @@ def provenance(cfg) -> Dict[str, object]:
     use_cuda = bool(cfg.get("USE_CUDA", True)) and torch.cuda.is_available()
     device = f"cuda: {torch.cuda.get_device_name(0)}" if use_cuda else f"cpu: {os.cpu_count()} cores"
     text = cfg.dump()
-    return {"code_version": code_version(), "versions": versions, "device": device,
+    # The thread count changes float sums, so a run's trajectory: a sweep pins it, a hand-run
+    # command follows the core count.
+    threads = {"torch": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
+    return {"code_version": code_version(), "versions": versions, "device": device, "threads": threads,
             "config_sha256": hashlib.sha256(text.encode()).hexdigest(), "config": text}
 
 

@@ -185,6 +185,37 @@ class DeviceMeters:
         return self.read()[1]
 
 
+PERCENT_METERS = ("acc_x", "acc", "mask_u", "pl_acc_u")  # shown in percent; the rest are losses
+_FRACTIONS = ("mask_u",)  # kept as a fraction on the device and in TensorBoard, shown in percent
+
+
+def format_meter(key: str, value: float) -> str:
+    """One meter for a log line, in consistent units: accuracies and the kept-target rate in
+    percent, losses as numbers; the pseudo-labels' accuracy is ``-`` until one has been kept."""
+    if value != value:  # NaN: pl_acc_u before the first kept pseudo-label
+        return "-"
+    if key in PERCENT_METERS:
+        return f"{value * 100 if key in _FRACTIONS else value:.1f}%"
+    return f"{value:.4f}"
+
+
+def format_meters(means: Dict[str, float], last: Optional[Dict[str, float]] = None) -> str:
+    """``key value`` pairs for a log line; with ``last``, Dassl's ``key last (mean)``."""
+    if last is None:
+        return " ".join(f"{k} {format_meter(k, v)}" for k, v in means.items())
+    return " ".join(f"{k} {format_meter(k, last[k])} ({format_meter(k, v)})" for k, v in means.items())
+
+
+_SHORT = {"loss_x": "x", "acc_x": "acc", "loss_cr": "cr", "loss_u": "u", "mask_u": "mask", "pl_acc_u": "pl",
+          "loss": "loss"}
+
+
+def short_meters(means: Dict[str, float]) -> str:
+    """The progress bar's postfix: the same meters under short names, so that a 100-column
+    terminal shows all of them (x=loss_x, acc=acc_x, cr=loss_cr, u=loss_u, mask=mask_u, pl=pl_acc_u)."""
+    return " ".join(f"{_SHORT.get(k, k)} {format_meter(k, v)}" for k, v in means.items())
+
+
 class ExpertTally:
     """Hits of the ensemble (mean of the experts' probabilities) and of each expert, on the device."""
 

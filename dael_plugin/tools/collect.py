@@ -157,6 +157,9 @@ def build(root: str, paper: bool, warn=print):
         counts = Counter(len(c.values) for r in cells.values() for c in r.values() if c.values)
         usual = counts.most_common(1)[0][0] if counts else 0
         cite = None
+        if paper and not any(t["dataset"] == key[0] and t["setting"] == key[1] for t in published["tables"]):
+            warn(f"--paper: the paper has no table for {key[0]} ({key[1]}); no paper rows there "
+                 f"(it has {sorted({t['dataset'] for t in published['tables']})})")
         for tab in published["tables"]:
             if tab["dataset"] == key[0] and tab["setting"] == key[1]:
                 cite = tab["cite"]
@@ -175,7 +178,9 @@ def _avg(row: Dict[str, Cell]) -> Optional[float]:
 def render(tables, latex: bool = False) -> Tuple[str, List[List[str]], str]:
     md, rows_csv, tex = [], [["dataset", "setting", "row", "target", "mean", "std", "n", "state"]], []
     for (dataset, setting), targets, cells, usual, cite in tables:
-        md.append(f"### {dataset} ({setting}), target test accuracy (%), mean ± std over seeds"
+        seeds = (f"n={usual} seeds per cell, another n marked in its cell" if usual > 1 else
+                 "n=1 seed per cell, so ± 0.00 is no estimate of the spread")
+        md.append(f"### {dataset} ({setting}), target test accuracy (%), mean ± std over seeds ({seeds})"
                   + (f"; paper rows: {cite}" if cite else ""))
         md.append("")
         md.append("| | " + " | ".join(targets) + " | Avg |")

@@ -19,6 +19,8 @@ import shutil
 import subprocess
 import sys
 
+from dael_plugin.about import ENGINES
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: configs/, scripts/
 DOMAINS = ("hand", "blend", "street", "font")
 
@@ -66,7 +68,7 @@ def main(argv=None):
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--root", default=os.path.join(ROOT, "data"))
     p.add_argument("--output", default=os.path.join(ROOT, "output", "demo"))
-    p.add_argument("--engine", default="auto", choices=("auto", "dassl", "builtin"))
+    p.add_argument("--engine", default="auto", choices=ENGINES)
     p.add_argument("--set", nargs="+", default=[], metavar="KEY VALUE",
                    help="extra config options for the DAEL runs, e.g. --set TRAINER.DAEL.FUSE_CHUNKS False")
     args = p.parse_args(argv)

@@ -164,6 +164,12 @@ def experts(recs, out: str):
         means = [statistics.fmean(c) for c in cols]
         stds = [statistics.stdev(c) if len(c) > 1 else 0.0 for c in cols]
         ax.bar(range(len(names) + 1), means, yerr=stds, capsize=3, color=["tab:gray"] * len(names) + ["tab:red"])
+        # Fig. 6 is about differences of a point or two: the axis spans the bars, not 0-100.
+        low, high = min(m - d for m, d in zip(means, stds)), max(m + d for m, d in zip(means, stds))
+        pad = max(1.0, 0.15 * (high - low))
+        ax.set_ylim(max(0.0, low - 2 * pad), min(100.0, high + pad))
+        for x, m in enumerate(means):
+            ax.annotate(f"{m:.1f}", (x, m), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7)
         ax.set_xticks(range(len(names) + 1), [f"E[{n}]" for n in names] + ["ensemble"], rotation=30)
         ax.set_ylabel("target test accuracy (%)")
         ax.set_title(f"target {target} ({len(rs)} seeds)")
@@ -203,7 +209,10 @@ def curves(recs, out: str):
                 continue
             steps = sorted(set.intersection(*(set(x) for x in series)))
             vals = [[x[t] for x in series] for t in steps]
-            ax.plot(steps, [statistics.fmean(v) for v in vals], color=color, label=label)
+            # Each target its own colour, line style and marker, so a line on top of another still shows.
+            ax.plot(steps, [statistics.fmean(v) for v in vals], color=color, label=label, alpha=0.85,
+                    linestyle=("-", "--", "-.", ":")[i % 4], marker="osD^v"[i % 5], markevery=max(1, len(steps) // 8),
+                    markersize=4)
             if len(series) > 1:
                 ax.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], color=color, alpha=0.2,
                                 linewidth=0)
@@ -213,6 +222,8 @@ def curves(recs, out: str):
     a2.set_xlabel("training step")
     a2.set_ylabel("accuracy of kept pseudo-labels (%)")
     a2.set_title("Pseudo-label accuracy")
+    for ax in (a1, a2):
+        ax.set_ylim(0, 100)  # percentages: nothing above 100
     a1.legend(title="target: mean, band = seed range", fontsize=8, title_fontsize=8)
     return _save(fig, out, "curves"), None
 
@@ -389,8 +400,11 @@ def tsne(recs, out: str, per_domain: int = 150, run_dir: Optional[str] = None):
     if source_only is None:
         return None, f"tsne {why}"
     runs = [("SourceOnly", source_only), ("DAEL", dael)]
+    # Two figures of the same embeddings: by domain (are source and target mixed?) and by class
+    # (``tsne_class``: are the classes aligned across domains?).
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.2))
-    for ax, (_, run) in zip(axes, runs):
+    fig_c, axes_c = plt.subplots(1, 2, figsize=(9, 4.2))
+    for ax, ax_c, (_, run) in zip(axes, axes_c, runs):
         src = _pick_items(run.source, per_domain * len(run.cfg["DATASET"]["SOURCE_DOMAINS"]))
         tgt = _pick_items(run.test, per_domain)
         f_src, _ = run.features_and_probs(src)
@@ -400,12 +414,21 @@ def tsne(recs, out: str, per_domain: int = 150, run_dir: Optional[str] = None):
         n = len(src)
         ax.scatter(emb[:n, 0], emb[:n, 1], s=6, c="tab:blue", alpha=0.6, label="source")
         ax.scatter(emb[n:, 0], emb[n:, 1], s=6, c="tab:red", alpha=0.6, label="target")
-        ax.set_title(describe(run.rec), fontsize=8)
-        ax.set_xlabel("t-SNE 1")
-        ax.set_ylabel("t-SNE 2")
-        ax.legend(markerscale=3)
+        labels = [it.label for it in list(src) + list(tgt)]
+        cmap = plt.get_cmap("tab10" if max(labels) < 10 else "tab20")
+        ax_c.scatter(emb[:n, 0], emb[:n, 1], s=6, c=labels[:n], cmap=cmap, vmin=0, vmax=cmap.N - 1, alpha=0.6,
+                     marker="o", label="source (o)")
+        ax_c.scatter(emb[n:, 0], emb[n:, 1], s=12, c=labels[n:], cmap=cmap, vmin=0, vmax=cmap.N - 1, alpha=0.8,
+                     marker="x", label="target (x)")
+        for a in (ax, ax_c):
+            a.set_title(describe(run.rec), fontsize=8)
+            a.set_xlabel("t-SNE 1")
+            a.set_ylabel("t-SNE 2")
+            a.legend(markerscale=3)
     fig.suptitle("Source and target features (Fig. 8)")
-    return _save(fig, out, "tsne"), None
+    fig_c.suptitle("The same features coloured by class (one colour a class)")
+    by_class = _save(fig_c, out, "tsne_class")
+    return _save(fig, out, "tsne") + by_class, None
 
 
 FIGURES = {"loss_ablation": loss_ablation, "weight_u": weight_u, "experts": experts, "curves": curves,

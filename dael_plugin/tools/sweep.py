@@ -1,4 +1,4 @@
-"""Sweeps: trainers x targets x seeds x an override grid, as runs of scripts/train.py.
+"""Sweeps: trainers x targets x seeds x an override grid, as runs of ``python -m dael_plugin.tools.train``.
 
     python scripts/sweep.py --root R --dataset-config-file DS --trainers DAEL SourceOnly \\
         --seeds 1 2 3 [--targets T1 T2 ...] --output-dir DIR [--grid KEY V1 V2 ...]... \\
@@ -49,6 +49,7 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
+from dael_plugin.about import ENGINES
 from dael_plugin.engine.atomic import remove_stale_temps, write_json, write_text
 from dael_plugin.errors import DAELConfigError
 
@@ -452,21 +453,34 @@ def _wait_for_jobs(ex, queue, pending, runs, env, args, bar, tally) -> Counter:
     return tally
 
 
+class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
+    """Shows each default that says something (not None, [], False, nor a required flag's)."""
+
+    def _get_help_string(self, action):
+        if action.required or action.default is None or action.default is False or action.default == [] \
+                or "default" in (action.help or ""):
+            return action.help
+        return super()._get_help_string(action)
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=_DefaultsHelp)
     p.add_argument("--root", required=True, help="DATASET.ROOT of every run")
-    p.add_argument("--dataset-config-file", required=True)
-    p.add_argument("--trainers", nargs="+", required=True)
-    p.add_argument("--seeds", type=int, nargs="+", default=[1])
+    p.add_argument("--dataset-config-file", required=True, help="the dataset config of every run")
+    p.add_argument("--trainers", nargs="+", required=True, help="trainer names, e.g. DAEL SourceOnly")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1], help="one run per seed")
     p.add_argument("--targets", nargs="+", help="default: every domain, each against the rest")
     p.add_argument("--sources", nargs="+", help="default: every domain but the target")
-    p.add_argument("--output-dir", required=True)
+    p.add_argument("--output-dir", required=True, help="the sweep's folder: one subfolder per run")
     p.add_argument("--grid", nargs="+", action="append", default=[], metavar="KEY V",
                    help="a config key and its values (repeatable): one run per combination")
     p.add_argument("--config", action="append", default=[], metavar="TRAINER=FILE",
-                   help="the method config of a trainer (default configs/trainers/<da|dg>/<trainer>/<dataset>.yaml)")
-    p.add_argument("--engine", default="auto", choices=("auto", "dassl", "builtin"))
-    p.add_argument("--launcher", default="local", choices=("local", "submitit-local", "slurm"))
+                   help="the method config of a trainer (default: <tree>/trainers/<da|dg>/<trainer>/<dataset>.yaml, beside the "
+                        "dataset config's <tree>/datasets/)")
+    p.add_argument("--engine", default="auto", choices=ENGINES, help="as train.py's --engine")
+    p.add_argument("--launcher", default="local", choices=("local", "submitit-local", "slurm"),
+                   help="where the runs go: this machine, submitit's local executor, or Slurm")
     p.add_argument("--workers", type=int, default=None,
                    help="runs at a time (default 1; slurm: the array's parallelism, default every run)")
     p.add_argument("--partition", default=None, help="slurm partition")

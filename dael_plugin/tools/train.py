@@ -8,6 +8,7 @@ method config file -> command-line flags -> trailing ``KEY VALUE`` opts ->
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import re
 import shutil
@@ -19,8 +20,9 @@ from typing import List, Optional
 
 from yacs.config import CfgNode as CN
 
+from dael_plugin.about import ENGINES
 from dael_plugin.backbones.timm_backbone import check_timm_backbone
-from dael_plugin.config import add_dael_config, check_run_values
+from dael_plugin.config import TRAINER_NODES, add_dael_config, check_run_values
 from dael_plugin.engine.atomic import remove_stale_temps
 from dael_plugin.engine.checkpoint import LAST, checkpoint_epoch
 from dael_plugin.engine.execution import cuda_settings
@@ -38,7 +40,7 @@ EXIT_BUSY = 75  # the output directory is held by another live run (EX_TEMPFAIL:
 
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="Train DAEL or a Dassl baseline (dael-plugin).")
-    p.add_argument("--root", type=str, default="", help="path to dataset")
+    p.add_argument("--root", type=str, default="", help="path to dataset (required)")
     p.add_argument("--output-dir", type=str, default="", help="output directory")
     p.add_argument("--resume", type=str, default="", help="checkpoint directory (from which the training resumes)")
     p.add_argument("--seed", type=int, default=None, help="a non-negative value fixes the seed")
@@ -47,14 +49,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transforms", type=str, nargs="+", help="data augmentation methods (INPUT.TRANSFORMS)")
     p.add_argument("--config-file", type=str, default="", help="path to the method config file")
     p.add_argument("--dataset-config-file", type=str, default="", help="path to the dataset config file")
-    p.add_argument("--trainer", type=str, default="", help="name of trainer (DAEL, DAELDG, SourceOnly, M3SDA, ...)")
+    p.add_argument("--trainer", type=str, default="", help="name of trainer (required: DAEL, DAELDG, SourceOnly, M3SDA, ...)")
     p.add_argument("--backbone", type=str, default="", help="name of CNN backbone (e.g. timm_resnet18)")
     p.add_argument("--head", type=str, default="", help="name of head")
     p.add_argument("--eval-only", action="store_true", help="evaluation only")
     p.add_argument("--model-dir", type=str, default="", help="load model from this directory for eval-only mode")
     p.add_argument("--load-epoch", type=int, help="load model weights at this epoch for evaluation")
     p.add_argument("--no-train", action="store_true", help="do not call trainer.train()")
-    p.add_argument("--engine", choices=("auto", "dassl", "builtin"), default="auto",
+    p.add_argument("--engine", choices=ENGINES, default="auto",
                    help="auto: Dassl when importable, else the built-in engine")
     p.add_argument("--eval-each-epoch", action="store_true",
                    help="built-in engine: also evaluate after every epoch (on the validation split where "
@@ -81,7 +83,7 @@ def choose_engine(requested: str) -> str:
     return engine
 
 
-def _merge_file(cfg: CN, path: str, engine: str) -> None:
+def _merge_file(cfg: CN, path: str, engine: str) -> dict:
     """Merge a config file as data: YAML read with ``yaml.safe_load``, never imported (yacs's
     ``merge_from_file`` would import a ``.py`` file and run it)."""
     import yaml
@@ -101,7 +103,7 @@ def _merge_file(cfg: CN, path: str, engine: str) -> None:
         line = f" at line {where.line + 1}" if where is not None else ""
         raise DAELConfigError(f"config file {path} is not valid YAML{line}; fix it or pass another file") from None
     if loaded is None:
-        return
+        return {}
     if not isinstance(loaded, dict):
         raise DAELConfigError(
             f"config file {path} holds a {type(loaded).__name__}, not a mapping of KEY: value; "
@@ -110,18 +112,30 @@ def _merge_file(cfg: CN, path: str, engine: str) -> None:
     try:
         cfg.merge_from_other_cfg(CN(loaded))  # yacs decodes the values as merge_from_file does
     except KeyError as exc:
-        raise DAELConfigError(_key_error(exc, engine, f"config file {path}")) from None
+        raise DAELConfigError(_key_error(exc, engine, f"config file {path}", cfg)) from None
     except (ValueError, AssertionError, TypeError) as exc:
         raise DAELConfigError(f"config file {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    return loaded
 
 
-def _key_error(exc: Exception, engine: str, where: str) -> str:
+def _key_error(exc: Exception, engine: str, where: str, cfg: Optional[CN] = None) -> str:
     msg = str(exc.args[0]) if exc.args else str(exc)
     key = msg.split(":", 1)[-1].strip() if "Non-existent" in msg else msg
-    if engine == "builtin":
-        return (f"{where} sets {key}, which the built-in engine does not support; "
+    close = difflib.get_close_matches(key, _full_keys(cfg), n=1, cutoff=0.8) if cfg is not None else []
+    if engine == "builtin":  # the key may be one of Dassl's, which this engine lacks: say both
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        return (f"{where} sets {key}, which the built-in engine does not support{hint}; "
                 "remove it, or install Dassl and use --engine dassl")
+    if close:
+        return f"{where} sets {key}, which is not a config key; did you mean {close[0]}?"
     return f"{where} sets {key}, which is not a config key (keys are upper case, e.g. OPTIM.LR)"
+
+
+def _full_keys(node: CN, prefix: str = "") -> List[str]:
+    keys = []
+    for k, v in node.items():
+        keys += _full_keys(v, f"{prefix}{k}.") if isinstance(v, CN) else [prefix + k]
+    return keys
 
 
 def reset_cfg(cfg: CN, args: argparse.Namespace) -> None:
@@ -176,9 +190,9 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     add_dael_config(cfg)
     if args.dataset_config_file:
         _merge_file(cfg, args.dataset_config_file, engine)
-    if args.config_file:
-        _merge_file(cfg, args.config_file, engine)
+    method = _merge_file(cfg, args.config_file, engine) if args.config_file else {}
     reset_cfg(cfg, args)
+    _check_method_file_fits(method, args.config_file, str(cfg.TRAINER.NAME))
     opts = list(args.opts or [])
     if opts and opts[0] == "--":
         opts = opts[1:]
@@ -193,7 +207,7 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     try:
         cfg.merge_from_list(_ints_as_floats(cfg, opts))
     except (KeyError, AssertionError) as exc:  # yacs asserts on unknown keys here
-        raise DAELConfigError(_key_error(exc, engine, "the command line")) from None
+        raise DAELConfigError(_key_error(exc, engine, "the command line", cfg)) from None
     except ValueError as exc:
         raise DAELConfigError(f"the command line: {exc}") from None
     if not cfg.TRAINER.NAME:
@@ -210,6 +224,19 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     clean_cfg(cfg, cfg.TRAINER.NAME)
     cfg.freeze()
     return cfg
+
+
+def _check_method_file_fits(method: dict, path: str, trainer: str) -> None:
+    """A DAEL method config given to the other DAEL trainer (a DA ``TRAINER.DAEL`` file with
+    ``--trainer DAELDG``, or the reverse) would be dropped by ``clean_cfg``: the run would train
+    on the defaults without a word."""
+    nodes = [k for k in (method.get("TRAINER") or {}) if k in TRAINER_NODES] if isinstance(method.get("TRAINER"), dict) else []
+    if not nodes or trainer.upper() not in TRAINER_NODES or trainer.upper() in nodes:
+        return  # (another trainer's own node, e.g. M3SDA's, is that trainer's business)
+    setting = "dg" if trainer.upper() == "DAELDG" else "da"
+    raise DAELConfigError(
+        f"config file {path} configures TRAINER.{nodes[0]}, but --trainer {trainer} reads TRAINER.{trainer.upper()}: "
+        f"pass the {trainer} method config (configs/trainers/{setting}/{trainer.lower()}/<dataset>.yaml)")
 
 
 def _clean_cfg(cfg: CN, trainer: str) -> None:
@@ -242,20 +269,12 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
         print(f"Setting fixed seed: {cfg.SEED}")
         set_random_seed(cfg.SEED)
     setup_logger(cfg.OUTPUT_DIR)
+    _say_threads()
     cuda_settings(cfg)  # every trainer, Dassl's baselines too
     print("** Config **")
     print(cfg)
     print("** System info **\n{}\n".format(collect_env_info()))
-    prepare_cfg(cfg)
-    from dael_plugin.dassl_adapter.checks import (
-        check_backbone_cfg,
-        check_dataset_cfg,
-        check_trainer_cfg,
-    )
-
-    check_trainer_cfg(cfg)
-    check_dataset_cfg(cfg)
-    check_backbone_cfg(cfg)
+    prepare_cfg(cfg)  # done by _check_names already; kept for callers of _run_dassl alone
     trainer = build_trainer(cfg)
     if cfg.TEST.FINAL_MODEL == "best_val" and getattr(trainer, "val_loader", None) is None:
         raise DAELConfigError(_BEST_VAL_WITHOUT_VAL.format(dataset=cfg.DATASET.NAME))
@@ -374,6 +393,31 @@ def _where_to_resume(output_dir: Optional[str]) -> str:
     return f"the last checkpoint is {path} (epoch {epoch}); rerun the same command to resume"
 
 
+def _say_threads() -> None:
+    """The thread count changes float sums, so the run: said in the log (and the provenance)."""
+    import torch
+
+    print(f"dael_plugin: {torch.get_num_threads()} CPU threads "
+          f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})")
+
+
+def _check_names(cfg: CN, engine: str) -> None:
+    if engine == "dassl":
+        from dael_plugin.dassl_adapter.checks import check_run_names
+
+        check_run_names(cfg)
+        return
+    from dael_plugin.builtin.trainer import TRAINERS
+    from dael_plugin.data.folders import check_dataset_names
+
+    if cfg.TRAINER.NAME not in TRAINERS:
+        close = difflib.get_close_matches(str(cfg.TRAINER.NAME), list(TRAINERS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise DAELConfigError(f"trainer {cfg.TRAINER.NAME!r}{hint} is not available on the built-in engine (it has "
+                              f"{sorted(TRAINERS)}); install Dassl and use --engine dassl for Dassl's baselines")
+    check_dataset_names(cfg.DATASET.NAME, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS)
+
+
 def _prepare_output_dir(path: str) -> None:
     if os.path.exists(path) and not os.path.isdir(path):
         raise DAELConfigError(f"--output-dir {path} exists and is not a directory; pass a folder path")
@@ -394,6 +438,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     if engine == "dassl":
         import dael_plugin  # noqa: F401  (registers the trainer, datasets and backbones)
     cfg = setup_cfg(args, engine)
+    _check_names(cfg, engine)  # before the output folder, the log and the config dump
     _prepare_output_dir(cfg.OUTPUT_DIR)
     state["lock"] = RunLock(cfg.OUTPUT_DIR).acquire()
     state["output_dir"] = cfg.OUTPUT_DIR
@@ -413,6 +458,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
             print(f"Setting fixed seed: {cfg.SEED}")
             set_random_seed(cfg.SEED)
         setup_logger(cfg.OUTPUT_DIR)
+        _say_threads()
         print("** Config **")
         print(cfg)
         trainer = build_builtin_trainer(cfg, eval_each_epoch=args.eval_each_epoch)

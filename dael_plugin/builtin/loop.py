@@ -1,0 +1,392 @@
+"""The built-in engine's loop: epochs, the progress line, evaluation and its tallies,
+checkpoints and exact resume, shared by its trainers (``builtin/trainer.py``).
+
+Resume is exact: after every epoch the "last" checkpoint holds the model,
+optimiser, scheduler, the RNG states and the config, and every data draw is
+seeded from (seed, epoch, position), so a killed and rerun job ends with the
+same weights as an uninterrupted one.
+"""
+from __future__ import annotations
+
+import datetime
+import os
+import random
+import sys
+import time
+from typing import Dict, List, Optional, Set
+
+import numpy as np
+import torch
+from torch import nn
+from torch.utils.tensorboard import SummaryWriter
+from tqdm import tqdm
+
+from dael_plugin.builtin import data as bdata
+from dael_plugin.config import (
+    uses_target_data,
+)
+from dael_plugin.data.folders import load_splits
+from dael_plugin.data.images import LEFT_OUT, REPLACED, note_unreadable
+from dael_plugin.engine import checkpoint as ckpt
+from dael_plugin.engine.execution import cuda_settings, fused_optimizer
+from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
+from dael_plugin.engine.step import DeviceMeters, ExpertTally, format_meters, short_meters
+from dael_plugin.errors import DAELConfigError
+from dael_plugin.transforms.host import (
+    build_test_transform,
+    check_names,
+)
+
+CKPT = ckpt.LAST
+
+
+def set_random_seed(seed: int) -> None:
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+
+
+def show_progress() -> bool:
+    """Progress bars only on a terminal; redirected logs get a line per PRINT_FREQ."""
+    return sys.stderr.isatty()
+
+
+class BuiltinTrainer:
+    """Epoch loop, evaluation, checkpoints and logs shared by the built-in trainers."""
+
+    def __init__(self, cfg, eval_each_epoch: bool = False) -> None:
+        self.cfg = cfg
+        self.eval_each_epoch = eval_each_epoch
+        self.device = torch.device("cuda" if (torch.cuda.is_available() and cfg.USE_CUDA) else "cpu")
+        cuda_settings(cfg)
+        self.pin = self.device.type == "cuda"
+        self.sources = list(cfg.DATASET.SOURCE_DOMAINS)
+        self.check_cfg()
+        self.splits = load_splits(cfg.DATASET.NAME, cfg.DATASET.ROOT, self.sources, cfg.DATASET.TARGET_DOMAINS)
+        self.classnames: List[str] = self.splits["classnames"]
+        self.num_classes = len(self.classnames)
+        self.has_target_train = self.splits["train_u"] is not None
+        self.is_da = self.has_target_train and uses_target_data(cfg)
+        self.seed = max(int(cfg.SEED), 0)
+        self.bad_images: Set[str] = set()
+        self.build_loaders()
+        self.val_loader = self._test_loader(self.splits["val"]) if self.splits["val"] else None
+        self.modules = nn.ModuleDict(self.build_model()).to(self.device)
+        self.guard = FiniteGuard()
+        self.prepare_model()
+        self.optim = self._build_optim(self.modules.parameters())
+        self.sched = self._build_sched(self.optim)
+        self.build_step()
+        self.start_epoch = 0
+        self.epoch = 0
+        self.expert_accuracy: List[float] = []
+        self.last_accuracy: Optional[float] = None
+        self.loaded_epoch: Optional[int] = None
+        self.writer: Optional[SummaryWriter] = None
+        self._summary()
+
+    # -- to override ----------------------------------------------------
+    def check_cfg(self) -> None:
+        check_names(self.cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS", dassl=False)
+
+    def build_loaders(self) -> None:
+        raise NotImplementedError
+
+    def build_model(self) -> Dict[str, nn.Module]:
+        raise NotImplementedError
+
+    def prepare_model(self) -> None:
+        """Layout changes to the model on its device, before the optimiser exists."""
+
+    def build_step(self) -> None:
+        """Whatever the training step needs beyond the model and optimiser."""
+
+    def forward_backward(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
+        raise NotImplementedError
+
+    def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
+        """``(B, K, C)`` class probabilities of each expert (K=1 for a single classifier)."""
+        raise NotImplementedError
+
+    # -- shared machinery ------------------------------------------------
+    def _test_loader(self, items):
+        c = self.cfg.DATALOADER
+        return bdata.test_loader(items, build_test_transform(self.cfg), c.TEST.BATCH_SIZE, c.NUM_WORKERS, self.pin)
+
+    def _u_loader(self, transforms):
+        c = self.cfg.DATALOADER
+        bs = c.TRAIN_X.BATCH_SIZE if c.TRAIN_U.SAME_AS_X else c.TRAIN_U.BATCH_SIZE
+        return bdata.train_loader(self.splits["train_u"], transforms, bs, c.NUM_WORKERS, self.pin,
+                                  self.seed, domain_balanced=False, stream=1)
+
+    def _warn_small_domains(self, loader) -> None:
+        sampler = loader.batch_sampler
+        for d, n in getattr(sampler, "small_domains", lambda: [])():
+            print(f"warning: source domain {self.sources[d]!r} has {n} training images, fewer than its "
+                  f"per-batch share of {sampler.per_domain}; its images repeat within each batch")
+
+    def _build_optim(self, params, fused: bool = False, loss_scaling: bool = False):
+        o = self.cfg.OPTIM
+        if o.NAME == "sgd":
+            opt = torch.optim.SGD(params, lr=o.LR, momentum=o.MOMENTUM, weight_decay=o.WEIGHT_DECAY,
+                                  dampening=o.SGD_DAMPNING, nesterov=o.SGD_NESTEROV)
+        else:
+            cls = torch.optim.Adam if o.NAME == "adam" else torch.optim.AdamW
+            opt = cls(params, lr=o.LR, weight_decay=o.WEIGHT_DECAY, betas=(o.ADAM_BETA1, o.ADAM_BETA2))
+        return fused_optimizer(opt, loss_scaling) if fused else opt
+
+    def _build_sched(self, optim):
+        o = self.cfg.OPTIM
+        if o.LR_SCHEDULER == "cosine":
+            return torch.optim.lr_scheduler.CosineAnnealingLR(optim, float(o.MAX_EPOCH))
+        steps = list(o.STEPSIZE) if isinstance(o.STEPSIZE, (list, tuple)) else [o.STEPSIZE]
+        if o.LR_SCHEDULER == "single_step":
+            step = steps[-1] if steps[-1] > 0 else o.MAX_EPOCH
+            return torch.optim.lr_scheduler.StepLR(optim, step_size=step, gamma=o.GAMMA)
+        return torch.optim.lr_scheduler.MultiStepLR(optim, milestones=steps, gamma=o.GAMMA)
+
+    def _summary(self) -> None:
+        s = self.splits
+        setting = "DA" if self.is_da else "DG"
+        print(f"Dataset: {self.cfg.DATASET.NAME} | source {self.sources} | target {list(self.cfg.DATASET.TARGET_DOMAINS)}")
+        print(f"# classes {self.num_classes} | # train_x {len(s['train_x']):,} | "
+              f"# train_u {len(s['train_u']) if s['train_u'] else 0:,} | # val {len(s['val']) if s['val'] else 0:,} | "
+              f"# test {len(s['test']):,} | setting {setting} | device {self.device}")
+        if self.has_target_train and not self.is_da:
+            print(f"{self.cfg.TRAINER.NAME} runs domain generalisation: the target train split is unused")
+        n_params = sum(p.numel() for p in self.modules.parameters())
+        print(f"Model: {self.cfg.MODEL.BACKBONE.NAME} | # params {n_params:,}")
+
+    # -- checkpoints -----------------------------------------------------
+    def _state(self, epochs_done: int) -> dict:
+        state = {"format": ckpt.FORMAT, "engine": "builtin", "trainer": self.cfg.TRAINER.NAME,
+                 "epoch": epochs_done, "model": self.modules.state_dict(), "optim": self.optim.state_dict(),
+                 "sched": ckpt.sched_state(self.sched), "rng": ckpt.rng_state(), "config": self.cfg.dump(),
+                 "data": self._data_state(epochs_done), "bad_images": sorted(self.bad_images),
+                 "classnames": list(self.classnames)}
+        scaler = self._scaler()
+        if scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
+            state["scaler"] = scaler.state_dict()
+        return state
+
+    def _scaler(self):
+        step = getattr(self, "step", None)
+        return getattr(step, "scaler", None)
+
+    def _loaders(self):
+        return [ld for ld in (self.train_loader_x, self.train_loader_u) if ld is not None]
+
+    def _data_state(self, epochs_done: int) -> dict:
+        """The samplers' (seed, next epoch) and the loaders' generators. Every draw is
+        derived from these, so they are all the data pipeline's randomness."""
+        return {"sampler_seed": self.seed, "next_epoch": epochs_done,
+                "loader_generators": [ld.generator.get_state() for ld in self._loaders()]}
+
+    def save(self, epoch: int) -> None:
+        out = self.cfg.OUTPUT_DIR
+        state = self._state(epoch + 1)
+        ckpt.save_checkpoint(state, os.path.join(out, CKPT))
+        freq = self.cfg.TRAIN.CHECKPOINT_FREQ
+        if (freq > 0 and (epoch + 1) % freq == 0) or epoch + 1 == self.cfg.OPTIM.MAX_EPOCH:
+            ckpt.save_checkpoint(state, os.path.join(out, f"model.pth.tar-{epoch + 1}"))
+
+    def resume_if_exists(self) -> int:
+        directory = self.cfg.RESUME or self.cfg.OUTPUT_DIR
+        path = os.path.join(directory, CKPT)
+        if not os.path.isfile(path):
+            if self.cfg.RESUME:
+                raise DAELConfigError(f"--resume {directory}: no {CKPT} there; give the OUTPUT_DIR of an earlier run")
+            print("No checkpoint found, train from scratch")
+            return 0
+        state = ckpt.load_checkpoint(path, map_location=self.device)
+        if state.get("engine") not in (None, "builtin"):
+            raise ckpt.CheckpointError(f"{path} was written by the {state['engine']} engine; resume it with "
+                                       f"--engine {state['engine']}, or pass a new --output-dir")
+        if state.get("format") != ckpt.FORMAT or "rng" not in state or "data" not in state:
+            raise ckpt.CheckpointError(
+                f"{path} was written by an older dael-plugin and cannot be resumed exactly; "
+                "pass a new --output-dir to start fresh (it still loads with --eval-only)"
+            )
+        ckpt.check_resume_config(state, self.cfg, path)
+        self.modules.load_state_dict(state["model"])
+        self.optim.load_state_dict(state["optim"])
+        ckpt.load_sched_state(self.sched, state["sched"])
+        ckpt.set_rng_state(state["rng"])
+        if self._scaler() is not None and "scaler" in state:
+            self._scaler().load_state_dict(state["scaler"])
+        for loader, gen in zip(self._loaders(), state["data"]["loader_generators"]):
+            loader.generator.set_state(gen)
+        self.bad_images.update(state.get("bad_images", []))
+        print(f"Found checkpoint at {path} (will resume training from epoch {state['epoch'] + 1})")
+        return int(state["epoch"])
+
+    def load_model(self, directory: str, epoch: Optional[int] = None) -> int:
+        """Load weights for evaluation; returns the checkpoint's completed-epoch count."""
+        name = CKPT if epoch is None else f"model.pth.tar-{epoch}"
+        path = os.path.join(directory, name)
+        if not os.path.isfile(path):
+            raise DAELConfigError(f"no checkpoint {path}; pass --model-dir <OUTPUT_DIR of a run> (and --load-epoch N)")
+        state = ckpt.load_checkpoint(path, map_location=self.device)
+        if "model" not in state:
+            raise ckpt.CheckpointError(f"{path} is not a checkpoint of dael-plugin's built-in engine; "
+                                       "evaluate it with --engine dassl")
+        order = ckpt.check_loaded_run(state, self.cfg, path, "builtin", self.classnames)
+        model = dict(state["model"])
+        if order is not None:  # the experts of this run's sources, by name
+            heads = ckpt.reorder_experts({k[2:]: v for k, v in model.items() if k.startswith("E.")}, order)
+            model.update({f"E.{k}": v for k, v in heads.items()})
+        try:
+            self.modules.load_state_dict(model)
+        except (KeyError, RuntimeError) as exc:
+            first = str(exc).strip().splitlines()[0][:200]
+            raise ckpt.CheckpointError(f"{path} does not fit this model ({first}); check --trainer and "
+                                       "MODEL.BACKBONE.NAME against the run that wrote it") from None
+        self.loaded_epoch = int(state.get("epoch", 0))
+        print(f"Loaded {path} (epoch {self.loaded_epoch})")
+        return self.loaded_epoch
+
+    # -- the loop ----------------------------------------------------------
+    def eval_split_each_epoch(self) -> str:
+        return "val" if self.val_loader is not None else "test"
+
+    def train(self) -> None:
+        cfg = self.cfg
+        self.start_epoch = self.resume_if_exists()
+        self.writer = SummaryWriter(os.path.join(cfg.OUTPUT_DIR, "tensorboard"))
+        if self.eval_each_epoch and self.eval_split_each_epoch() == "test":
+            print("Note: there is no validation split, so --eval-each-epoch reads the target *test* split; "
+                  "do not choose an epoch on it")
+        self._run_start, self._batches_run = time.time(), 0
+        for self.epoch in range(self.start_epoch, cfg.OPTIM.MAX_EPOCH):
+            self.run_epoch()
+            self.sched.step()
+            if not weights_finite([self.modules]):
+                raise divergence_error(self.epoch + 1, None, cfg.OPTIM.LR, cfg.OUTPUT_DIR,
+                                       what="model's weights or batch-norm statistics")
+            if self.eval_each_epoch and not cfg.TEST.NO_TEST:
+                self.test(split=self.eval_split_each_epoch())
+            self.save(self.epoch)  # last: the saved RNG state is the next epoch's starting state
+        print("Finish training")
+        if not cfg.TEST.NO_TEST:
+            print("Deploy the last-epoch model")
+            self.test()
+        # As Dassl's after_train: the wall time of this process's part of the run.
+        print(f"Elapsed: {datetime.timedelta(seconds=round(time.time() - self._run_start))}")
+        self.writer.close()
+
+    def _batches(self):
+        loaders = [self.train_loader_x] + ([self.train_loader_u] if self.train_loader_u is not None else [])
+        for loader in loaders:
+            if hasattr(loader.batch_sampler, "set_epoch"):
+                loader.batch_sampler.set_epoch(self.epoch)
+        it_u = iter(self.train_loader_u) if self.train_loader_u is not None else None
+        for batch_x in self.train_loader_x:
+            batch_u = None
+            if it_u is not None:
+                try:
+                    batch_u = next(it_u)
+                except StopIteration:  # the target split is cycled; each pass draws afresh
+                    it_u = iter(self.train_loader_u)
+                    batch_u = next(it_u)
+            yield batch_x, batch_u
+
+    def _note_bad(self, *batches) -> None:
+        for b in batches:
+            if b is not None:
+                note_unreadable(self.bad_images, b.get("bad_path", []), REPLACED)
+
+    def run_epoch(self) -> None:
+        self.modules.train()
+        cfg = self.cfg
+        n = len(self.train_loader_x)
+        meters = DeviceMeters()
+        self.guard.reset()
+        tty = show_progress()
+        # No bar graphics: the count, the meters under short names and the run's eta fit 100 columns.
+        bar = tqdm(total=n, desc=f"epoch {self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}", leave=False, disable=not tty,
+                   bar_format="{desc} {n_fmt}/{total_fmt} {postfix}")
+        for i, (batch_x, batch_u) in enumerate(self._batches()):
+            self._note_bad(batch_x, batch_u)
+            out = self.forward_backward(batch_x, batch_u)
+            meters.update(out)
+            self._batches_run += 1
+            bar.update(1)
+            if (i + 1) % cfg.TRAIN.PRINT_FREQ == 0 or i + 1 == n:
+                # The host reads the running means and the divergence flag only here.
+                if self.guard.tripped():
+                    bar.close()
+                    raise divergence_error(self.epoch + 1, i + 1, cfg.OPTIM.LR, cfg.OUTPUT_DIR)
+                means = meters.means()
+                lr = self.optim.param_groups[0]["lr"]
+                step = self.epoch * n + i
+                for k, v in means.items():
+                    self.writer.add_scalar(f"train/{k}", v, step)
+                self.writer.add_scalar("train/lr", lr, step)
+                eta = self._eta(n - i - 1 + (cfg.OPTIM.MAX_EPOCH - self.epoch - 1) * n)
+                if tty:
+                    bar.set_postfix_str(f"{short_meters(means)} eta {eta}", refresh=False)
+                elif i + 1 < n:
+                    print(f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batch [{i + 1}/{n}] {format_meters(means)} "
+                          f"lr {lr:.4e} eta {eta}")
+        bar.close()
+        means = meters.means()
+        eta = self._eta((cfg.OPTIM.MAX_EPOCH - self.epoch - 1) * n)
+        print(f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batches {n} {format_meters(means)} eta {eta} "
+              f"lr {self.optim.param_groups[0]['lr']:.4e}")
+
+    def _eta(self, batches_left: int) -> datetime.timedelta:
+        """Time left in the whole run, at this process's pace so far (Dassl's eta is the run's too)."""
+        per_batch = (time.time() - self._run_start) / max(1, self._batches_run)
+        return datetime.timedelta(seconds=int(per_batch * batches_left))
+
+    @torch.no_grad()
+    def test(self, split: Optional[str] = None) -> float:
+        from sklearn.metrics import f1_score
+
+        self.modules.eval()
+        split = split or self.cfg.TEST.SPLIT
+        loader = self.test_loader
+        if split == "val":
+            if self.val_loader is None:
+                print("Note: TEST.SPLIT is val but this dataset has no validation split; evaluating on *test*")
+                split = "test"
+            else:
+                loader = self.val_loader
+        print(f"Evaluate on the *{split}* set")
+        tally = ExpertTally()
+        skipped = 0
+        for batch in tqdm(loader, leave=False, dynamic_ncols=True, disable=not show_progress()):
+            valid = batch["valid"]
+            note_unreadable(self.bad_images, batch["bad_path"], LEFT_OUT)
+            skipped += int((~valid).sum())
+            x = batch["img"][valid].to(self.device, non_blocking=True)
+            y = batch["label"][valid].to(self.device, non_blocking=True)
+            if y.numel() == 0:
+                continue
+            tally.update(self.predict_experts(x), y)
+        if tally.total == 0:
+            raise DAELConfigError(f"no readable image in the {split} split; run with --check-data to list the bad files")
+        yt, yp = (t.numpy() for t in tally.labels())
+        total = len(yt)
+        n_correct = int((yt == yp).sum())
+        acc = 100.0 * n_correct / total
+        f1 = 100.0 * f1_score(yt, yp, average="macro", labels=np.unique(yt))
+        print(f"=> result\n* total: {total:,}\n* correct: {n_correct:,}\n* accuracy: {acc:.1f}%\n"
+              f"* error: {100 - acc:.1f}%\n* macro_f1: {f1:.1f}%")
+        if skipped:
+            print(f"* unreadable images left out: {skipped}")
+        self.per_class_accuracy = tally.per_class(self.classnames, self.sources)
+        print("* per-class accuracy: " + ", ".join(f"{c} {a:.1f}%" for c, a in self.per_class_accuracy["ensemble"].items()))
+        per_expert = tally.expert_accuracy()
+        self.expert_accuracy = per_expert if len(per_expert) > 1 else []
+        if self.expert_accuracy:
+            print("* expert accuracy: " + ", ".join(f"{n} {a:.2f}%" for n, a in zip(self.sources, self.expert_accuracy)))
+        if self.writer is not None:
+            self.writer.add_scalar(f"{split}/accuracy", acc, self.epoch)
+            for n_, a in zip(self.sources, self.expert_accuracy):
+                self.writer.add_scalar(f"{split}/expert_{n_}", a, self.epoch)
+            for c, a in self.per_class_accuracy["ensemble"].items():
+                self.writer.add_scalar(f"{split}/class_{c}", a, self.epoch)
+        self.last_accuracy = acc
+        self.last_split = split
+        return acc

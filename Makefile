@@ -1,6 +1,7 @@
 # The two commands of the README's quick start.
 PYTHON ?= python3
 STAMP := .install.stamp
+JOBS ?= 2  # pytest-xdist workers for make test (each test process then runs one thread)
 
 .PHONY: install demo test
 
@@ -16,4 +17,4 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PYTHON) -m ruff check .
-	$(PYTHON) -m pytest -q
+	$(PYTHON) -m pytest -q -n $(JOBS)

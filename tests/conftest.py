@@ -10,6 +10,14 @@ sys.path.insert(0, ROOT)
 if os.environ.get("DAEL_PLUGIN_HIDE_DASSL") == "1":
     sys.modules["dassl"] = None  # makes `import dassl` raise ImportError
 
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers on two cores: one thread per worker and per process it starts, so that
+    # they do not oversubscribe the cores (a run's own thread count is in its provenance).
+    os.environ["OMP_NUM_THREADS"] = os.environ["MKL_NUM_THREADS"] = "1"
+    import torch
+
+    torch.set_num_threads(1)
+
 import dael_plugin  # noqa: E402
 
 SKIP_REASON = "Dassl.pytorch is not installed (install it by hand, see README); Dassl tests skipped"

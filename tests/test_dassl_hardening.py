@@ -166,7 +166,9 @@ def test_three_steps_match_dassls_own_trainer(data_root, trainer, channels_last)
     The default execution (fused pass, fused optimiser) is held to that
     tolerance; channels_last adds the CPU channels_last batch-norm kernel's
     rounding (its normalised outputs are 2e-5 from float64 against 4e-7 in
-    the default layout), measured 1.0e-4 after 3 steps: tolerance 3e-4.
+    the default layout), measured after 3 steps 1.0e-4 (Intel Xeon, 2 threads), 2.4e-4 (AMD EPYC,
+    2 threads) and 5.1e-4 (AMD EPYC, 1 thread, as under pytest -n 2): tolerance 1e-3. The
+    default layout stays held to 1e-4 (measured 2.7e-6 to 8.3e-6 on the same machines).
     """
     from dassl.engine.da.dael import DAEL as RefDAEL
     from dassl.engine.dg.daeldg import DAELDG as RefDAELDG
@@ -177,7 +179,7 @@ def test_three_steps_match_dassls_own_trainer(data_root, trainer, channels_last)
     cfg.defrost()
     cfg.OPTIM.LR = 1e-3
     cfg.TRAINER[trainer].CHANNELS_LAST = channels_last
-    tol = 3e-4 if channels_last else 1e-4
+    tol = 1e-3 if channels_last else 1e-4
     torch.manual_seed(0)
     ref = (RefDAEL if trainer == "DAEL" else RefDAELDG)(cfg)
     ours = DAELTrainer(cfg)

@@ -265,10 +265,10 @@ except ImportError:  # pragma: no cover
 
 
 class RunJob(_Checkpointable):
-    """One scripts/train.py command, its output to ``<output_dir>/sweep_log.txt``; as a
+    """One training command (``python -m dael_plugin.tools.train``), its output to ``<output_dir>/sweep_log.txt``; as a
     submitit job, it is requeued when Slurm preempts it or its time
     limit nears (submitit's USR2 at ``--signal=USR2@90``): the run is stopped as Ctrl-C
-    stops it, the job goes back in the queue, and scripts/train.py resumes it from its
+    stops it, the job goes back in the queue, and the training command resumes it from its
     last checkpoint, bit for bit. submitit gives up after 3 timeouts."""
 
     live: Set[subprocess.Popen] = set()  # this process's running train.py commands
@@ -317,7 +317,7 @@ class RunJob(_Checkpointable):
 
 
 def run_one(argv: Sequence[str], output_dir: str, env: Optional[Dict[str, str]] = None) -> int:
-    """Run one scripts/train.py command here (the local launcher)."""
+    """Run one training command here (the local launcher)."""
     return RunJob()(argv, output_dir, env)
 
 

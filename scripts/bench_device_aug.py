@@ -9,7 +9,7 @@ For a batch of uint8 images, each way of making a strong view with
 - torchvision v2 ``RandAugment`` on tensors: one draw per call, so per-sample
   draws need a Python loop over the images;
 - kornia (when installed): its per-sample functional operations that
-  ``augment_device`` would otherwise call (``warp_affine``, ``sharpness``,
+  ``dael_plugin.transforms.device`` would otherwise call (``warp_affine``, ``sharpness``,
   ``equalize``) against ours, and its ``RandAugment`` module (one draw of
   operations per batch, so not per-sample; shown for scale).
 

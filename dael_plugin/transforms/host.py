@@ -204,7 +204,7 @@ def build_views(cfg, strong_choices: Sequence[str], num_views: int, dassl_node=N
 def build_loader_uint8(cfg) -> Callable:
     """The loader's only work under ``AUG_ON_DEVICE``: decode (done by the
     reader) and resize to ``INPUT.SIZE``, as uint8 ``(C, H, W)`` tensors; the
-    views are made on the device (:mod:`.augment_device`)."""
+    views are made on the device (:mod:`dael_plugin.transforms.device`)."""
     inp = cfg.INPUT
     return T.Compose([T.Resize(tuple(inp.SIZE), interpolation=INTERPOLATION[inp.INTERPOLATION]), T.PILToTensor()])
 

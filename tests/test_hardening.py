@@ -599,3 +599,18 @@ def test_n_domain_below_the_number_of_sources_trains_every_expert(tmp_path, tiny
     assert seen and all(chunks == (8, 8) and len(experts) == 2 for chunks, experts in seen)
     assert {e for _, experts in seen for e in experts} == {0, 1, 2}  # every expert gets batches
     assert set(others) == {3}  # the consistency term sees all three experts' predictions
+
+
+def test_bench_without_dassl_times_the_plugin_alone(tmp_path):
+    """Without Dassl, scripts/bench.py times the plugin's own configurations, the built-in
+    engine's epoch included (a trainer driven epoch by epoch, as the bench drives it), and says
+    that the ratio needs Dassl's DAEL instead of failing."""
+    env = dict(os.environ, DAEL_PLUGIN_HIDE_DASSL="1")
+    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "--repeats", "1", "--warmup", "0",
+                           "--steps", "1", "--per-domain", "4", "--device", "cpu", "--no-launches", "--epoch",
+                           "--epoch-data", "synthetic", "--epoch-images", "20", "--workers", "0"],
+                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=400)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "dael_plugin (built-in engine)" in proc.stdout and " images/s " in proc.stdout
+    assert proc.stdout.strip().splitlines()[-1] == ("speedup_vs_dassl_dael: needs Dassl's DAEL as the reference "
+                                                    "(install Dassl; see README)")

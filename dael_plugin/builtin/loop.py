@@ -57,6 +57,9 @@ class BuiltinTrainer:
     def __init__(self, cfg, eval_each_epoch: bool = False) -> None:
         self.cfg = cfg
         self.eval_each_epoch = eval_each_epoch
+        # The eta's pace: wall time and batches since training started (train() restarts both;
+        # set here too, so that run_epoch() alone, as the bench calls it, works).
+        self._run_start, self._batches_run = time.time(), 0
         self.device = torch.device("cuda" if (torch.cuda.is_available() and cfg.USE_CUDA) else "cpu")
         cuda_settings(cfg)
         self.pin = self.device.type == "cuda"

@@ -307,7 +307,7 @@ class BuiltinTrainer:
         tty = show_progress()
         # No bar graphics: the count, the meters under short names and the run's eta fit 100 columns.
         bar = tqdm(total=n, desc=f"epoch {self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}", leave=False, disable=not tty,
-                   bar_format="{desc} {n_fmt}/{total_fmt} {postfix}")
+                   bar_format="{desc} {n_fmt}/{total_fmt}{postfix}")
         for i, (batch_x, batch_u) in enumerate(self._batches()):
             self._note_bad(batch_x, batch_u)
             out = self.forward_backward(batch_x, batch_u)

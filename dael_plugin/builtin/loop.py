@@ -22,9 +22,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 
 from dael_plugin.builtin import data as bdata
-from dael_plugin.config import (
-    uses_target_data,
-)
+from dael_plugin.config import uses_target_data
 from dael_plugin.data.folders import load_splits
 from dael_plugin.data.images import LEFT_OUT, REPLACED, note_unreadable
 from dael_plugin.engine import checkpoint as ckpt
@@ -32,10 +30,7 @@ from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
 from dael_plugin.engine.step import DeviceMeters, ExpertTally, format_meters, short_meters
 from dael_plugin.errors import DAELConfigError
-from dael_plugin.transforms.host import (
-    build_test_transform,
-    check_names,
-)
+from dael_plugin.transforms.host import build_test_transform, check_names
 
 CKPT = ckpt.LAST
 

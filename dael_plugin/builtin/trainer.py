@@ -17,20 +17,11 @@ from torch.nn import functional as F
 from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin import data as bdata
 from dael_plugin.builtin.loop import BuiltinTrainer, set_random_seed  # noqa: F401 (the CLI's)
-from dael_plugin.config import (
-    check_dael_cfg,
-    execution_from_cfg,
-    hparams_from_cfg,
-    trainer_node,
-)
+from dael_plugin.config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node
 from dael_plugin.core import DAEL, build_heads
 from dael_plugin.engine.step import make_step, prepare_model
 from dael_plugin.errors import DAELConfigError
-from dael_plugin.transforms.host import (
-    build_train_transform,
-    build_train_views,
-    check_names,
-)
+from dael_plugin.transforms.host import build_train_transform, build_train_views, check_names
 
 
 class DAELBuiltin(BuiltinTrainer):

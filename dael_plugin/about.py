@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import sys
 
-__version__ = "0.3.0"
+__version__ = "0.4.0"  # 0.4: modules laid out by role (dael_plugin.engine, .tools, .config, .transforms)
 
 if os.environ.get("DAEL_PLUGIN_HIDE_DASSL") == "1":
     sys.modules.setdefault("dassl", None)  # makes `import dassl` raise ImportError

@@ -4,12 +4,12 @@
 For a batch of uint8 images, each way of making a strong view with
 *per-sample* random operations:
 
-- dael_plugin (``dael_plugin.transforms.device``): RandAugment drawn per sample,
+- dael_plugin (``dael_plugin.transforms.ops``): RandAugment drawn per sample,
   every operation vectorised over the batch;
 - torchvision v2 ``RandAugment`` on tensors: one draw per call, so per-sample
   draws need a Python loop over the images;
 - kornia (when installed): its per-sample functional operations that
-  ``dael_plugin.transforms.device`` would otherwise call (``warp_affine``, ``sharpness``,
+  ``dael_plugin.transforms.ops`` would otherwise call (``warp_affine``, ``sharpness``,
   ``equalize``) against ours, and its ``RandAugment`` module (one draw of
   operations per batch, so not per-sample; shown for scale).
 
@@ -50,7 +50,7 @@ def main():
     dev = torch.device(args.device)
     from torchvision.transforms import v2
 
-    from dael_plugin.transforms import device as ad
+    from dael_plugin.transforms import ops as ad
 
     b, s = args.batch, args.size
     u8 = torch.randint(0, 256, (b, 3, s, s), dtype=torch.uint8, device=dev)

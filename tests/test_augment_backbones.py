@@ -96,3 +96,34 @@ def test_unknown_backbones_are_one_line_errors():
         build_backbone("cnn_digit5_m3sda")
     with pytest.raises(DAELConfigError, match="is not a file"):
         build_backbone("timm_resnet18", pretrained=True, weights_file="/nonexistent.pth")
+
+
+@pytest.mark.dassl
+def test_registry_order_is_dassls_build_order():
+    """The one registry holds Dassl's pipeline order: every Dassl name ``_build_transform_train``
+    tests for, in the order it tests them (a reordered or missing entry fails here)."""
+    import inspect
+    import re
+
+    from dassl.data.transforms import transforms as dt
+
+    from dael_plugin.transforms.registry import REGISTRY
+
+    dassl_order = list(dict.fromkeys(re.findall(r'if "(\w+)" in choices', inspect.getsource(dt._build_transform_train))))
+    ours = [t.name for t in REGISTRY if t.name in dassl_order]
+    assert ours == dassl_order
+    assert set(dassl_order) <= {t.name for t in REGISTRY}
+
+
+@pytest.mark.dassl
+def test_mixed_names_use_dassls_ops_in_dassls_order():
+    """With Dassl and an extra name, each Dassl name is Dassl's own operation, in the registry's order."""
+    from dassl.data.transforms import randaugment as ra
+    from dassl.data.transforms import transforms as dt
+
+    cfg = small_cfg()
+    tfm = build_train_transform(cfg, ["normalize", "cutout", "tv_randaugment", "randaugment2", "random_translation"],
+                                cfg.TRAINER.DAEL, use_dassl=True)
+    kinds = [type(t).__name__ for t in tfm.transforms]
+    assert kinds == ["Resize", "Random2DTranslation", "RandAugment2", "RandAugment", "ToTensor", "Cutout", "Normalize"]
+    assert isinstance(tfm.transforms[2], ra.RandAugment2) and isinstance(tfm.transforms[5], dt.Cutout)

@@ -6,7 +6,8 @@ import torch
 from PIL import Image, ImageEnhance, ImageOps
 
 from dael_plugin.errors import DAELConfigError
-from dael_plugin.transforms import device as ad
+from dael_plugin.transforms import device as views_mod
+from dael_plugin.transforms import ops as ad
 
 
 def _images(b=6, h=24, w=20, seed=0):
@@ -114,7 +115,7 @@ def test_views_are_normalised_and_refuse_float_input():
 
     inp = CN({"PIXEL_MEAN": [0.5] * 3, "PIXEL_STD": [0.25] * 3, "RANDAUGMENT_N": 2, "RANDAUGMENT_M": 10,
               "CUTOUT_N": 1, "CUTOUT_LEN": 8, "CROP_PADDING": 4})
-    views = ad.DeviceViews(["normalize"], ["random_flip", "cutout", "randaugment2", "normalize"], 2, inp, None)
+    views = views_mod.DeviceViews(["normalize"], ["random_flip", "cutout", "randaugment2", "normalize"], 2, inp, None)
     imgs = _images(b=8)
     weak, strong = views(imgs)
     torch.testing.assert_close(weak, (imgs.float() / 255 - 0.5) / 0.25)
@@ -125,7 +126,7 @@ def test_views_are_normalised_and_refuse_float_input():
 
 def test_unsupported_names_are_one_line():
     with pytest.raises(DAELConfigError, match="gaussian_blur.*AUG_ON_DEVICE cannot make"):
-        ad.check_device_names(["normalize", "gaussian_blur"], "TRAINER.DAEL.STRONG_TRANSFORMS")
+        views_mod.check_device_names(["normalize", "gaussian_blur"], "TRAINER.DAEL.STRONG_TRANSFORMS")
 
 
 def test_a_builtin_run_with_views_on_the_device(tmp_path, tiny_root, capsys, monkeypatch):

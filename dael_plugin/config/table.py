@@ -20,7 +20,7 @@ from typing import Dict, Tuple
 
 from dael_plugin.core.chunk_norm import IMPLS
 from dael_plugin.core.hparams import CHOICES, DAELHparams
-from dael_plugin.transforms.host import TV_RANDAUGMENT_M, TV_RANDAUGMENT_N
+from dael_plugin.transforms.registry import TV_RANDAUGMENT_M, TV_RANDAUGMENT_N
 
 _PAPER = DAELHparams()
 IN_EVERY_CHECKPOINT = object()  # a key every checkpoint has had

@@ -24,11 +24,12 @@ from tqdm import tqdm
 from dael_plugin.builtin import data as bdata
 from dael_plugin.config import uses_target_data
 from dael_plugin.data.folders import load_splits
-from dael_plugin.data.images import LEFT_OUT, REPLACED, note_unreadable
+from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.engine import checkpoint as ckpt
+from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
-from dael_plugin.engine.step import DeviceMeters, ExpertTally, format_meters, short_meters
+from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_test_transform, check_names
 
@@ -157,15 +158,9 @@ class BuiltinTrainer:
 
     # -- checkpoints -----------------------------------------------------
     def _state(self, epochs_done: int) -> dict:
-        state = {"format": ckpt.FORMAT, "engine": "builtin", "trainer": self.cfg.TRAINER.NAME,
-                 "epoch": epochs_done, "model": self.modules.state_dict(), "optim": self.optim.state_dict(),
-                 "sched": ckpt.sched_state(self.sched), "rng": ckpt.rng_state(), "config": self.cfg.dump(),
-                 "data": self._data_state(epochs_done), "bad_images": sorted(self.bad_images),
-                 "classnames": list(self.classnames)}
-        scaler = self._scaler()
-        if scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
-            state["scaler"] = scaler.state_dict()
-        return state
+        return ckpt.run_state("builtin", self.cfg, epochs_done, self.bad_images, self._data_state(epochs_done),
+                              self.classnames, self._scaler(), model=self.modules.state_dict(),
+                              optim=self.optim.state_dict(), sched=ckpt.sched_state(self.sched))
 
     def _scaler(self):
         step = getattr(self, "step", None)
@@ -196,27 +191,13 @@ class BuiltinTrainer:
                 raise DAELConfigError(f"--resume {directory}: no {CKPT} there; give the OUTPUT_DIR of an earlier run")
             print("No checkpoint found, train from scratch")
             return 0
-        state = ckpt.load_checkpoint(path, map_location=self.device)
-        if state.get("engine") not in (None, "builtin"):
-            raise ckpt.CheckpointError(f"{path} was written by the {state['engine']} engine; resume it with "
-                                       f"--engine {state['engine']}, or pass a new --output-dir")
-        if state.get("format") != ckpt.FORMAT or "rng" not in state or "data" not in state:
-            raise ckpt.CheckpointError(
-                f"{path} was written by an older dael-plugin and cannot be resumed exactly; "
-                "pass a new --output-dir to start fresh (it still loads with --eval-only)"
-            )
-        ckpt.check_resume_config(state, self.cfg, path)
+        state = ckpt.read_resumable(path, "builtin", self.cfg, self.device, needs=("model", "data"))
         self.modules.load_state_dict(state["model"])
         self.optim.load_state_dict(state["optim"])
         ckpt.load_sched_state(self.sched, state["sched"])
-        ckpt.set_rng_state(state["rng"])
-        if self._scaler() is not None and "scaler" in state:
-            self._scaler().load_state_dict(state["scaler"])
         for loader, gen in zip(self._loaders(), state["data"]["loader_generators"]):
             loader.generator.set_state(gen)
-        self.bad_images.update(state.get("bad_images", []))
-        print(f"Found checkpoint at {path} (will resume training from epoch {state['epoch'] + 1})")
-        return int(state["epoch"])
+        return ckpt.restore_run_state(state, path, self._scaler(), self.bad_images)
 
     def load_model(self, directory: str, epoch: Optional[int] = None) -> int:
         """Load weights for evaluation; returns the checkpoint's completed-epoch count."""
@@ -337,6 +318,10 @@ class BuiltinTrainer:
         per_batch = (time.time() - self._run_start) / max(1, self._batches_run)
         return datetime.timedelta(seconds=int(per_batch * batches_left))
 
+    def _write(self, tag: str, value: float) -> None:
+        if self.writer is not None:
+            self.writer.add_scalar(tag, value, self.epoch)
+
     @torch.no_grad()
     def test(self, split: Optional[str] = None) -> float:
         from sklearn.metrics import f1_score
@@ -351,17 +336,7 @@ class BuiltinTrainer:
             else:
                 loader = self.val_loader
         print(f"Evaluate on the *{split}* set")
-        tally = ExpertTally()
-        skipped = 0
-        for batch in tqdm(loader, leave=False, dynamic_ncols=True, disable=not show_progress()):
-            valid = batch["valid"]
-            note_unreadable(self.bad_images, batch["bad_path"], LEFT_OUT)
-            skipped += int((~valid).sum())
-            x = batch["img"][valid].to(self.device, non_blocking=True)
-            y = batch["label"][valid].to(self.device, non_blocking=True)
-            if y.numel() == 0:
-                continue
-            tally.update(self.predict_experts(x), y)
+        tally, skipped = evaluate_experts(self.predict_experts, loader, self.device, self.bad_images, show_progress())
         if tally.total == 0:
             raise DAELConfigError(f"no readable image in the {split} split; run with --check-data to list the bad files")
         yt, yp = (t.numpy() for t in tally.labels())
@@ -373,18 +348,10 @@ class BuiltinTrainer:
               f"* error: {100 - acc:.1f}%\n* macro_f1: {f1:.1f}%")
         if skipped:
             print(f"* unreadable images left out: {skipped}")
-        self.per_class_accuracy = tally.per_class(self.classnames, self.sources)
-        print("* per-class accuracy: " + ", ".join(f"{c} {a:.1f}%" for c, a in self.per_class_accuracy["ensemble"].items()))
-        per_expert = tally.expert_accuracy()
-        self.expert_accuracy = per_expert if len(per_expert) > 1 else []
-        if self.expert_accuracy:
-            print("* expert accuracy: " + ", ".join(f"{n} {a:.2f}%" for n, a in zip(self.sources, self.expert_accuracy)))
-        if self.writer is not None:
-            self.writer.add_scalar(f"{split}/accuracy", acc, self.epoch)
-            for n_, a in zip(self.sources, self.expert_accuracy):
-                self.writer.add_scalar(f"{split}/expert_{n_}", a, self.epoch)
-            for c, a in self.per_class_accuracy["ensemble"].items():
-                self.writer.add_scalar(f"{split}/class_{c}", a, self.epoch)
+        names = self.sources if len(tally.expert_accuracy()) > 1 else []
+        self.per_class_accuracy, self.expert_accuracy = report_experts(
+            tally, self.classnames, names, lambda tag, v: self._write(tag, v), split)
+        self._write(f"{split}/accuracy", acc)
         self.last_accuracy = acc
         self.last_split = split
         return acc

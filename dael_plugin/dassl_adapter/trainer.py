@@ -25,7 +25,6 @@ from dassl.engine.trainer import SimpleNet
 from dassl.optim import build_lr_scheduler, build_optimizer
 from dassl.utils import AverageMeter, count_num_param
 from torch.utils.data import DataLoader
-from tqdm import tqdm
 
 from dael_plugin.config import (
     check_dael_cfg,
@@ -37,12 +36,13 @@ from dael_plugin.config import (
 from dael_plugin.core import DAEL, build_heads
 from dael_plugin.dassl_adapter.checks import check_dataset_cfg
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
-from dael_plugin.data.images import LEFT_OUT, REPLACED, note_unreadable
+from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.data.sampling import DasslDomainBatchSampler, SeededRandomBatchSampler
 from dael_plugin.engine import checkpoint as ckpt
+from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
-from dael_plugin.engine.step import DeviceMeters, ExpertTally, format_meters, make_step, prepare_model
+from dael_plugin.engine.step import DeviceMeters, format_meters, make_step, prepare_model
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_train_views, check_names
 
@@ -239,47 +239,30 @@ class DAELTrainer(TrainerXU):
     # -- checkpoints -----------------------------------------------------
     def save_last(self, epochs_done: int) -> None:
         names = self.get_model_names()
-        state = {
-            "format": ckpt.FORMAT, "engine": "dassl", "trainer": self.cfg.TRAINER.NAME, "epoch": epochs_done,
-            "models": {n: self._models[n].state_dict() for n in names},
-            "optims": {n: self._optims[n].state_dict() for n in names if self._optims[n] is not None},
-            "scheds": {n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None},
-            "rng": ckpt.rng_state(), "config": self.cfg.dump(), "bad_images": sorted(self.bad_images),
-            "data": {"sampler_seed": self.data_seed, "next_epoch": epochs_done},
-            "classnames": self._classnames(),
-        }
-        if self.step.scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
-            state["scaler"] = self.step.scaler.state_dict()
+        state = ckpt.run_state(
+            "dassl", self.cfg, epochs_done, self.bad_images, {"sampler_seed": self.data_seed, "next_epoch": epochs_done},
+            self._classnames(), self.step.scaler,
+            models={n: self._models[n].state_dict() for n in names},
+            optims={n: self._optims[n].state_dict() for n in names if self._optims[n] is not None},
+            scheds={n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None})
         ckpt.save_checkpoint(state, osp.join(self.output_dir, ckpt.LAST))
 
     def resume_model_if_exist(self, directory):
         path = osp.join(directory, ckpt.LAST)
         if osp.isfile(path):
-            state = ckpt.load_checkpoint(path, map_location=self.device)
-            if state.get("engine") not in (None, "dassl"):
-                raise ckpt.CheckpointError(f"{path} was written by the {state['engine']} engine; resume it with "
-                                           f"--engine {state['engine']}, or pass a new --output-dir")
-            if state.get("format") != ckpt.FORMAT or "models" not in state:
-                raise ckpt.CheckpointError(f"{path} is not a Dassl-engine checkpoint of dael-plugin; "
-                                           "pass a new --output-dir to start fresh")
-            ckpt.check_resume_config(state, self.cfg, path)
+            state = ckpt.read_resumable(path, "dassl", self.cfg, self.device, needs=("models",))
             for name in self.get_model_names():
                 self._models[name].load_state_dict(state["models"][name])
                 if name in state.get("optims", {}):
                     self._optims[name].load_state_dict(state["optims"][name])
                 if name in state.get("scheds", {}):
                     ckpt.load_sched_state(self._scheds[name], state["scheds"][name])
-            ckpt.set_rng_state(state["rng"])
             if "data" in state:  # the draws continue from the checkpoint's seed
                 self.data_seed = int(state["data"]["sampler_seed"])
                 for loader in self._seeded_loaders():
                     loader.batch_sampler.seed = self.data_seed
                     loader.generator.manual_seed(self.data_seed)
-            if self.step.scaler is not None and "scaler" in state:
-                self.step.scaler.load_state_dict(state["scaler"])
-            self.bad_images.update(state.get("bad_images", []))
-            print(f"Found checkpoint at {path} (will resume training from epoch {state['epoch'] + 1})")
-            return int(state["epoch"])
+            return ckpt.restore_run_state(state, path, self.step.scaler, self.bad_images)
         if any(osp.isfile(osp.join(directory, n, "checkpoint")) for n in self.get_model_names()):
             epoch = load_dassl_checkpoints(self, directory, None, resume=True)
             print(f"Resuming from Dassl-format checkpoints in {directory} (epoch {epoch}): they hold no RNG "
@@ -323,29 +306,17 @@ class DAELTrainer(TrainerXU):
             split = "test"
             data_loader = self.test_loader
         print(f"Evaluate on the *{split}* set")
-        tally = ExpertTally()
-        for batch in tqdm(data_loader, disable=not sys.stderr.isatty()):
-            input, label = self.parse_batch_test(batch)
-            if "valid" in batch:
-                keep = batch["valid"].to(self.device)
-                note_unreadable(self.bad_images, batch["bad_path"], LEFT_OUT)
-                input, label = input[keep], label[keep]
-                if label.numel() == 0:
-                    continue
-            self.evaluator.process(tally.update(self.algorithm.predict_experts(input), label), label)
+        tally, _ = evaluate_experts(self.algorithm.predict_experts, data_loader, self.device, self.bad_images,
+                                    sys.stderr.isatty())
+        if tally.total:  # Dassl's evaluator sees the whole (gathered) set once: its argmax is the ensemble's
+            yt, yp = tally.labels()
+            self.evaluator.process(torch.nn.functional.one_hot(yp, self.num_classes).float(), yt)
         results = self.evaluator.evaluate()
-        self.expert_accuracy = tally.expert_accuracy()
         names = list(self.cfg.DATASET.SOURCE_DOMAINS) if self.E.num_experts > 1 else ["single"]
-        classnames = self._classnames()
-        self.per_class_accuracy = tally.per_class(classnames, names)
-        print("* per-class accuracy: " + ", ".join(f"{c} {a:.1f}%" for c, a in self.per_class_accuracy["ensemble"].items()))
-        for c, a in self.per_class_accuracy["ensemble"].items():
-            self.write_scalar(f"{split}/class_{c}", a, self.epoch)
-        print("* expert accuracy: " + ", ".join(f"{n} {a:.2f}%" for n, a in zip(names, self.expert_accuracy)))
+        self.per_class_accuracy, self.expert_accuracy = report_experts(
+            tally, self._classnames(), names, lambda tag, v: self.write_scalar(tag, v, self.epoch), split)
         for k, v in results.items():
             self.write_scalar(f"{split}/{k}", v, self.epoch)
-        for n, a in zip(names, self.expert_accuracy):
-            self.write_scalar(f"{split}/expert_{n}", a, self.epoch)
         return list(results.values())[0]
 
 

@@ -17,7 +17,7 @@ import collections
 import os
 import pickle
 import random
-from typing import Dict, Iterable, List, Optional, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -250,3 +250,43 @@ def reorder_experts(head_state: dict, order: Optional[List[int]]) -> dict:
     index = torch.tensor(order)
     return {k: (v.index_select(0, index) if k in ("weight", "bias") and v.dim() >= 2 and v.shape[0] == len(order)
                 else v) for k, v in head_state.items()}
+
+
+# -- the run state both engines save and resume ---------------------------------------
+def run_state(engine: str, cfg: Any, epochs_done: int, bad_images: Iterable[str], data: dict,
+              classnames: List[str], scaler: Any = None, **weights: Any) -> dict:
+    """A "last" checkpoint: the engine's ``weights`` (model, optimiser and scheduler states, by the
+    engine's own keys) plus what exact resume needs, the same for both engines: the format, the
+    RNG states, the config, the data pipeline's state, the unreadable images and fp16's scaler."""
+    state = {"format": FORMAT, "engine": engine, "trainer": cfg.TRAINER.NAME, "epoch": epochs_done,
+             **weights, "rng": rng_state(), "config": cfg.dump(), "data": data,
+             "bad_images": sorted(bad_images), "classnames": list(classnames)}
+    if scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
+        state["scaler"] = scaler.state_dict()
+    return state
+
+
+def read_resumable(path: str, engine: str, cfg: Any, map_location: Any, needs: Sequence[str]) -> dict:
+    """Load a "last" checkpoint for exact resume, or refuse it in one line: another engine's, an
+    older format, one without ``needs``, or one whose config differs in a key that shapes the run."""
+    state = load_checkpoint(path, map_location=map_location)
+    if state.get("engine") not in (None, engine):
+        raise CheckpointError(f"{path} was written by the {state['engine']} engine; resume it with "
+                              f"--engine {state['engine']}, or pass a new --output-dir")
+    missing = [k for k in ("rng", *needs) if k not in state]
+    if state.get("format") != FORMAT or missing:
+        raise CheckpointError(f"{path} was written by an older dael-plugin or another engine and cannot be "
+                              "resumed exactly; pass a new --output-dir to start fresh (it still loads with "
+                              "--eval-only)")
+    check_resume_config(state, cfg, path)
+    return state
+
+
+def restore_run_state(state: dict, path: str, scaler: Any, bad_images: set) -> int:
+    """Put back the RNG states, fp16's scaler and the unreadable images; returns the epochs done."""
+    set_rng_state(state["rng"])
+    if scaler is not None and "scaler" in state:
+        scaler.load_state_dict(state["scaler"])
+    bad_images.update(state.get("bad_images", []))
+    print(f"Found checkpoint at {path} (will resume training from epoch {state['epoch'] + 1})")
+    return int(state["epoch"])

@@ -15,8 +15,7 @@ optimiser kernel; the one host read left is PyTorch's ``GradScaler.step``
 with ``FUSED_OPTIM False``, once per optimiser.
 
 :class:`DeviceMeters` keeps running sums on the device for the log, read at
-``PRINT_FREQ``; :class:`ExpertTally` counts each expert's and the ensemble's
-hits over a test set.
+``PRINT_FREQ`` (evaluation is :mod:`dael_plugin.engine.evaluate`).
 """
 from __future__ import annotations
 
@@ -214,54 +213,6 @@ def short_meters(means: Dict[str, float]) -> str:
     """The progress bar's postfix: the same meters under short names, so that a 100-column
     terminal shows all of them (x=loss_x, acc=acc_x, cr=loss_cr, u=loss_u, mask=mask_u, pl=pl_acc_u)."""
     return " ".join(f"{_SHORT.get(k, k)} {format_meter(k, v)}" for k, v in means.items())
-
-
-class ExpertTally:
-    """Hits of the ensemble (mean of the experts' probabilities) and of each expert, on the device."""
-
-    def __init__(self) -> None:
-        self.correct: Optional[torch.Tensor] = None
-        self.total = 0
-        self.y_true: List[torch.Tensor] = []
-        self.y_pred: List[torch.Tensor] = []
-        self.expert_pred: List[torch.Tensor] = []
-
-    def update(self, probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
-        """``probs`` ``(B, K, C)``; returns the ensemble's ``(B, C)`` probabilities."""
-        ens = probs.mean(1)
-        hits = (probs.argmax(-1) == labels.unsqueeze(1)).sum(0)
-        self.correct = hits if self.correct is None else self.correct + hits
-        self.total += labels.shape[0]
-        self.y_true.append(labels)
-        self.y_pred.append(ens.argmax(-1))
-        self.expert_pred.append(probs.argmax(-1))
-        return ens
-
-    def expert_accuracy(self) -> List[float]:
-        if self.correct is None or self.total == 0:
-            return []
-        return (100.0 * self.correct.float() / self.total).tolist()
-
-    def labels(self):
-        """(true, predicted) as CPU tensors."""
-        return torch.cat(self.y_true).cpu(), torch.cat(self.y_pred).cpu()
-
-    def per_class(self, classnames: Sequence[str], expert_names: Sequence[str] = ()) -> Dict[str, Dict[str, float]]:
-        """``{"ensemble": {class: %}, <expert>: {class: %}}`` over the classes present."""
-        true = torch.cat(self.y_true).cpu()
-        preds = {"ensemble": torch.cat(self.y_pred).cpu()}
-        experts = torch.cat(self.expert_pred).cpu()
-        if experts.shape[1] > 1:
-            for k, name in enumerate(expert_names or [f"expert{i}" for i in range(experts.shape[1])]):
-                preds[name] = experts[:, k]
-        out: Dict[str, Dict[str, float]] = {}
-        for who, pred in preds.items():
-            out[who] = {}
-            for c in true.unique().tolist():
-                sel = true == c
-                name = classnames[c] if c < len(classnames) else str(c)
-                out[who][name] = round(100.0 * float((pred[sel] == c).float().mean()), 2)
-        return out
 
 
 def prepare_model(execution, backbone: torch.nn.Module, cfg, device: torch.device) -> bool:

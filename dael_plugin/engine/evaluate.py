@@ -1,0 +1,138 @@
+"""Evaluation shared by both engines: the loop over a test loader, the tallies, and their report.
+
+Each engine keeps only its own summary line (the built-in engine's accuracy
+and macro-F1; Dassl's evaluator on the Dassl engine). Unreadable images are
+left out and named once; each expert's and the ensemble's hits are counted on
+the device. Under several processes (:mod:`dael_plugin.engine.distributed`)
+each process evaluates its shard and :meth:`ExpertTally.gathered` joins them,
+so every figure is the whole test set's.
+"""
+from __future__ import annotations
+
+from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
+
+import torch
+from tqdm import tqdm
+
+from dael_plugin.data.images import LEFT_OUT, note_unreadable
+
+
+class ExpertTally:
+    """Hits of the ensemble (mean of the experts' probabilities) and of each expert, on the device."""
+
+    def __init__(self) -> None:
+        self.correct: Optional[torch.Tensor] = None
+        self.total = 0
+        self.y_true: List[torch.Tensor] = []
+        self.y_pred: List[torch.Tensor] = []
+        self.expert_pred: List[torch.Tensor] = []
+
+    def update(self, probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        """``probs`` ``(B, K, C)``; returns the ensemble's ``(B, C)`` probabilities."""
+        ens = probs.mean(1)
+        hits = (probs.argmax(-1) == labels.unsqueeze(1)).sum(0)
+        self.correct = hits if self.correct is None else self.correct + hits
+        self.total += labels.shape[0]
+        self.y_true.append(labels)
+        self.y_pred.append(ens.argmax(-1))
+        self.expert_pred.append(probs.argmax(-1))
+        return ens
+
+    def gathered(self) -> "ExpertTally":
+        """The tally of every process's shard (itself when not distributed)."""
+        import torch.distributed as dist
+
+        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+            return self
+        mine = None
+        if self.total:
+            mine = (torch.cat(self.y_true).cpu(), torch.cat(self.y_pred).cpu(), torch.cat(self.expert_pred).cpu())
+        parts: List[Optional[tuple]] = [None] * dist.get_world_size()
+        dist.all_gather_object(parts, mine)
+        out = ExpertTally()
+        device = self.correct.device if self.correct is not None else torch.device("cpu")
+        for part in parts:
+            if part is None:
+                continue
+            yt, yp, ep = (t.to(device) for t in part)
+            hits = (ep == yt.unsqueeze(1)).sum(0)
+            out.correct = hits if out.correct is None else out.correct + hits
+            out.total += yt.shape[0]
+            out.y_true.append(yt)
+            out.y_pred.append(yp)
+            out.expert_pred.append(ep)
+        return out
+
+    def expert_accuracy(self) -> List[float]:
+        if self.correct is None or self.total == 0:
+            return []
+        return (100.0 * self.correct.float() / self.total).tolist()
+
+    def labels(self) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(true, predicted) as CPU tensors."""
+        return torch.cat(self.y_true).cpu(), torch.cat(self.y_pred).cpu()
+
+    def per_class(self, classnames: Sequence[str], expert_names: Sequence[str] = ()) -> Dict[str, Dict[str, float]]:
+        """``{"ensemble": {class: %}, <expert>: {class: %}}`` over the classes present."""
+        true = torch.cat(self.y_true).cpu()
+        preds = {"ensemble": torch.cat(self.y_pred).cpu()}
+        experts = torch.cat(self.expert_pred).cpu()
+        if experts.shape[1] > 1:
+            for k, name in enumerate(expert_names or [f"expert{i}" for i in range(experts.shape[1])]):
+                preds[name] = experts[:, k]
+        out: Dict[str, Dict[str, float]] = {}
+        for who, pred in preds.items():
+            out[who] = {}
+            for c in true.unique().tolist():
+                sel = true == c
+                name = classnames[c] if c < len(classnames) else str(c)
+                out[who][name] = round(100.0 * float((pred[sel] == c).float().mean()), 2)
+        return out
+
+
+def evaluate_experts(predict_experts: Callable[[torch.Tensor], torch.Tensor], loader: Iterable[dict],
+                     device: torch.device, bad_images: Set[str], progress: bool = False) -> Tuple[ExpertTally, int]:
+    """Every expert's predictions over ``loader``, gathered over the processes of a distributed run.
+
+    Returns the tally and the number of unreadable images left out (named once in ``bad_images``)."""
+    tally = ExpertTally()
+    skipped = 0
+    for batch in tqdm(loader, leave=False, dynamic_ncols=True, disable=not progress):
+        img, label = batch["img"], batch["label"]
+        if "valid" in batch:
+            valid = batch["valid"]
+            note_unreadable(bad_images, batch["bad_path"], LEFT_OUT)
+            skipped += int((~valid).sum())
+            img, label = img[valid], label[valid]
+        if label.numel() == 0:
+            continue
+        y = label.to(device, non_blocking=True)
+        tally.update(predict_experts(img.to(device, non_blocking=True)), y)
+    skipped = _sum_over_processes(skipped)
+    return tally.gathered(), skipped
+
+
+def _sum_over_processes(n: int) -> int:
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        return n
+    out: List[int] = [0] * dist.get_world_size()
+    dist.all_gather_object(out, n)
+    return int(sum(out))
+
+
+def report_experts(tally: ExpertTally, classnames: Sequence[str], expert_names: Sequence[str],
+                   write: Callable[[str, float], None], split: str) -> Tuple[Dict[str, Dict[str, float]], List[float]]:
+    """Print the per-class and per-expert lines and write their scalars; returns
+    ``(per-class accuracy, expert accuracy)`` (the experts' line only where ``expert_names`` is given)."""
+    per_class = tally.per_class(classnames, expert_names)
+    print("* per-class accuracy: " + ", ".join(f"{c} {a:.1f}%" for c, a in per_class["ensemble"].items()))
+    experts = tally.expert_accuracy() if expert_names else []
+    if experts:
+        print("* expert accuracy: " + ", ".join(f"{n} {a:.2f}%" for n, a in zip(expert_names, experts)))
+    for c, a in per_class["ensemble"].items():
+        write(f"{split}/class_{c}", a)
+    for n, a in zip(expert_names, experts):
+        write(f"{split}/expert_{n}", a)
+    return per_class, experts

@@ -9,7 +9,8 @@ from torch import nn
 from dael_plugin.backbones import build_backbone
 from dael_plugin.core import DAEL, DAELHparams, ExpertHeads
 from dael_plugin.engine import execution as ex
-from dael_plugin.engine.step import DAELStep, DeviceMeters, ExpertTally
+from dael_plugin.engine.evaluate import ExpertTally
+from dael_plugin.engine.step import DAELStep, DeviceMeters
 
 # What the installed torch lacks is skipped with the reason, not failed (README: which torch runs what).
 needs_cpu_fp16 = pytest.mark.skipif(not hasattr(torch.amp, "GradScaler"),

@@ -10,7 +10,7 @@ paths it could not read (``bad_path``) so the trainer can log and count them.
 """
 from __future__ import annotations
 
-from typing import Callable, List, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Union
 
 import torch
 from PIL import Image
@@ -87,6 +87,8 @@ def train_loader(
     return _loader(ds, num_workers, pin, seed, batch_sampler=sampler)
 
 
-def test_loader(items: Sequence[Item], transform, batch_size: int, num_workers: int, pin: bool) -> DataLoader:
+def test_loader(items: Sequence[Item], transform, batch_size: int, num_workers: int, pin: bool,
+                indices: Optional[Sequence[int]] = None) -> DataLoader:
+    """The test set in order, or only the positions ``indices`` (a process's shard)."""
     return _loader(ImageList(items, transform, replace_bad=False), num_workers, pin, 0,
-                   batch_size=batch_size, shuffle=False)
+                   batch_size=batch_size, shuffle=False, sampler=indices)

@@ -23,9 +23,11 @@ from tqdm import tqdm
 
 from dael_plugin.builtin import data as bdata
 from dael_plugin.config import uses_target_data
+from dael_plugin.core.chunk_norm import set_sync
 from dael_plugin.data.folders import load_splits
 from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.engine import checkpoint as ckpt
+from dael_plugin.engine import distributed
 from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
@@ -56,7 +58,8 @@ class BuiltinTrainer:
         # The eta's pace: wall time and batches since training started (train() restarts both;
         # set here too, so that run_epoch() alone, as the bench calls it, works).
         self._run_start, self._batches_run = time.time(), 0
-        self.device = torch.device("cuda" if (torch.cuda.is_available() and cfg.USE_CUDA) else "cpu")
+        self.world = distributed.world()
+        self.device = distributed.device(cfg.USE_CUDA)
         cuda_settings(cfg)
         self.pin = self.device.type == "cuda"
         self.sources = list(cfg.DATASET.SOURCE_DOMAINS)
@@ -69,10 +72,13 @@ class BuiltinTrainer:
         self.seed = max(int(cfg.SEED), 0)
         self.bad_images: Set[str] = set()
         self.build_loaders()
+        self._shard_loaders()
         self.val_loader = self._test_loader(self.splits["val"]) if self.splits["val"] else None
         self.modules = nn.ModuleDict(self.build_model()).to(self.device)
         self.guard = FiniteGuard()
         self.prepare_model()
+        if self.world.distributed:  # batch statistics over every process's shard, per domain chunk
+            set_sync(self.modules, torch.distributed.group.WORLD, self.world.size)
         self.optim = self._build_optim(self.modules.parameters())
         self.sched = self._build_sched(self.optim)
         self.build_step()
@@ -110,7 +116,14 @@ class BuiltinTrainer:
     # -- shared machinery ------------------------------------------------
     def _test_loader(self, items):
         c = self.cfg.DATALOADER
-        return bdata.test_loader(items, build_test_transform(self.cfg), c.TEST.BATCH_SIZE, c.NUM_WORKERS, self.pin)
+        return bdata.test_loader(items, build_test_transform(self.cfg), c.TEST.BATCH_SIZE, c.NUM_WORKERS, self.pin,
+                                 indices=distributed.test_indices(len(items)) if self.world.distributed else None)
+
+    def _shard_loaders(self) -> None:
+        """In a distributed run each process takes its share of every chunk of every batch."""
+        if self.world.distributed:
+            for loader in self._loaders():
+                loader.batch_sampler.set_shard(self.world.rank, self.world.size)
 
     def _u_loader(self, transforms):
         c = self.cfg.DATALOADER
@@ -157,9 +170,9 @@ class BuiltinTrainer:
         print(f"Model: {self.cfg.MODEL.BACKBONE.NAME} | # params {n_params:,}")
 
     # -- checkpoints -----------------------------------------------------
-    def _state(self, epochs_done: int) -> dict:
+    def _state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
         return ckpt.run_state("builtin", self.cfg, epochs_done, self.bad_images, self._data_state(epochs_done),
-                              self.classnames, self._scaler(), model=self.modules.state_dict(),
+                              self.classnames, self._scaler(), rng_ranks, model=self.modules.state_dict(),
                               optim=self.optim.state_dict(), sched=ckpt.sched_state(self.sched))
 
     def _scaler(self):
@@ -176,8 +189,11 @@ class BuiltinTrainer:
                 "loader_generators": [ld.generator.get_state() for ld in self._loaders()]}
 
     def save(self, epoch: int) -> None:
+        rng_ranks = ckpt.gather_rng()  # every process takes part; rank 0 alone writes
+        if not self.world.is_main:
+            return
         out = self.cfg.OUTPUT_DIR
-        state = self._state(epoch + 1)
+        state = self._state(epoch + 1, rng_ranks)
         ckpt.save_checkpoint(state, os.path.join(out, CKPT))
         freq = self.cfg.TRAIN.CHECKPOINT_FREQ
         if (freq > 0 and (epoch + 1) % freq == 0) or epoch + 1 == self.cfg.OPTIM.MAX_EPOCH:
@@ -231,7 +247,7 @@ class BuiltinTrainer:
     def train(self) -> None:
         cfg = self.cfg
         self.start_epoch = self.resume_if_exists()
-        self.writer = SummaryWriter(os.path.join(cfg.OUTPUT_DIR, "tensorboard"))
+        self.writer = SummaryWriter(os.path.join(cfg.OUTPUT_DIR, "tensorboard")) if self.world.is_main else None
         if self.eval_each_epoch and self.eval_split_each_epoch() == "test":
             print("Note: there is no validation split, so --eval-each-epoch reads the target *test* split; "
                   "do not choose an epoch on it")
@@ -251,7 +267,8 @@ class BuiltinTrainer:
             self.test()
         # As Dassl's after_train: the wall time of this process's part of the run.
         print(f"Elapsed: {datetime.timedelta(seconds=round(time.time() - self._run_start))}")
-        self.writer.close()
+        if self.writer is not None:
+            self.writer.close()
 
     def _batches(self):
         loaders = [self.train_loader_x] + ([self.train_loader_u] if self.train_loader_u is not None else [])
@@ -298,9 +315,10 @@ class BuiltinTrainer:
                 means = meters.means()
                 lr = self.optim.param_groups[0]["lr"]
                 step = self.epoch * n + i
-                for k, v in means.items():
-                    self.writer.add_scalar(f"train/{k}", v, step)
-                self.writer.add_scalar("train/lr", lr, step)
+                if self.writer is not None:
+                    for k, v in means.items():
+                        self.writer.add_scalar(f"train/{k}", v, step)
+                    self.writer.add_scalar("train/lr", lr, step)
                 eta = self._eta(n - i - 1 + (cfg.OPTIM.MAX_EPOCH - self.epoch - 1) * n)
                 if tty:
                     bar.set_postfix_str(f"{short_meters(means)} eta {eta}", refresh=False)

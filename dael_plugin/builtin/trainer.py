@@ -19,6 +19,7 @@ from dael_plugin.builtin import data as bdata
 from dael_plugin.builtin.loop import BuiltinTrainer, set_random_seed  # noqa: F401 (the CLI's)
 from dael_plugin.config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node
 from dael_plugin.core import DAEL, build_heads
+from dael_plugin.engine import distributed
 from dael_plugin.engine.step import make_step, prepare_model
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_train_transform, build_train_views, check_names
@@ -42,7 +43,8 @@ class DAELBuiltin(BuiltinTrainer):
         c = cfg.DATALOADER
         self.train_loader_x = bdata.train_loader(self.splits["train_x"], views, c.TRAIN_X.BATCH_SIZE, c.NUM_WORKERS,
                                                  self.pin, self.seed, domain_balanced=True, n_domain=c.TRAIN_X.N_DOMAIN)
-        self.per_domain = self.train_loader_x.batch_sampler.per_domain
+        # Images per domain chunk in this process's share of a batch (all of it in one process).
+        self.per_domain = self.train_loader_x.batch_sampler.per_domain // self.world.size
         self.train_loader_u = self._u_loader(views) if self.is_da else None
         self.test_loader = self._test_loader(self.splits["test"])
         print(f"Sampler: {len(self.train_loader_x)} batches per epoch = every image of the largest source "
@@ -96,10 +98,14 @@ class SourceOnlyBuiltin(BuiltinTrainer):
         backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
         return {"F": backbone, "C": nn.Linear(backbone.out_features, self.num_classes)}
 
+    def build_step(self) -> None:
+        # Under torchrun the classifier runs under DDP, which averages the gradients.
+        self.net = distributed.wrap(nn.Sequential(self.modules["F"], self.modules["C"]), self.device)
+
     def forward_backward(self, batch_x, batch_u):
         x = batch_x["img"].to(self.device, non_blocking=True)
         y = batch_x["label"].to(self.device, non_blocking=True)
-        logits = self.modules["C"](self.modules["F"](x))
+        logits = self.net(x)
         loss = F.cross_entropy(logits, y)
         self.guard.update(loss)
         self.optim.zero_grad(set_to_none=True)

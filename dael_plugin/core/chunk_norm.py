@@ -195,6 +195,96 @@ class _GroupedBatchNorm(torch.autograd.Function):
         return dx, dw, db, None, None
 
 
+class _SyncedBatchNorm(torch.autograd.Function):
+    """Per-chunk batch norm whose statistics cover every process's shard of each chunk.
+
+    Each process holds the same chunks, each a shard of the global chunk. Forward: the local
+    (count, sum, sum of squares) per (chunk, channel) are all-reduced in ONE collective per layer
+    (fp64, from fp32 local means and centred squares, so the global variance does not cancel),
+    and each chunk is normalised with its global mean and biased variance. Backward: the
+    sums of ``g`` and ``g * x`` per (chunk, channel) are all-reduced in one collective, so the
+    input gradient is that of the global chunk. Returns the normalised batch, and the global
+    mean, biased variance and count per chunk (for the running statistics)."""
+
+    @staticmethod
+    def forward(ctx, x, weight, bias, sizes: Tuple[int, ...], eps: float, group):
+        import torch.distributed as dist
+
+        low = x.dtype in (torch.float16, torch.bfloat16)
+        c = x.shape[1]
+        k = len(sizes)
+        shape = [1, c] + [1] * (x.dim() - 2)
+        xs = x.split(list(sizes))
+        dims = (0,) + tuple(range(2, x.dim()))
+        per_value = x[0].numel() // c
+        local = []
+        for xc in xs:
+            var, mean = torch.var_mean(xc.float() if low else xc, dim=dims, correction=0)
+            n = xc.shape[0] * per_value
+            m64 = mean.double()
+            local.append(torch.stack([m64 * n, var.double() * n + m64 * m64 * n]))  # (2, C): sum, sum of squares
+        counts = torch.tensor([xc.shape[0] * per_value for xc in xs], dtype=torch.float64, device=x.device)
+        buf = torch.cat([torch.stack(local).reshape(-1), counts])
+        dist.all_reduce(buf, group=group)
+        stats = buf[: k * 2 * c].view(k, 2, c)
+        total = buf[k * 2 * c:].view(k, 1)
+        mean64 = stats[:, 0] / total
+        var64 = (stats[:, 1] / total - mean64 * mean64).clamp_min(0)
+        mean, var = mean64.float(), var64.float()
+        rstd = torch.rsqrt(var + eps)
+        scale = rstd * weight.float() if weight is not None else rstd  # (k, C)
+        shift = (bias.float() - mean * scale) if bias is not None else -(mean * scale)
+        y = torch.empty_like(x)
+        for j, (xc, yc) in enumerate(zip(xs, y.split(list(sizes)))):
+            yc.copy_(torch.addcmul(shift[j].view(shape), xc.float() if low else xc, scale[j].view(shape)))
+        ctx.save_for_backward(x, weight, mean, rstd, scale)
+        ctx.sizes, ctx.group, ctx.total = sizes, group, total
+        ctx.mark_non_differentiable(mean, var)
+        ctx.set_materialize_grads(False)
+        return y, mean, var, total.view(k).clone()
+
+    @staticmethod
+    def backward(ctx, gy, _gmean, _gvar, _gtotal):
+        import torch.distributed as dist
+
+        if gy is None:
+            return None, None, None, None, None, None
+        x, weight, mean, rstd, scale = ctx.saved_tensors
+        low = x.dtype in (torch.float16, torch.bfloat16)
+        c = x.shape[1]
+        sizes = ctx.sizes
+        shape = [1, c] + [1] * (x.dim() - 2)
+        dims = (0,) + tuple(range(2, x.dim()))
+        xs, gs = x.split(list(sizes)), gy.split(list(sizes))
+        sums = []
+        for xc, g in zip(xs, gs):
+            xf, gf = (xc.float(), g.float()) if low else (xc, g)
+            sums.append(torch.stack([gf.sum(dims), (gf * xf).sum(dims)]))
+        buf = torch.stack(sums)  # (k, 2, C)
+        dist.all_reduce(buf, group=ctx.group)
+        total = ctx.total.to(buf.dtype)  # (k, 1)
+        mean_g = buf[:, 0] / total
+        mean_gxhat = (buf[:, 1] / total - mean * mean_g) * rstd  # (k, C)
+        dx = None
+        if ctx.needs_input_grad[0]:
+            dx = torch.empty_like(x)
+            a = scale * rstd * mean_gxhat
+            b = a * mean - scale * mean_g
+            for j, (xc, g, out) in enumerate(zip(xs, gs, dx.split(list(sizes)))):
+                xf, gf = (xc.float(), g.float()) if low else (xc, g)
+                out.copy_(torch.addcmul(b[j].view(shape), xf, a[j].view(shape), value=-1).addcmul_(gf, scale[j].view(shape)))
+        # The parameters' gradients are this shard's (DDP averages them over the processes).
+        dw = db = None
+        local_g = torch.stack([s[0] for s in sums])
+        local_gx = torch.stack([s[1] for s in sums])
+        if weight is not None and ctx.needs_input_grad[1]:
+            # sum over this shard of g * xhat = (sum g*x - mean * sum g) * rstd, per chunk
+            dw = ((local_gx - mean * local_g) * rstd).sum(0).to(weight.dtype)
+        if ctx.needs_input_grad[2]:
+            db = local_g.sum(0).to(weight.dtype if weight is not None else x.dtype)
+        return dx, dw, db, None, None, None
+
+
 def _update_weights(cache: Dict[Tuple[int, float], torch.Tensor], k: int, m: float,
                     like: torch.Tensor) -> torch.Tensor:
     """``(1 - m)^(k-1-j)`` for chunk j (``addmm_`` scales by m): one factory kernel, no copy;
@@ -205,15 +295,17 @@ def _update_weights(cache: Dict[Tuple[int, float], torch.Tensor], k: int, m: flo
 
 
 @torch.no_grad()
-def _update_running(bn: _BatchNorm, mean: torch.Tensor, var: torch.Tensor, runs: Runs, x: torch.Tensor) -> None:
+def _update_running(bn: _BatchNorm, mean: torch.Tensor, var: torch.Tensor, runs: Runs, x: torch.Tensor,
+                    world: int = 1) -> None:
     """The running statistics after one update per chunk, in chunk order, in closed form. The
-    counter's increments are added for all layers at once at the end of the fused call."""
+    counter's increments are added for all layers at once at the end of the fused call. With
+    ``world`` processes each chunk of ``x`` is one of ``world`` equal shards of the global chunk."""
     per_value = x[0].numel() // x.shape[1]  # values per channel in one sample
     start = 0
     for k, n in runs:
         m_, v_ = mean[start:start + k], var[start:start + k]
         start += k
-        count = n * per_value
+        count = n * per_value * world
         bessel = count / (count - 1)
         pending = bn._dael_pending
         bn._dael_pending = pending + k
@@ -243,10 +335,14 @@ class _ChunkedMixin:
     _dael_impl: str = "split"
     _dael_pending = 0  # counter increments of this fused call, added at its end
     _dael_weights: Optional[dict] = None  # closed-form update weights, shared by the call's layers
+    _dael_sync = None  # a process group: batch statistics over every process's shard (set_sync)
+    _dael_world = 1
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         sizes = self._dael_chunks
         uses_batch_stats = self.training or not self.track_running_stats
+        if self._dael_sync is not None and uses_batch_stats:
+            return self._synced(x, sizes or [x.shape[0]])
         if sizes is None or not uses_batch_stats or len(sizes) == 1:
             return super().forward(x)
         if x.shape[0] != sum(sizes):
@@ -254,6 +350,25 @@ class _ChunkedMixin:
         if self._dael_impl == "grouped" and grouped_reason(self) is None:
             return self._grouped(x, sizes)
         return torch.cat([super(_ChunkedMixin, self).forward(c) for c in x.split(list(sizes))])
+
+    def _synced(self, x: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+        self._check_input_dim(x)
+        if x.shape[0] != sum(sizes):
+            raise ValueError(f"per-chunk batch norm: a batch of {x.shape[0]} is not chunks of {list(sizes)}")
+        y, mean, var, total = _SyncedBatchNorm.apply(x, self.weight, self.bias, tuple(int(s) for s in sizes),
+                                                     self.eps, self._dael_sync)
+        if self.training and self.track_running_stats:
+            if self._dael_chunks is None:  # a plain call: one update, counted now
+                self._dael_weights = {} if self._dael_weights is None else self._dael_weights
+                _update_running(self, mean, var, runs_of(sizes), x, self._dael_world)
+                with torch.no_grad():
+                    self.num_batches_tracked.add_(self._dael_pending)
+                self._dael_pending, self._dael_weights = 0, None
+            else:
+                _update_running(self, mean, var, runs_of(sizes), x, self._dael_world)
+        if _is_norm_act(type(self).__bases__[1]):
+            y = self.act(self.drop(y))
+        return y
 
     def _grouped(self, x: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
         self._check_input_dim(x)
@@ -292,6 +407,18 @@ def convert(module: nn.Module) -> List[_BatchNorm]:
             # Instance attributes from the start: a compiled step guards on which exist, so
             # setting them for the first time in the first step would recompile the second.
             m._dael_impl, m._dael_chunks, m._dael_pending, m._dael_weights = "split", None, 0, None
+    return bns
+
+
+def set_sync(module: nn.Module, group, world: int) -> List[_BatchNorm]:
+    """Normalise every batch-norm layer of ``module`` in training with statistics over all
+    ``world`` processes of ``group`` (each chunk an equal shard per process), per chunk: the
+    per-domain synchronised batch norm of a distributed run. ``group=None`` undoes it."""
+    bns = convert(module)
+    for m in bns:
+        if group is not None and grouped_reason(m) is not None:
+            raise ValueError(f"per-domain synchronised batch norm needs plain batch-norm layers: {grouped_reason(m)}")
+        m._dael_sync, m._dael_world = group, (int(world) if group is not None else 1)
     return bns
 
 
@@ -367,4 +494,4 @@ def per_chunk_batch_norm(
 
 
 __all__ = ["IMPLS", "convert", "fused_forward", "grouped_reason", "per_chunk_batch_norm", "resolve_impl", "runs_of",
-           "unfusable_reason"]
+           "set_sync", "unfusable_reason"]

@@ -34,11 +34,13 @@ from dael_plugin.config import (
     uses_target_data,
 )
 from dael_plugin.core import DAEL, build_heads
+from dael_plugin.core.chunk_norm import set_sync
 from dael_plugin.dassl_adapter.checks import check_dataset_cfg
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
 from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.data.sampling import DasslDomainBatchSampler, SeededRandomBatchSampler
 from dael_plugin.engine import checkpoint as ckpt
+from dael_plugin.engine import distributed
 from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
@@ -87,8 +89,12 @@ class DAELTrainer(TrainerXU):
         # DG on a DA dataset keeps Dassl's target loader, which it never iterates.
         self.train_loader_u = self._train_loader(dm.dataset.train_u, views, domains=False) if self.is_da \
             else dm.train_loader_u
-        self.val_loader = dm.val_loader
-        self.test_loader = dm.test_loader
+        self.val_loader = _shard_test(dm.val_loader)
+        self.test_loader = _shard_test(dm.test_loader)
+        w = distributed.world()
+        if w.distributed:  # each process takes its share of every chunk of every batch
+            for loader in self._seeded_loaders():
+                loader.batch_sampler.set_shard(w.rank, w.size)
         self.num_classes = dm.num_classes
         self.num_source_domains = dm.num_source_domains
         self.lab2cname = dm.lab2cname
@@ -148,6 +154,9 @@ class DAELTrainer(TrainerXU):
         self.E = build_heads(self.F.fdim, self.num_classes, self.num_source_domains, self.hparams)
         self.E.to(self.device)
         print(f"# params: {count_num_param(self.E):,}")
+        w = distributed.world()
+        if w.distributed:  # batch statistics over every process's shard, per domain chunk
+            set_sync(self.F, torch.distributed.group.WORLD, w.size)
         self.optim_E = fuse_optim(build_optimizer(self.E, cfg.OPTIM))
         self.sched_E = build_lr_scheduler(self.optim_E, cfg.OPTIM)
         self.register_model("E", self.E, self.optim_E, self.sched_E)
@@ -158,8 +167,20 @@ class DAELTrainer(TrainerXU):
                               self.channels_last, cfg)
 
     def split_batch_size(self) -> int:
+        """Images per domain chunk in this process's share of a batch (all of it in one process)."""
         n_domain = self.cfg.DATALOADER.TRAIN_X.N_DOMAIN
-        return self.cfg.DATALOADER.TRAIN_X.BATCH_SIZE // (n_domain if n_domain > 0 else self.num_source_domains)
+        per_domain = self.cfg.DATALOADER.TRAIN_X.BATCH_SIZE // (n_domain if n_domain > 0 else self.num_source_domains)
+        return per_domain // distributed.world().size
+
+    # -- a distributed run: rank 0 alone writes ---------------------------------
+    def init_writer(self, log_dir):
+        if distributed.world().is_main:
+            super().init_writer(log_dir)
+
+    def save_model(self, epoch, directory, is_best=False, val_result=None, model_name=""):
+        if distributed.world().is_main:
+            super().save_model(epoch, directory, is_best=is_best, val_result=val_result, model_name=model_name)
+        distributed.barrier()  # a "best" model is read back by every process after training
 
     def run_epoch(self):
         """Dassl's ``TrainerXU``/``TrainerX`` epoch with the meters on the device.
@@ -238,10 +259,13 @@ class DAELTrainer(TrainerXU):
 
     # -- checkpoints -----------------------------------------------------
     def save_last(self, epochs_done: int) -> None:
+        rng_ranks = ckpt.gather_rng()  # every process takes part; rank 0 alone writes
+        if not distributed.world().is_main:
+            return
         names = self.get_model_names()
         state = ckpt.run_state(
             "dassl", self.cfg, epochs_done, self.bad_images, {"sampler_seed": self.data_seed, "next_epoch": epochs_done},
-            self._classnames(), self.step.scaler,
+            self._classnames(), self.step.scaler, rng_ranks,
             models={n: self._models[n].state_dict() for n in names},
             optims={n: self._optims[n].state_dict() for n in names if self._optims[n] is not None},
             scheds={n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None})
@@ -367,6 +391,16 @@ def load_dassl_checkpoints(trainer, directory: str, epoch: Optional[int] = None,
         epoch_done = int(state.get("epoch", 0))
         print(f"Load {path} to {name} (epoch={epoch_done}, val_result={state.get('val_result')})")
     return epoch_done
+
+
+def _shard_test(loader: Optional[DataLoader]) -> Optional[DataLoader]:
+    """Dassl's evaluation loader over this process's share of the set, in a distributed run
+    (the tallies are gathered after the loop); the loader itself otherwise."""
+    w = distributed.world()
+    if loader is None or not w.distributed:
+        return loader
+    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=distributed.test_indices(len(loader.dataset)),
+                      num_workers=loader.num_workers, pin_memory=loader.pin_memory, drop_last=False)
 
 
 def _next(it, loader):

@@ -45,7 +45,43 @@ def draw_seeds(seed: int, epoch: int, stream: int, count: int) -> np.ndarray:
     return np.random.default_rng([seed, epoch, stream, 0xDAE1]).integers(0, 2 ** 62, size=count, dtype=np.int64)
 
 
-class DomainBalancedBatchSampler(Sampler[List[Draw]]):
+class Shard:
+    """A batch sampler's share of each global batch in a run on ``world`` processes.
+
+    Every global batch is drawn as in a single process (the draws are functions of (seed,
+    epoch, position)); each process then keeps its ``1/world`` of every chunk of ``chunk``
+    draws (each domain's chunk, or the whole target batch), so the union of the processes'
+    shards is exactly the single-process batch and each shard keeps the chunk layout."""
+
+    rank, world = 0, 1
+
+    def set_shard(self, rank: int, world: int) -> None:
+        chunk = self.shard_chunk()
+        if chunk % world:
+            raise DAELConfigError(f"{self.shard_what()} is {chunk}, which does not split over {world} processes; "
+                                  f"make it a multiple of {world}")
+        self.rank, self.world = int(rank), int(world)
+
+    def shard_chunk(self) -> int:
+        raise NotImplementedError
+
+    def shard_what(self) -> str:
+        raise NotImplementedError
+
+    def _take(self, batch: List[Draw]) -> List[Draw]:
+        if self.world == 1:
+            return batch
+        chunk = self.shard_chunk()
+        if len(batch) % chunk:  # a short last batch: shards of equal size, or none at all
+            chunk = len(batch)
+            if chunk % self.world:
+                raise DAELConfigError(f"a last batch of {chunk} does not split over {self.world} processes; "
+                                      "use a batch size it divides")
+        n = chunk // self.world
+        return [d for start in range(0, len(batch), chunk) for d in batch[start + self.rank * n:start + (self.rank + 1) * n]]
+
+
+class DomainBalancedBatchSampler(Shard, Sampler[List[Draw]]):
     def __init__(self, domains: Sequence[int], batch_size: int, n_domain: int = 0, seed: int = 0) -> None:
         self.domains = np.asarray(domains, dtype=np.int64)
         self.domain_ids = np.unique(self.domains)
@@ -71,6 +107,12 @@ class DomainBalancedBatchSampler(Sampler[List[Draw]]):
 
     def __len__(self) -> int:
         return self.num_batches
+
+    def shard_chunk(self) -> int:
+        return self.per_domain
+
+    def shard_what(self) -> str:
+        return "the number of images per domain in a batch (DATALOADER.TRAIN_X.BATCH_SIZE / N_DOMAIN)"
 
     def small_domains(self) -> List[Tuple[int, int]]:
         """(domain id, size) of each domain with fewer images than its per-batch share."""
@@ -108,10 +150,10 @@ class DomainBalancedBatchSampler(Sampler[List[Draw]]):
         plan = self.plan()
         seeds = draw_seeds(self.seed, self.epoch, 0, plan.size).reshape(plan.shape)
         for idx, s in zip(plan.tolist(), seeds.tolist()):
-            yield list(zip(idx, s))
+            yield self._take(list(zip(idx, s)))
 
 
-class DasslDomainBatchSampler(Sampler[List[Draw]]):
+class DasslDomainBatchSampler(Shard, Sampler[List[Draw]]):
     """Dassl's ``RandomDomainSampler``, drawn per draw from (seed, epoch, pass).
 
     The same epochs as Dassl's: each batch takes ``n_domain`` domains in random
@@ -148,6 +190,12 @@ class DasslDomainBatchSampler(Sampler[List[Draw]]):
     def set_epoch(self, epoch: int) -> None:
         self.epoch, self.passes, self._plan = epoch, 0, None
 
+    def shard_chunk(self) -> int:
+        return self.per_domain
+
+    def shard_what(self) -> str:
+        return "the number of images per domain in a batch (DATALOADER.TRAIN_X.BATCH_SIZE / N_DOMAIN)"
+
     def plan(self, pass_: int = 0) -> np.ndarray:
         """This epoch's (and pass's) ``(batches, batch_size)`` indices."""
         rng = np.random.default_rng([self.seed, self.epoch, pass_, 0xDA55])
@@ -175,10 +223,10 @@ class DasslDomainBatchSampler(Sampler[List[Draw]]):
         seeds = draw_seeds(self.seed, self.epoch, 2 + self.passes, plan.size).reshape(plan.shape)
         self.passes += 1
         for idx, s in zip(plan.tolist(), seeds.tolist()):
-            yield list(zip(idx, s))
+            yield self._take(list(zip(idx, s)))
 
 
-class SeededRandomBatchSampler(Sampler[List[Draw]]):
+class SeededRandomBatchSampler(Shard, Sampler[List[Draw]]):
     """Shuffled batches of ``(index, draw_seed)``, a function of (seed, epoch, stream, pass):
     each pass over the loader within an epoch (a target loader that restarts) draws afresh."""
 
@@ -195,6 +243,12 @@ class SeededRandomBatchSampler(Sampler[List[Draw]]):
     def __len__(self) -> int:
         return self.n // self.batch_size if self.drop_last else math.ceil(self.n / self.batch_size)
 
+    def shard_chunk(self) -> int:
+        return self.batch_size
+
+    def shard_what(self) -> str:
+        return "the batch size (DATALOADER.TRAIN_U.BATCH_SIZE, or TRAIN_X's for a pooled source)"
+
     def __iter__(self) -> Iterator[List[Draw]]:
         # Pass 0 keeps the (seed, epoch, stream) key of earlier versions; later passes of an
         # epoch use (epoch + 100003 * pass), as the built-in loop's target restarts did.
@@ -204,7 +258,7 @@ class SeededRandomBatchSampler(Sampler[List[Draw]]):
         seeds = draw_seeds(self.seed, epoch, self.stream, self.n)
         for b in range(len(self)):
             sl = slice(b * self.batch_size, (b + 1) * self.batch_size)
-            yield list(zip(perm[sl].tolist(), seeds[sl].tolist()))
+            yield self._take(list(zip(perm[sl].tolist(), seeds[sl].tolist())))
 
 
 class seeded_draw:

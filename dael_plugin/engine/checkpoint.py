@@ -253,14 +253,26 @@ def reorder_experts(head_state: dict, order: Optional[List[int]]) -> dict:
 
 
 # -- the run state both engines save and resume ---------------------------------------
+def gather_rng() -> list:
+    """Every process's RNG states, in rank order (called by all processes, before rank 0 saves)."""
+    from dael_plugin.engine.distributed import gather_objects
+
+    return gather_objects(rng_state())
+
+
 def run_state(engine: str, cfg: Any, epochs_done: int, bad_images: Iterable[str], data: dict,
-              classnames: List[str], scaler: Any = None, **weights: Any) -> dict:
+              classnames: List[str], scaler: Any = None, rng_ranks: Optional[list] = None, **weights: Any) -> dict:
     """A "last" checkpoint: the engine's ``weights`` (model, optimiser and scheduler states, by the
     engine's own keys) plus what exact resume needs, the same for both engines: the format, the
     RNG states, the config, the data pipeline's state, the unreadable images and fp16's scaler."""
+    from dael_plugin.engine.distributed import world
+
+    rng_ranks = rng_ranks if rng_ranks is not None else [rng_state()]
     state = {"format": FORMAT, "engine": engine, "trainer": cfg.TRAINER.NAME, "epoch": epochs_done,
-             **weights, "rng": rng_state(), "config": cfg.dump(), "data": data,
-             "bad_images": sorted(bad_images), "classnames": list(classnames)}
+             **weights, "rng": rng_ranks[0], "config": cfg.dump(), "data": data,
+             "bad_images": sorted(bad_images), "classnames": list(classnames), "world_size": world().size}
+    if len(rng_ranks) > 1:  # each process's own streams (device views, dropout) continue on resume
+        state["rng_ranks"] = rng_ranks
     if scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
         state["scaler"] = scaler.state_dict()
     return state
@@ -279,12 +291,21 @@ def read_resumable(path: str, engine: str, cfg: Any, map_location: Any, needs: S
                               "resumed exactly; pass a new --output-dir to start fresh (it still loads with "
                               "--eval-only)")
     check_resume_config(state, cfg, path)
+    from dael_plugin.engine.distributed import world
+
+    saved, now = int(state.get("world_size", 1)), world().size
+    if saved != now:
+        raise CheckpointError(f"{path} was written by a run on {saved} process(es) and this run has {now}; "
+                              f"resume it with torchrun --nproc_per_node {saved}"
+                              + (" (or without torchrun)" if saved == 1 else "") + ", or pass a new --output-dir")
     return state
 
 
 def restore_run_state(state: dict, path: str, scaler: Any, bad_images: set) -> int:
     """Put back the RNG states, fp16's scaler and the unreadable images; returns the epochs done."""
-    set_rng_state(state["rng"])
+    from dael_plugin.engine.distributed import world
+
+    set_rng_state(state["rng_ranks"][world().rank] if "rng_ranks" in state else state["rng"])
     if scaler is not None and "scaler" in state:
         scaler.load_state_dict(state["scaler"])
     bad_images.update(state.get("bad_images", []))

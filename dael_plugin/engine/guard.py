@@ -27,7 +27,11 @@ class FiniteGuard:
         self.bad = None
 
     def tripped(self) -> bool:
-        return self.bad is not None and bool(self.bad)
+        """Whether any step since the reset was non-finite, on any process of a distributed run
+        (so every process stops at the same step)."""
+        from dael_plugin.engine.distributed import any_true
+
+        return any_true(self.bad is not None and bool(self.bad))
 
 
 def weights_finite(modules: Iterable[torch.nn.Module]) -> bool:

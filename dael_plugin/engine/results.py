@@ -17,6 +17,8 @@ import subprocess
 import time
 from typing import Dict, List, Optional, Sequence
 
+from dael_plugin.engine.distributed import world
+
 SCHEMA_VERSION = 1
 
 
@@ -103,6 +105,7 @@ def results_record(
         "output_dir": os.path.abspath(cfg.OUTPUT_DIR),
         "host": socket.gethostname(),
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "world_size": world().size,  # processes that trained (or evaluated) it under torchrun
         "provenance": provenance(cfg),
     }
 

@@ -27,6 +27,7 @@ from dael_plugin.config import trainer_node
 from dael_plugin.core import DAEL
 from dael_plugin.data.batching import split_domains
 from dael_plugin.engine import execution as ex
+from dael_plugin.engine.distributed import LossModule, mean_over_processes, world, wrap
 from dael_plugin.engine.guard import FiniteGuard
 from dael_plugin.transforms.device import DeviceViews, check_device_names
 
@@ -93,6 +94,11 @@ class DAELStep:
             if device_views is not None:
                 self.device_views = torch.compile(device_views, mode=compile_mode, fullgraph=True, dynamic=False,
                                                   backend=compile_backend)
+        if world().distributed:
+            # One DDP forward per step: DDP averages the gradients over the processes in the
+            # backward pass (engine/distributed.py says why that is the single-process gradient).
+            modules = torch.nn.ModuleList([algorithm.featurizer, algorithm.heads])
+            self._losses = wrap(LossModule(modules, self._losses), device)
 
     # -- batches ---------------------------------------------------------------
     def views(self, batch_x: dict, batch_u: Optional[dict]) -> Tuple[List[torch.Tensor], Optional[List[torch.Tensor]]]:
@@ -169,7 +175,9 @@ class DeviceMeters:
         if not self.sums:
             return {}, {}
         names = list(self.sums)
-        host = torch.stack([self.last[k] for k in names] + [self.sums[k] for k in names]).cpu().tolist()
+        # Over every process of a distributed run (sums: the ratio of means is the ratio of sums).
+        host = mean_over_processes(torch.stack([self.last[k] for k in names] + [self.sums[k] for k in names]))
+        host = host.cpu().tolist()
         n = len(names)
         last = dict(zip(names, host[:n]))
         mean = {k: v / self.count for k, v in zip(names, host[n:])}

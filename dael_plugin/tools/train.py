@@ -23,6 +23,7 @@ from yacs.config import CfgNode as CN
 from dael_plugin.about import ENGINES
 from dael_plugin.backbones.timm_backbone import check_timm_backbone
 from dael_plugin.config import TRAINER_NODES, add_dael_config, check_run_values
+from dael_plugin.engine import distributed
 from dael_plugin.engine.atomic import remove_stale_temps
 from dael_plugin.engine.checkpoint import LAST, checkpoint_epoch
 from dael_plugin.engine.execution import cuda_settings
@@ -268,7 +269,8 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     if cfg.SEED >= 0:
         print(f"Setting fixed seed: {cfg.SEED}")
         set_random_seed(cfg.SEED)
-    setup_logger(cfg.OUTPUT_DIR)
+    if distributed.world().is_main:
+        setup_logger(cfg.OUTPUT_DIR)
     _say_threads()
     cuda_settings(cfg)  # every trainer, Dassl's baselines too
     print("** Config **")
@@ -342,7 +344,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     except NonFiniteLossError as exc:
-        if state.get("output_dir"):
+        if state.get("output_dir") and distributed.world().is_main:
             write_failure(state["output_dir"], str(exc))
         print(f"error: {exc}", file=sys.stderr)
         return 3
@@ -353,6 +355,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         if state.get("lock") is not None:
             state["lock"].release()
         close_logger()
+        distributed.finish()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
 
@@ -439,12 +442,16 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         import dael_plugin  # noqa: F401  (registers the trainer, datasets and backbones)
     cfg = setup_cfg(args, engine)
     _check_names(cfg, engine)  # before the output folder, the log and the config dump
-    _prepare_output_dir(cfg.OUTPUT_DIR)
-    state["lock"] = RunLock(cfg.OUTPUT_DIR).acquire()
+    w = distributed.init(cfg.USE_CUDA)  # under torchrun: join the run's processes (rank 0 writes)
     state["output_dir"] = cfg.OUTPUT_DIR
-    for path in remove_stale_temps(cfg.OUTPUT_DIR):
-        print(f"dael_plugin: removed {path}, left by a write that was killed")
-    if not args.eval_only and not args.no_train and _finished(cfg, args):
+    finished = False
+    if w.is_main:
+        _prepare_output_dir(cfg.OUTPUT_DIR)
+        state["lock"] = RunLock(cfg.OUTPUT_DIR).acquire()
+        for path in remove_stale_temps(cfg.OUTPUT_DIR):
+            print(f"dael_plugin: removed {path}, left by a write that was killed")
+        finished = not args.eval_only and not args.no_train and _finished(cfg, args)
+    if distributed.from_main(finished):
         return 0
     start = time.time()
     if engine == "dassl":
@@ -457,7 +464,8 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         if cfg.SEED >= 0:
             print(f"Setting fixed seed: {cfg.SEED}")
             set_random_seed(cfg.SEED)
-        setup_logger(cfg.OUTPUT_DIR)
+        if w.is_main:
+            setup_logger(cfg.OUTPUT_DIR)
         _say_threads()
         print("** Config **")
         print(cfg)
@@ -473,11 +481,14 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         acc = trainer.test()
         recorded["accuracy"] = acc
     elif not args.no_train:
-        remove_failure(cfg.OUTPUT_DIR)
+        if w.is_main:
+            remove_failure(cfg.OUTPUT_DIR)
         trainer.train()
         if engine == "builtin" and not cfg.TEST.NO_TEST:
             recorded["accuracy"] = trainer.last_accuracy
     else:
+        return 0
+    if not w.is_main:
         return 0
     record = results_record(
         cfg, engine, recorded.get("accuracy"), getattr(trainer, "expert_accuracy", []) or [], setting=_setting(trainer),

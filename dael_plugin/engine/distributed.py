@@ -1,0 +1,191 @@
+"""One run on several processes: torchrun's environment, the process group, and the few
+collectives the engines need. Off torchrun (no ``WORLD_SIZE`` > 1) every function here is a
+no-op and a run is exactly a single-process run.
+
+- Launch with ``torchrun --nproc_per_node N scripts/train.py ...``: NCCL on CUDA (one GPU per
+  process, from ``LOCAL_RANK``), gloo on CPU. Collectives time out after
+  ``DAEL_DIST_TIMEOUT`` seconds (default 300), so a rank that hangs stops the others
+  with an error instead of a silent wait; a rank that dies is seen by torchrun, which stops the rest.
+- The configured batch is the global batch: each process takes ``1/N`` of every domain chunk
+  and of the target batch (:meth:`dael_plugin.data.sampling.Shard`), and batch norm is
+  synchronised per domain chunk (:func:`dael_plugin.core.chunk_norm.set_sync`).
+- DDP averages the gradients over the processes. Every loss term is a mean over a fixed number
+  of samples, and every process holds the same number of each chunk's samples, so the mean of
+  the processes' local losses is the single-process loss; synchronised batch norm makes each
+  local gradient the single-process gradient of that shard times N, and DDP's average divides
+  by N again: the averaged gradient is the single-process gradient.
+- Rank 0 alone writes (checkpoints, ``results.json``, logs, TensorBoard, the run lock); the other
+  ranks print nothing on stdout.
+"""
+from __future__ import annotations
+
+import builtins
+import datetime
+import os
+from dataclasses import dataclass
+from typing import Any, List, Optional
+
+import torch
+import torch.distributed as dist
+
+from dael_plugin.errors import DAELConfigError
+
+TIMEOUT_ENV = "DAEL_DIST_TIMEOUT"
+
+
+@dataclass(frozen=True)
+class World:
+    rank: int = 0
+    size: int = 1
+    local_rank: int = 0
+
+    @property
+    def distributed(self) -> bool:
+        return self.size > 1
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+
+_WORLD = World()
+
+
+def world() -> World:
+    """This process's place in the run (``World()`` off torchrun)."""
+    return _WORLD
+
+
+def from_env() -> World:
+    """torchrun's ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``."""
+    size = int(os.environ.get("WORLD_SIZE", "1") or 1)
+    if size <= 1:
+        return World()
+    return World(int(os.environ.get("RANK", "0")), size, int(os.environ.get("LOCAL_RANK", "0")))
+
+
+def init(use_cuda: bool) -> World:
+    """Join the process group of a torchrun launch (once); returns this process's place."""
+    global _WORLD
+    w = from_env()
+    if not w.distributed or dist.is_initialized():
+        _WORLD = w
+        return w
+    cuda = use_cuda and torch.cuda.is_available()
+    if cuda:
+        if torch.cuda.device_count() <= w.local_rank:
+            raise DAELConfigError(f"LOCAL_RANK {w.local_rank} has no GPU (this machine has "
+                                  f"{torch.cuda.device_count()}); lower --nproc_per_node")
+        torch.cuda.set_device(w.local_rank)
+    timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "300")))
+    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
+    _WORLD = w
+    if not w.is_main:
+        _quiet_stdout()
+    return w
+
+
+def _quiet_stdout() -> None:
+    """Ranks other than 0 print nothing on stdout (errors still go to stderr)."""
+    real = builtins.print
+
+    def print_(*args: Any, **kwargs: Any) -> None:
+        if kwargs.get("file") is not None and kwargs["file"] is not __import__("sys").stdout:
+            real(*args, **kwargs)
+
+    builtins.print = print_
+
+
+def device(use_cuda: bool) -> torch.device:
+    """This process's training device: its ``LOCAL_RANK``'s GPU under torchrun."""
+    if use_cuda and torch.cuda.is_available():
+        return torch.device("cuda", _WORLD.local_rank) if _WORLD.distributed else torch.device("cuda")
+    return torch.device("cpu")
+
+
+def finish() -> None:
+    if dist.is_available() and dist.is_initialized():
+        dist.destroy_process_group()
+
+
+def any_true(flag: bool) -> bool:
+    """Whether ``flag`` holds on any process (a host value: read where the host reads anyway)."""
+    if not _WORLD.distributed:
+        return bool(flag)
+    t = torch.tensor([1.0 if flag else 0.0])
+    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    return bool(t.item() > 0)
+
+
+def mean_over_processes(t: torch.Tensor) -> torch.Tensor:
+    """The mean of a device tensor over the processes (a copy; the input is unchanged)."""
+    if not _WORLD.distributed:
+        return t
+    out = t.detach().clone()
+    dist.all_reduce(out)
+    return out / _WORLD.size
+
+
+def gather_objects(obj: Any) -> List[Any]:
+    """Every process's ``obj``, in rank order (``[obj]`` off torchrun)."""
+    if not _WORLD.distributed:
+        return [obj]
+    out: List[Optional[Any]] = [None] * _WORLD.size
+    dist.all_gather_object(out, obj)
+    return out
+
+
+def from_main(obj: Any) -> Any:
+    """Rank 0's ``obj`` on every process (``obj`` off torchrun)."""
+    if not _WORLD.distributed:
+        return obj
+    box = [obj]
+    dist.broadcast_object_list(box, src=0)
+    return box[0]
+
+
+def barrier() -> None:
+    if _WORLD.distributed:
+        dist.barrier()
+
+
+def wrap(module: torch.nn.Module, device_: torch.device) -> torch.nn.Module:
+    """``module`` under DistributedDataParallel in a distributed run (itself otherwise).
+    Buffers are not broadcast: synchronised batch norm keeps them equal on every process."""
+    if not _WORLD.distributed:
+        return module
+    import inspect
+
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    ids = [device_.index] if device_.type == "cuda" else None
+    params = inspect.signature(DDP.__init__).parameters
+    # Buffers are equal on every process (synchronised batch norm), so no per-forward broadcast.
+    sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
+    return DDP(module, device_ids=ids, **sync)
+
+
+def shard_size(total: int, what: str, fix: str) -> int:
+    """``total / N``, or one line naming the numbers when it does not divide."""
+    n = _WORLD.size
+    if total % n:
+        raise DAELConfigError(f"{what} is {total}, which does not split over {n} processes; {fix}")
+    return total // n
+
+
+def test_indices(n: int) -> range:
+    """This process's positions of an ``n``-item test set (every N-th; the union is all of them)."""
+    return range(_WORLD.rank, n, _WORLD.size)
+
+
+class LossModule(torch.nn.Module):
+    """The modules of a step and the function that computes its losses, as one module for
+    DDP: its forward is the step's forward, so DDP sees one forward per backward."""
+
+    def __init__(self, modules: torch.nn.Module, fn: Any) -> None:
+        super().__init__()
+        self.inner = modules
+        self.fn = fn
+
+    def forward(self, *args: Any) -> Any:
+        return self.fn(*args)

@@ -1,0 +1,79 @@
+"""A worker for tests/test_distributed.py: three DAEL steps on fixed batches, on one process
+(``python tests/ddp_worker.py``) or under ``torchrun --nproc_per_node N``. Each process takes
+its shard of every domain chunk and of the target batch, as the engines' samplers do, and
+rank 0 saves the per-step losses (averaged over the processes), the gradients after each step,
+and the final parameters and batch-norm buffers."""
+import argparse
+import os
+import sys
+
+import torch
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from dael_plugin.backbones.small_cnn import SmallCNN  # noqa: E402
+from dael_plugin.core import DAEL, DAELHparams, build_heads  # noqa: E402
+from dael_plugin.core.chunk_norm import set_sync  # noqa: E402
+from dael_plugin.engine import distributed  # noqa: E402
+from dael_plugin.engine.step import DAELStep  # noqa: E402
+
+
+def shard(t: torch.Tensor, chunk: int, rank: int, world: int) -> torch.Tensor:
+    n = chunk // world
+    return torch.cat([t[s + rank * n:s + (rank + 1) * n] for s in range(0, t.shape[0], chunk)])
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--setting", choices=("da", "dg"), default="da")
+    p.add_argument("--fuse", type=int, default=1)
+    p.add_argument("--chunk-bn", default="split")
+    p.add_argument("--per-domain", type=int, default=4)
+    p.add_argument("--batch-u", type=int, default=6)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--size", type=int, default=16)
+    p.add_argument("--data-seed", type=int, default=1)
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    w = distributed.init(use_cuda=False)
+    torch.manual_seed(0)
+    k, c = 3, 5
+    backbone = SmallCNN()
+    heads = build_heads(backbone.out_features, c, k, DAELHparams())
+    hp = DAELHparams(conf_thre=0.0)  # every pseudo-label kept: L_u is exercised from the first step
+    algo = DAEL(backbone, heads, hp, fuse_chunks=bool(args.fuse), chunk_bn=args.chunk_bn)
+    model = torch.nn.ModuleList([backbone, heads])
+    if w.distributed:
+        set_sync(model, torch.distributed.group.WORLD, w.size)
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    is_da = args.setting == "da"
+    step = DAELStep(algo, [opt], torch.device("cpu"), k, args.per_domain // w.size, is_da)
+    g = torch.Generator().manual_seed(args.data_seed)
+    record = {"loss": [], "grads": [], "parts": []}
+    for _ in range(args.steps):
+        n = k * args.per_domain
+        batch_x = {"img": torch.randn(n, 3, args.size, args.size, generator=g), "img2": torch.randn(n, 3, args.size, args.size, generator=g),
+                   "label": torch.randint(c, (n,), generator=g),
+                   "domain": torch.arange(k).repeat_interleave(args.per_domain)}
+        batch_u = {"img": torch.randn(args.batch_u, 3, args.size, args.size, generator=g),
+                   "img2": torch.randn(args.batch_u, 3, args.size, args.size, generator=g)}
+        batch_x = {key: shard(v, args.per_domain, w.rank, w.size) for key, v in batch_x.items()}
+        batch_u = {key: shard(v, args.batch_u, w.rank, w.size) for key, v in batch_u.items()}
+        out = step(batch_x, batch_u if is_da else None)
+        keys = sorted(out)
+        record["parts"].append({key: float(distributed.mean_over_processes(out[key])) for key in keys})
+        record["loss"].append(record["parts"][-1]["loss_x"] + record["parts"][-1]["loss_cr"]
+                              + hp.weight_u * record["parts"][-1].get("loss_u", 0.0))
+        record["grads"].append({name: q.grad.clone() for name, q in model.named_parameters() if q.grad is not None})
+    record["state"] = {key: v.clone() for key, v in model.state_dict().items()}
+    states = distributed.gather_objects(record["state"])
+    record["same_on_every_rank"] = all(
+        all(torch.equal(s[key], states[0][key]) for key in s) for s in states)
+    if w.is_main:
+        torch.save(record, args.out)
+    distributed.finish()
+
+
+if __name__ == "__main__":
+    main()

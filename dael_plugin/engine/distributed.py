@@ -80,13 +80,19 @@ def init(use_cuda: bool) -> World:
     timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "300")))
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
     _WORLD = w
-    if not w.is_main:
-        _quiet_stdout()
+    quiet_unless_main()
     return w
 
 
-def _quiet_stdout() -> None:
-    """Ranks other than 0 print nothing on stdout (errors still go to stderr)."""
+_QUIET = False
+
+
+def quiet_unless_main() -> None:
+    """Under torchrun, ranks other than 0 print nothing on stdout (errors still go to stderr)."""
+    global _QUIET
+    if _QUIET or from_env().rank == 0:
+        return
+    _QUIET = True
     real = builtins.print
 
     def print_(*args: Any, **kwargs: Any) -> None:

@@ -328,6 +328,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     from dael_plugin.builtin.runlog import close_logger
 
     args = build_parser().parse_args(argv)
+    distributed.quiet_unless_main()  # under torchrun, one process speaks on stdout
     state: dict = {}
     # SIGTERM (scancel, preemption, most schedulers, a sweep that ends) stops the run as Ctrl-C does.
     previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \

@@ -578,7 +578,14 @@ def main():
     p.add_argument("--epoch-images", type=int, default=0, help="training images per domain (synthetic data)")
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
+    p.add_argument("--ddp", action="store_true", help="only report what several processes add to a step: the "
+                   "collectives and bytes of DDP and synchronised batch norm (scripts/bench_ddp.py)")
     args = p.parse_args()
+    if args.ddp:  # the counts of scripts/bench_ddp.py, with its defaults
+        import bench_ddp
+
+        sys.argv = [sys.argv[0]]
+        return bench_ddp.main()
 
     if args.threads:
         torch.set_num_threads(args.threads)

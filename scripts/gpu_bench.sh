@@ -34,6 +34,8 @@ start=$(date +%s)
 # Step at both shapes + launches + views on the device + the epoch at 96x96 (about 5 minutes).
 timeout 360 python scripts/bench.py --shape both --epoch --workers 12 2>&1 | tee "$out/bench.txt"
 bench_rc=${PIPESTATUS[0]}
+# Several processes: collectives and bytes per step, and DDP's overhead at N=1 on this GPU.
+timeout 120 python scripts/bench_ddp.py --time 2>&1 | tee "$out/ddp.txt"
 timeout 30 python scripts/bench_device_aug.py --device cuda --batch 256 --size 96 2>&1 | tee "$out/device_aug.txt"
 # The GPU tests (about 2 minutes, most of it compiling the reduce-overhead cases).
 timeout 150 python -m pytest -q -p no:cacheprovider tests/test_gpu.py 2>&1 | tee "$out/gpu_tests.txt"

@@ -34,6 +34,9 @@ def main() -> None:
     p.add_argument("--steps", type=int, default=3)
     p.add_argument("--size", type=int, default=16)
     p.add_argument("--data-seed", type=int, default=1)
+    p.add_argument("--prec", default="fp32")
+    p.add_argument("--compile", default="none")
+    p.add_argument("--channels-last", type=int, default=0)
     args = p.parse_args()
     torch.set_num_threads(1)
     w = distributed.init(use_cuda=False)
@@ -48,7 +51,10 @@ def main() -> None:
         set_sync(model, torch.distributed.group.WORLD, w.size)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     is_da = args.setting == "da"
-    step = DAELStep(algo, [opt], torch.device("cpu"), k, args.per_domain // w.size, is_da)
+    if args.channels_last:
+        backbone.to(memory_format=torch.channels_last)
+    step = DAELStep(algo, [opt], torch.device("cpu"), k, args.per_domain // w.size, is_da, prec=args.prec,
+                    channels_last=bool(args.channels_last), compile_mode=args.compile)
     g = torch.Generator().manual_seed(args.data_seed)
     record = {"loss": [], "grads": [], "parts": []}
     for _ in range(args.steps):

@@ -249,3 +249,99 @@ def test_a_batch_that_does_not_split_is_one_line(tmp_path, tiny_root):
     assert len(lines) == 2 and all("is 7, which does not split over 2 processes" in ln for ln in lines), lines
     # The workers print their line and exit 2; the one traceback is torchrun's own report of them.
     assert proc.stderr.count("Traceback") == 1 and "ChildFailedError" in proc.stderr
+
+
+# -- sweeps: one run on N processes ---------------------------------------------------------
+SWEEP_FAST = ["OPTIM.MAX_EPOCH", "1"] + FAST
+
+
+def _sweep(argv, capsys):
+    from dael_plugin.tools.sweep import main
+
+    code = main(argv)
+    cap = capsys.readouterr()
+    return code, cap.out, cap.err
+
+
+@pytest.mark.parametrize("launcher", ["local", "submitit-local"])
+def test_sweep_runs_each_run_on_n_processes(tmp_path, tiny_root, capsys, launcher):
+    """--gpus-per-run 2: torchrun on the local launcher, a 2-task job with torch.distributed's
+    environment exported from the task environment on submitit's local executor."""
+    if launcher != "local":
+        pytest.importorskip("submitit")
+    argv = ["--root", tiny_root, "--dataset-config-file", DS_DA, "--output-dir", str(tmp_path), "--engine", "builtin",
+            "--trainers", "DAEL", "--targets", "street", "--gpus-per-run", "2", "--launcher", launcher, *SWEEP_FAST]
+    code, out, err = _sweep(argv, capsys)
+    run = tmp_path / "EmbeddedDigits" / "DAEL" / "street" / "seed1"
+    assert code == 0, out + err + (run / "sweep_log.txt").read_text()[-3000:]
+    res = json.loads((run / "results.json").read_text())
+    assert res["world_size"] == 2
+    log = (run / "sweep_log.txt").read_text()
+    assert "4 images per domain per batch" in log  # each process's half of the 8
+    if launcher == "local":
+        assert "torch.distributed.run --standalone --nproc_per_node 2 -m dael_plugin.tools.train" in log
+    # The same sweep on one process per run is another setting: refused in one line, not resumed.
+    one = argv[:argv.index("--gpus-per-run")] + argv[argv.index("--gpus-per-run") + 2:]
+    code, _, err = _sweep(one, capsys)
+    assert code == 2 and "was launched with other settings" in err and "processes" in err, err
+
+
+def test_slurm_job_of_n_tasks(tmp_path, capsys, monkeypatch):
+    """--gpus-per-run 2 on Slurm (a stand-in sbatch records the submission): two tasks of one
+    GPU each per job, and each task exports torch.distributed's environment."""
+    pytest.importorskip("submitit")
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    record = tmp_path / "submitted.sh"
+    (bin_dir / "sbatch").write_text(f'#!/bin/sh\ncp "$1" {record}\necho "Submitted batch job 4242"\n')
+    (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
+    for f in ("sbatch", "srun"):
+        (bin_dir / f).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    argv = ["--root", "data", "--dataset-config-file", DS_DA, "--output-dir", str(tmp_path / "sweep"), "--engine",
+            "builtin", "--trainers", "DAEL", "--targets", "blend", "--launcher", "slurm", "--gpus-per-run", "2",
+            "--no-wait", *SWEEP_FAST]
+    code, out, err = _sweep(argv, capsys)
+    assert code == 0, out + err
+    text = record.read_text()
+    for line in ("#SBATCH --ntasks-per-node=2", "#SBATCH --gpus-per-node=2"):
+        assert line in text, text
+    pickled = list((tmp_path / "sweep" / ".submitit").rglob("*_submitted.pkl"))
+    assert pickled  # the job's call: RunJob(argv, output_dir, {DAEL_SWEEP_DISTRIBUTED: 1})
+    from dael_plugin.tools.sweep import DIST_ENV
+
+    import cloudpickle  # submitit's own pickler
+
+    with open(pickled[0], "rb") as f:
+        delayed = cloudpickle.load(f)
+    assert delayed.args[2] == {DIST_ENV: "1"} and "torch.distributed.run" not in " ".join(delayed.args[0])
+
+
+def test_bf16_steps_on_two_processes_within_bf16_rounding(tmp_path):
+    """bf16 autocast rounds each batch-norm output to 8 bits of mantissa, so two exact forms of
+    the same step differ by bf16 rounding: one step on two processes stays within the gap
+    between two single-process forms (``split`` and ``grouped``: 3.9e-3 in a gradient here)."""
+    runs = {"one": ([WORKER], ["--chunk-bn", "split"]), "grouped": ([WORKER], ["--chunk-bn", "grouped"]),
+            "two": (None, ["--chunk-bn", "split"])}
+    out = {}
+    for name, (script, opts) in runs.items():
+        args = [WORKER, "--out", str(tmp_path / f"{name}.pt"), "--prec", "bf16", "--steps", "1"] + opts
+        proc = one_process(args) if script else torchrun(args)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        out[name] = torch.load(tmp_path / f"{name}.pt", weights_only=False)
+
+    def gap(a, b):
+        return max((a["grads"][0][k] - b["grads"][0][k]).abs().max().item() for k in a["grads"][0])
+
+    assert gap(out["one"], out["two"]) <= max(2 * gap(out["one"], out["grouped"]), 4e-3)
+    assert abs(out["one"]["loss"][0] - out["two"]["loss"][0]) < 1e-2
+
+
+def test_torchrun_with_views_on_the_device_and_channels_last(tmp_path, tiny_root):
+    """The execution options under DDP: views made on the device (each rank its own draws),
+    channels_last and the fused optimiser; the run trains and records two processes."""
+    extra = ["TRAINER.DAEL.AUG_ON_DEVICE", "True", "TRAINER.DAEL.CHANNELS_LAST", "True",
+             "TRAINER.DAEL.FUSED_OPTIM", "True", "TRAINER.DAEL.STRONG_TRANSFORMS", "['tv_randaugment', 'normalize']"]
+    proc = torchrun([TRAIN] + _args(tiny_root, tmp_path / "run", "builtin", 1, extra))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert json.loads((tmp_path / "run" / "results.json").read_text())["world_size"] == 2

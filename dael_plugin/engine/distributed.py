@@ -109,6 +109,15 @@ def device(use_cuda: bool) -> torch.device:
     return torch.device("cpu")
 
 
+def seed_ranks(seed: int) -> None:
+    """After the model is built (and DDP has given every process rank 0's weights): each rank
+    other than 0 gets streams of its own for what it draws on the device (``AUG_ON_DEVICE``'s
+    views, dropout), so that the processes' shards are not augmented alike. Rank 0 keeps the
+    single-process stream; a resumed run restores every rank's own streams."""
+    if _WORLD.distributed and _WORLD.rank > 0:
+        torch.manual_seed((max(int(seed), 0) * 1_000_003 + _WORLD.rank) % (2 ** 63))
+
+
 def finish() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()

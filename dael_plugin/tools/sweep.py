@@ -56,6 +56,9 @@ from dael_plugin.errors import DAELConfigError
 # Each run is ``python -m dael_plugin.tools.train``: the installed package, or this checkout
 # (put on the runs' PYTHONPATH), never a script path relative to a checkout.
 TRAIN = ("-m", "dael_plugin.tools.train")
+# N processes for one run on the local launcher: torchrun on a free port (--standalone).
+TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node")
+DIST_ENV = "DAEL_SWEEP_DISTRIBUTED"  # set in a submitit job of N tasks: export torch.distributed's env
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 LOG = "sweep_log.txt"  # a run's stdout and stderr, in its directory
 JOB = "sweep_job.txt"  # the Slurm job id a run was last submitted as
@@ -201,7 +204,9 @@ def plan(args: argparse.Namespace) -> List[Run]:
             if setting_kv:
                 parts.append(_slug(",".join(f"{_short(k)}={v}" for k, v in setting_kv)))
             out = os.path.join(*parts, _slug(target), f"seed{seed}")
-            argv = [sys.executable, *TRAIN, "--engine", args.engine, "--trainer", trainer, "--root", args.root,
+            per_run = int(getattr(args, "gpus_per_run", 1) or 1)
+            launch = (*TORCHRUN, str(per_run)) if per_run > 1 and args.launcher == "local" else ()
+            argv = [sys.executable, *launch, *TRAIN, "--engine", args.engine, "--trainer", trainer, "--root", args.root,
                     "--dataset-config-file", args.dataset_config_file, "--config-file", cfg_file,
                     "--source-domains", *sources, "--target-domains", target, "--output-dir", out,
                     "--seed", str(seed), *args.opts]
@@ -212,6 +217,8 @@ def plan(args: argparse.Namespace) -> List[Run]:
                         "options": " ".join(f"{k}={v}" for k, v in zip(args.opts[::2], args.opts[1::2])),
                         "method config": f"{cfg_file} (sha256 {_sha256(cfg_file)[:12]})",
                         "dataset config": f"{args.dataset_config_file} (sha256 {dataset_sha[:12]})"}
+            if per_run > 1:  # a run resumes only on as many processes as it started with
+                identity["processes"] = str(per_run)
             runs.append(Run(trainer, target, sources, seed, setting_kv, cfg_file, out, tuple(argv),
                             tuple(sorted(identity.items()))))
     return runs
@@ -277,6 +284,13 @@ class RunJob(_Checkpointable):
         self._proc: Optional[subprocess.Popen] = None
 
     def __call__(self, argv: Sequence[str], output_dir: str, env: Optional[Dict[str, str]] = None) -> int:
+        if env and env.get(DIST_ENV):
+            # One task of an N-task submitit job: RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR and
+            # MASTER_PORT from Slurm's (or the local executor's) task environment, the way
+            # submitit documents distributed jobs; the training command inherits them.
+            from submitit.helpers import TorchDistributedEnvironment
+
+            TorchDistributedEnvironment().export(set_cuda_visible_devices=False)
         os.makedirs(output_dir, exist_ok=True)
         with open(os.path.join(output_dir, LOG), "a") as log:
             self._proc = proc = _start(argv, env, log)
@@ -343,8 +357,9 @@ def _report(run: Run, code: int, n_done: int, total: int, seconds: float) -> str
     return f"[{n_done}/{total}] FAILED {run.name}: exit {code}; log {run.log_path()}"
 
 
-def launch_local(runs: List[Run], workers: int, bar) -> int:
-    """``workers`` runs at a time; with GPUs, each run holds one GPU slot while it runs."""
+def launch_local(runs: List[Run], workers: int, bar, per_run: int = 1) -> int:
+    """``workers`` runs at a time; with GPUs, each run holds a group of ``per_run`` GPUs while it
+    runs (its own, when ``workers * per_run`` GPUs are there)."""
     import queue
 
     try:
@@ -357,15 +372,16 @@ def launch_local(runs: List[Run], workers: int, bar) -> int:
     for slot in range(max(1, workers)):
         free.put(slot)
 
-    # On CPU, runs side by side share the cores instead of each taking all of them.
-    threads = str(max(1, (os.cpu_count() or 1) // max(1, workers)))
+    # On CPU, runs side by side (and their processes) share the cores instead of each taking all.
+    threads = str(max(1, (os.cpu_count() or 1) // max(1, workers * per_run)))
 
     def work(run: Run):
         run.claim()
         slot = free.get()
         try:
-            env = {"CUDA_VISIBLE_DEVICES": str(slot % gpus)} if gpus else {}
-            if not gpus and workers > 1:
+            group = ",".join(str((slot * per_run + i) % gpus) for i in range(per_run)) if gpus else ""
+            env = {"CUDA_VISIBLE_DEVICES": group} if gpus else {}
+            if not gpus and workers * per_run > 1:
                 env.update(OMP_NUM_THREADS=threads, MKL_NUM_THREADS=threads)
             t0 = time.time()
             return run, run_one(run.argv, run.output_dir, env), time.time() - t0
@@ -401,15 +417,23 @@ def launch_submitit(runs: List[Run], args: argparse.Namespace, bar) -> int:
         except RuntimeError as exc:  # submitit: no srun here
             raise DAELConfigError(f"--launcher slurm needs a Slurm cluster: {exc} "
                                   f"(use --launcher local or submitit-local here)") from None
-        ex.update_parameters(timeout_min=args.time, slurm_partition=args.partition, gpus_per_node=args.gpus,
-                             cpus_per_task=args.cpus, slurm_array_parallelism=args.workers, name="dael_sweep")
+        per_run = args.gpus_per_run
+        # One task per process and one GPU per task (submitit's distributed recipe); each
+        # task exports torch.distributed's environment (RunJob).
+        gpus = max(args.gpus, per_run) if (args.gpus or per_run > 1) else 0
+        ex.update_parameters(timeout_min=args.time, slurm_partition=args.partition, gpus_per_node=gpus,
+                             tasks_per_node=per_run, cpus_per_task=args.cpus, slurm_array_parallelism=args.workers,
+                             name="dael_sweep")
     else:
         ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(timeout_min=args.time, visible_gpus=tuple(range(args.gpus)) if args.gpus else ())
+        ex.update_parameters(timeout_min=args.time, visible_gpus=tuple(range(args.gpus)) if args.gpus else (),
+                             tasks_per_node=args.gpus_per_run)
     for run in runs:
         run.claim()
     if args.launcher == "slurm":  # one job array; Slurm keeps --workers of them running
-        jobs = ex.map_array(RunJob(), [list(r.argv) for r in runs], [r.output_dir for r in runs])
+        dist_env = {DIST_ENV: "1"} if args.gpus_per_run > 1 else {}
+        jobs = ex.map_array(RunJob(), [list(r.argv) for r in runs], [r.output_dir for r in runs],
+                            [dist_env] * len(runs))
         for job, run in zip(jobs, runs):
             write_text(os.path.join(run.output_dir, JOB), f"{job.job_id}\n")
             if args.no_wait:
@@ -420,8 +444,10 @@ def launch_submitit(runs: List[Run], args: argparse.Namespace, bar) -> int:
         queue, pending = [], {j: (r, now) for j, r in zip(jobs, runs)}
         env = {}
     else:  # the local executor starts every job at once: keep --workers of them running
-        threads = str(max(1, (os.cpu_count() or 1) // max(1, args.workers)))
+        threads = str(max(1, (os.cpu_count() or 1) // max(1, args.workers * args.gpus_per_run)))
         env = {} if args.gpus else {"OMP_NUM_THREADS": threads, "MKL_NUM_THREADS": threads}
+        if args.gpus_per_run > 1:
+            env[DIST_ENV] = "1"
         queue, pending = list(runs), {}
     tally: Counter = Counter()
     try:
@@ -441,7 +467,8 @@ def _wait_for_jobs(ex, queue, pending, runs, env, args, bar, tally) -> Counter:
         for job in [j for j in pending if j.done()]:
             run, started = pending.pop(job)
             try:
-                code = job.result()
+                codes = job.results()  # one per task: a run of N tasks failed if any task did
+                code = next((c for c in codes if c), 0)
             except Exception as exc:  # the job itself failed (killed, timed out)
                 print(f"submitit job {job.job_id} of {run.name} failed: {str(exc).splitlines()[0][:160]}")
                 code = 1
@@ -486,7 +513,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--partition", default=None, help="slurm partition")
     p.add_argument("--time", type=int, default=24 * 60, help="minutes per job (submitit launchers)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs per job (submitit launchers)")
-    p.add_argument("--cpus", type=int, default=4, help="CPUs per job (slurm)")
+    p.add_argument("--cpus", type=int, default=4, help="CPUs per job (slurm; per task with --gpus-per-run)")
+    p.add_argument("--gpus-per-run", type=int, default=1,
+                   help="processes (GPUs) per run: torchrun --nproc_per_node N on the local launcher; "
+                        "N tasks of one GPU each per job on the submitit launchers")
     p.add_argument("--no-wait", action="store_true",
                    help="slurm: submit the job array and exit; relaunch the sweep or run collect.py later")
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
@@ -529,6 +559,8 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise DAELConfigError(f"the trailing options {args.opts} are not KEY VALUE pairs")
         if any("=" not in c for c in args.config):
             raise DAELConfigError("--config takes TRAINER=FILE")
+        if args.gpus_per_run < 1:
+            raise DAELConfigError(f"--gpus-per-run {args.gpus_per_run}: give at least 1")
         if args.workers is not None and args.workers < 1:
             raise DAELConfigError(f"--workers {args.workers}: give at least 1")
         if args.workers is None:
@@ -572,7 +604,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     previous = signal.signal(signal.SIGTERM, _sweep_terminated)
     try:
         if args.launcher == "local":
-            tally = launch_local(todo, args.workers, bar)
+            tally = launch_local(todo, args.workers, bar, args.gpus_per_run)
         else:
             tally = launch_submitit(todo, args, bar)
     except DAELConfigError as exc:

@@ -472,6 +472,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         print(cfg)
         trainer = build_builtin_trainer(cfg, eval_each_epoch=args.eval_each_epoch)
         recorded = {}
+    distributed.seed_ranks(cfg.SEED)
     if args.check_data:
         from dael_plugin.data.check import check_trainer_data
 

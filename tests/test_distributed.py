@@ -80,9 +80,13 @@ def test_three_steps_on_two_processes_equal_one(tmp_path, setting, fuse, chunk_b
 
 
 # -- the CLI under torchrun ------------------------------------------------------------------
-def _args(root, out, engine, epochs=1, extra=()):
-    return ["--engine", engine, "--trainer", "DAEL", "--root", root, "--dataset-config-file", DS_DA, "--config-file",
-            DAEL_CFG, "--source-domains", "hand", "blend", "font", "--target-domains", "street", "--seed", "2",
+SRC_CFG = os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.yaml")
+
+
+def _args(root, out, engine, epochs=1, extra=(), trainer="DAEL"):
+    cfg = DAEL_CFG if trainer == "DAEL" else SRC_CFG
+    return ["--engine", engine, "--trainer", trainer, "--root", root, "--dataset-config-file", DS_DA, "--config-file",
+            cfg, "--source-domains", "hand", "blend", "font", "--target-domains", "street", "--seed", "2",
             "--output-dir", str(out), "OPTIM.MAX_EPOCH", str(epochs)] + FAST + list(extra)
 
 
@@ -96,10 +100,10 @@ def _model_state(state):
     return {f"{n}.{k}": v for n, sd in state["models"].items() for k, v in sd.items()}
 
 
-def _check_cli_matches(tmp_path, tiny_root, engine):
-    one = run_train(_args(tiny_root, tmp_path / "one", engine), env_hide_dassl=engine == "builtin")
+def _check_cli_matches(tmp_path, tiny_root, engine, trainer="DAEL"):
+    one = run_train(_args(tiny_root, tmp_path / "one", engine, trainer=trainer), env_hide_dassl=engine == "builtin")
     assert one.returncode == 0, one.stderr[-3000:]
-    two = torchrun([TRAIN] + _args(tiny_root, tmp_path / "two", engine))
+    two = torchrun([TRAIN] + _args(tiny_root, tmp_path / "two", engine, trainer=trainer))
     assert two.returncode == 0, two.stderr[-3000:]
     a = _model_state(_weights(tmp_path / "one" / "checkpoint.pth.tar"))
     b = _model_state(_weights(tmp_path / "two" / "checkpoint.pth.tar"))
@@ -123,6 +127,21 @@ def test_torchrun_builtin_engine_gives_the_one_process_run(tmp_path, tiny_root):
 @pytest.mark.dassl
 def test_torchrun_dassl_engine_gives_the_one_process_run(tmp_path, tiny_root):
     _check_cli_matches(tmp_path, tiny_root, "dassl")
+
+
+def test_torchrun_source_only_gives_the_one_process_run(tmp_path, tiny_root):
+    """SourceOnly (built-in engine): one classifier under DDP, batch norm synchronised over the
+    whole pooled batch (its one chunk)."""
+    _check_cli_matches(tmp_path, tiny_root, "builtin", trainer="SourceOnly")
+
+
+@pytest.mark.dassl
+def test_dassls_own_trainers_under_torchrun_are_refused_in_one_line(tmp_path, tiny_root):
+    proc = torchrun([TRAIN] + _args(tiny_root, tmp_path / "run", "dassl", trainer="SourceOnly"))
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert proc.returncode != 0 and len(lines) == 2, proc.stderr[-2000:]
+    assert "runs on one process only" in lines[0] and "--engine builtin" in lines[0]
+    assert not os.path.exists(tmp_path / "run")  # refused before the output folder is made
 
 
 def test_sharded_evaluation_equals_one_process(tmp_path, tiny_root):
@@ -231,6 +250,28 @@ def test_a_rank_that_dies_stops_the_job_without_a_hang(tmp_path, tiny_root):
     assert not os.path.exists(tmp_path / "run" / "results.json")
 
 
+def test_sigterm_stops_every_rank_with_one_line_and_the_run_resumes(tmp_path, tiny_root):
+    """SIGTERM to torchrun (a scheduler's stop): it reaches both workers, which stop as one
+    process does; rank 0 alone says where to resume, and the same command resumes."""
+    args = [TRAIN] + _args(tiny_root, tmp_path / "run", "builtin", 6)
+    job = torchrun(args, start_new_session=True)
+    ckpt = tmp_path / "run" / "checkpoint.pth.tar"
+    deadline = time.time() + 120
+    while time.time() < deadline and job.poll() is None and (_checkpoint_epoch(ckpt) or 0) < 1:
+        time.sleep(0.05)
+    assert job.poll() is None
+    job.send_signal(signal.SIGTERM)
+    out, err = job.communicate(timeout=90)
+    assert job.returncode != 0
+    lines = [ln for ln in err.splitlines() if ln.startswith("terminated (SIGTERM)")]
+    assert len(lines) == 1 and "rerun the same command to resume" in lines[0], err[-3000:]
+    done = _checkpoint_epoch(ckpt)
+    assert done is not None and done < 6
+    again = torchrun(args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert f"will resume training from epoch {done + 1}" in again.stdout
+
+
 def test_resume_with_another_number_of_processes_is_refused_in_one_line(tmp_path, tiny_root):
     first = torchrun([TRAIN] + _args(tiny_root, tmp_path / "run", "builtin", 1))
     assert first.returncode == 0, first.stderr[-3000:]
@@ -308,9 +349,9 @@ def test_slurm_job_of_n_tasks(tmp_path, capsys, monkeypatch):
         assert line in text, text
     pickled = list((tmp_path / "sweep" / ".submitit").rglob("*_submitted.pkl"))
     assert pickled  # the job's call: RunJob(argv, output_dir, {DAEL_SWEEP_DISTRIBUTED: 1})
-    from dael_plugin.tools.sweep import DIST_ENV
-
     import cloudpickle  # submitit's own pickler
+
+    from dael_plugin.tools.sweep import DIST_ENV
 
     with open(pickled[0], "rb") as f:
         delayed = cloudpickle.load(f)

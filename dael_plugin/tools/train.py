@@ -336,7 +336,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     try:
         return _main(args, state)
     except Terminated:
-        print(f"terminated (SIGTERM): {_where_to_resume(state.get('output_dir'))}", file=sys.stderr)
+        if distributed.world().is_main:  # torchrun stops every rank: one of them says so
+            print(f"terminated (SIGTERM): {_where_to_resume(state.get('output_dir'))}", file=sys.stderr)
         return 143
     except BusyError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -344,13 +345,15 @@ def main(argv: Optional[List[str]] = None) -> int:
     except DAELConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
-    except NonFiniteLossError as exc:
-        if state.get("output_dir") and distributed.world().is_main:
-            write_failure(state["output_dir"], str(exc))
-        print(f"error: {exc}", file=sys.stderr)
+    except NonFiniteLossError as exc:  # every rank stops at the same read; rank 0 says so
+        if distributed.world().is_main:
+            if state.get("output_dir"):
+                write_failure(state["output_dir"], str(exc))
+            print(f"error: {exc}", file=sys.stderr)
         return 3
     except KeyboardInterrupt:
-        print(f"interrupted: {_where_to_resume(state.get('output_dir'))}", file=sys.stderr)
+        if distributed.world().is_main:
+            print(f"interrupted: {_where_to_resume(state.get('output_dir'))}", file=sys.stderr)
         return 130
     finally:
         if state.get("lock") is not None:
@@ -443,6 +446,10 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         import dael_plugin  # noqa: F401  (registers the trainer, datasets and backbones)
     cfg = setup_cfg(args, engine)
     _check_names(cfg, engine)  # before the output folder, the log and the config dump
+    if distributed.from_env().distributed and engine == "dassl" and cfg.TRAINER.NAME not in ("DAEL", "DAELDG"):
+        raise DAELConfigError(f"Dassl's {cfg.TRAINER.NAME} trainer runs on one process only (Dassl has no "
+                              "multi-process training); run it without torchrun, or, for SourceOnly, with "
+                              "--engine builtin")
     w = distributed.init(cfg.USE_CUDA)  # under torchrun: join the run's processes (rank 0 writes)
     state["output_dir"] = cfg.OUTPUT_DIR
     finished = False

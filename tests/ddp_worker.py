@@ -59,7 +59,8 @@ def main() -> None:
     record = {"loss": [], "grads": [], "parts": []}
     for _ in range(args.steps):
         n = k * args.per_domain
-        batch_x = {"img": torch.randn(n, 3, args.size, args.size, generator=g), "img2": torch.randn(n, 3, args.size, args.size, generator=g),
+        batch_x = {"img": torch.randn(n, 3, args.size, args.size, generator=g),
+                   "img2": torch.randn(n, 3, args.size, args.size, generator=g),
                    "label": torch.randint(c, (n,), generator=g),
                    "domain": torch.arange(k).repeat_interleave(args.per_domain)}
         batch_u = {"img": torch.randn(args.batch_u, 3, args.size, args.size, generator=g),

@@ -1,0 +1,201 @@
+"""A sweep's plan: every run (trainer x target x seed x grid setting), its command, its folder
+and the settings it is launched with (its identity). Nothing here starts a process
+(:mod:`dael_plugin.tools.launchers` does; :mod:`dael_plugin.tools.sweep` is the CLI)."""
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import os
+import re
+import sys
+from dataclasses import dataclass, field
+from typing import List, Optional, Tuple
+
+from dael_plugin.engine.atomic import write_json
+from dael_plugin.errors import DAELConfigError
+
+# Each run is ``python -m dael_plugin.tools.train``: the installed package, or this checkout
+# (put on the runs' PYTHONPATH), never a script path relative to a checkout.
+TRAIN = ("-m", "dael_plugin.tools.train")
+# N processes for one run on the local launcher: torchrun on a free port (--standalone).
+TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node")
+DIST_ENV = "DAEL_SWEEP_DISTRIBUTED"  # set in a submitit job of N tasks: export torch.distributed's env
+PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+LOG = "sweep_log.txt"  # a run's stdout and stderr, in its directory
+JOB = "sweep_job.txt"  # the Slurm job id a run was last submitted as
+IDENTITY = "sweep_run.json"  # everything that changes the run's result: a relaunch must match it
+EXIT_BUSY = 75  # train.py: the output directory is held by another live run
+
+
+@dataclass(frozen=True)
+class Run:
+    trainer: str
+    target: str
+    sources: Tuple[str, ...]
+    seed: int
+    grid: Tuple[Tuple[str, str], ...]
+    config_file: str
+    output_dir: str
+    argv: Tuple[str, ...] = field(compare=False)
+    identity: Tuple[Tuple[str, str], ...] = field(compare=False, default=())
+
+    @property
+    def name(self) -> str:
+        setting = ",".join(f"{_short(k)}={v}" for k, v in self.grid)
+        return f"{self.trainer}{'[' + setting + ']' if setting else ''} -> {self.target} seed {self.seed}"
+
+    def recorded_identity(self) -> Optional[dict]:
+        """The settings this folder's run was launched with (``sweep_run.json``), or None."""
+        try:
+            with open(os.path.join(self.output_dir, IDENTITY)) as f:
+                data = json.load(f)
+            return data if isinstance(data, dict) else {}
+        except (OSError, ValueError):
+            return None
+
+    def changes(self) -> List[str]:
+        """How this run's settings differ from those its folder was launched with ([] if none)."""
+        had = self.recorded_identity()
+        if had is None:
+            if os.path.isfile(os.path.join(self.output_dir, "results.json")):
+                return ["the folder holds a record of a run whose settings were not written down"]
+            return []
+        now = dict(self.identity)
+        return [f"{k}: {had.get(k, '<absent>')} -> {now.get(k, '<absent>')}"
+                for k in sorted(set(had) | set(now)) if had.get(k) != now.get(k)]
+
+    def done(self) -> bool:
+        """Finished, with exactly these settings: a record, and the identity it was launched with."""
+        return os.path.isfile(os.path.join(self.output_dir, "results.json")) and not self.changes()
+
+    def claim(self) -> None:
+        """Write down the settings the folder is launched with (before the run starts)."""
+        if self.recorded_identity() is None:
+            write_json(os.path.join(self.output_dir, IDENTITY), dict(self.identity))
+
+    def log_path(self) -> str:
+        return os.path.join(self.output_dir, LOG)
+
+
+def _short(key: str) -> str:
+    return key.rsplit(".", 1)[-1]
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9_.=+-]+", "-", text).strip("-")
+
+
+def _snake(name: str) -> str:
+    return re.sub(r"(?<!^)(?=[A-Z][a-z])", "_", name).lower()
+
+
+def read_dataset(path: str) -> Tuple[str, str, List[str]]:
+    """``(DATASET.NAME, setting da|dg, its domains)`` from a dataset config file."""
+    import yaml
+
+    from dael_plugin.data.folders import SPECS
+
+    try:
+        with open(path) as f:
+            doc = yaml.safe_load(f) or {}
+        name = doc["DATASET"]["NAME"]
+    except (OSError, yaml.YAMLError, KeyError, TypeError):
+        raise DAELConfigError(f"--dataset-config-file {path}: not a dataset config with DATASET.NAME") from None
+    parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
+    setting = "dg" if "dg" in parts else "da" if "da" in parts else None
+    domains: Optional[List[str]] = None
+    spec = SPECS.get(name)
+    if spec is not None:
+        domains = list(spec.domains) if spec.domains else None
+        setting = setting or ("da" if spec.unlabeled_target else "dg")
+    if domains is None:
+        try:
+            from dassl.data.datasets import DATASET_REGISTRY
+
+            domains = list(getattr(DATASET_REGISTRY.get(name), "domains", []) or []) or None
+        except Exception:  # Dassl absent, or no such dataset there
+            domains = None
+    return name, setting or "da", domains or []
+
+
+def method_config(trainer: str, setting: str, dataset_cfg: str) -> str:
+    """A trainer's method config, found in the dataset config's own tree: for
+    ``<tree>/datasets/<da|dg>/<name>.yaml`` it is ``<tree>/trainers/<da|dg>/<trainer>/<name>.yaml``
+    (the layout of this project's ``configs/``, and of Dassl's)."""
+    base = os.path.splitext(os.path.basename(dataset_cfg))[0]
+    here = os.path.dirname(os.path.abspath(dataset_cfg))
+    while os.path.basename(here) != "datasets":
+        parent = os.path.dirname(here)
+        if parent == here:
+            raise DAELConfigError(
+                f"cannot find the method config of {trainer}: the dataset config {dataset_cfg} is not under a "
+                "'datasets/' folder with a 'trainers/' folder beside it; pass --config TRAINER=FILE")
+        here = parent
+    path = os.path.join(os.path.dirname(here), "trainers", setting, _snake(trainer), f"{base}.yaml")
+    if not os.path.isfile(path):
+        raise DAELConfigError(f"no method config for {trainer} at {path}; pass --config TRAINER=FILE")
+    return path
+
+
+def plan(args: argparse.Namespace) -> List[Run]:
+    """Every run of the sweep, in a fixed order."""
+    dataset, setting, domains = read_dataset(args.dataset_config_file)
+    targets = list(args.targets or domains)
+    if not targets:
+        raise DAELConfigError(f"the domains of {dataset} are not known here; pass --targets (and --sources)")
+    unknown = [t for t in targets if domains and t not in domains]
+    if unknown:
+        raise DAELConfigError(f"--targets {unknown} are not domains of {dataset} ({domains})")
+    overrides = dict(c.split("=", 1) for c in args.config)
+    engine = _resolved_engine(args.engine)
+    dataset_sha = _sha256(args.dataset_config_file)
+    runs = []
+    for trainer in args.trainers:
+        # A grid key of another trainer's node (TRAINER.DAEL.* for SourceOnly) is not
+        # this trainer's: its runs do not multiply by it.
+        grid = [(g[0], g[1:]) for g in args.grid
+                if not (g[0].startswith("TRAINER.") and g[0].split(".")[1].upper() != trainer.upper())]
+        cfg_file = overrides.get(trainer) or method_config(trainer, setting, args.dataset_config_file)
+        for target, combo, seed in itertools.product(targets, itertools.product(*[v for _, v in grid]), args.seeds):
+            sources = tuple(args.sources or [d for d in domains if d != target])
+            if not sources:
+                raise DAELConfigError(f"no source domains for target {target}; pass --sources")
+            setting_kv = tuple(zip([k for k, _ in grid], combo))
+            parts = [args.output_dir, dataset, trainer]
+            if setting_kv:
+                parts.append(_slug(",".join(f"{_short(k)}={v}" for k, v in setting_kv)))
+            out = os.path.join(*parts, _slug(target), f"seed{seed}")
+            per_run = int(getattr(args, "gpus_per_run", 1) or 1)
+            launch = (*TORCHRUN, str(per_run)) if per_run > 1 and args.launcher == "local" else ()
+            argv = [sys.executable, *launch, *TRAIN, "--engine", args.engine, "--trainer", trainer, "--root", args.root,
+                    "--dataset-config-file", args.dataset_config_file, "--config-file", cfg_file,
+                    "--source-domains", *sources, "--target-domains", target, "--output-dir", out,
+                    "--seed", str(seed), *args.opts]
+            for k, v in setting_kv:
+                argv += [k, str(v)]
+            identity = {"trainer": trainer, "target": target, "sources": " ".join(sources), "seed": str(seed),
+                        "engine": engine, "grid": " ".join(f"{k}={v}" for k, v in setting_kv),
+                        "options": " ".join(f"{k}={v}" for k, v in zip(args.opts[::2], args.opts[1::2])),
+                        "method config": f"{cfg_file} (sha256 {_sha256(cfg_file)[:12]})",
+                        "dataset config": f"{args.dataset_config_file} (sha256 {dataset_sha[:12]})"}
+            if per_run > 1:  # a run resumes only on as many processes as it started with
+                identity["processes"] = str(per_run)
+            runs.append(Run(trainer, target, sources, seed, setting_kv, cfg_file, out, tuple(argv),
+                            tuple(sorted(identity.items()))))
+    return runs
+
+
+def _sha256(path: str) -> str:
+    import hashlib
+
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def _resolved_engine(engine: str) -> str:
+    if engine != "auto":
+        return engine
+    from dael_plugin.about import HAS_DASSL
+
+    return "dassl" if HAS_DASSL else "builtin"

@@ -32,7 +32,10 @@ def seen(monkeypatch):
         seen[name + "_lines"] = [[(ln.get_label(), list(ln.get_ydata())) for ln in ax.get_lines()] for ax in fig.axes]
         return real(fig, out, name)
 
+    from dael_plugin.tools import model_figures
+
     monkeypatch.setattr(plots, "_save", spy)
+    monkeypatch.setattr(model_figures, "_save", spy)  # top3 and tsne are drawn there
     return seen
 
 

@@ -1,0 +1,215 @@
+"""Figures that load a trained model: each expert's top-3 predictions (the paper's Fig. 7)
+and the t-SNE of features, SourceOnly against DAEL (Fig. 8), from the runs' checkpoints
+(:mod:`dael_plugin.tools.plots` draws the record-based figures and runs both)."""
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from dael_plugin.tools.plots_common import DESIGN_KEYS
+from dael_plugin.tools.plots_common import design_value as _key
+from dael_plugin.tools.plots_common import others_at_default as _others_default
+from dael_plugin.tools.plots_common import save_figure as _save
+
+
+class LoadedRun:
+    """A finished run's model and target test images, rebuilt from its checkpoint and merged config."""
+
+    def __init__(self, rec: dict) -> None:
+        import yaml
+        from torch import nn
+
+        from dael_plugin.backbones import build_backbone
+        from dael_plugin.core import ExpertHeads
+        from dael_plugin.engine import checkpoint as ckpt
+
+        self.rec = rec
+        cfg = yaml.safe_load(rec["provenance"]["config"])
+        self.cfg = cfg
+        state = ckpt.load_checkpoint(os.path.join(rec["_dir"], ckpt.LAST), map_location="cpu")
+        if state.get("engine") == "builtin":
+            model = state["model"]
+            feats = {k[2:]: v for k, v in model.items() if k.startswith("F.")}
+            head = {k[2:]: v for k, v in model.items() if k.startswith(("E.", "C."))}
+        elif state.get("engine") == "dassl" and set(state.get("models", {})) == {"F", "E"}:
+            feats = {k.split(".", 1)[1]: v for k, v in state["models"]["F"].items() if k.startswith("backbone.")}
+            head = state["models"]["E"]
+        else:
+            raise ValueError("not a checkpoint of the built-in engine or of the plugin's DAEL on Dassl")
+        self.backbone = build_backbone(cfg["MODEL"]["BACKBONE"]["NAME"])
+        self.backbone.load_state_dict(feats)
+        if "weight" in head and head["weight"].dim() == 3:  # ExpertHeads: (K, C, D)
+            k, c, d = head["weight"].shape
+            self.head = ExpertHeads(d, c, k)
+        else:  # SourceOnly's one linear classifier
+            c, d = head["weight"].shape
+            self.head = nn.Linear(d, c)
+        self.head.load_state_dict(head)
+        self.backbone.eval(), self.head.eval()
+        self.classnames, self.test, self.source = self._data()
+
+    def _data(self):
+        from dael_plugin.data.folders import load_splits
+
+        ds = self.cfg["DATASET"]
+        splits = load_splits(ds["NAME"], ds["ROOT"], ds["SOURCE_DOMAINS"], ds["TARGET_DOMAINS"])
+        return splits["classnames"], splits["test"], splits["train_x"]
+
+    def _tensor(self, items):
+        import torch
+        from yacs.config import CfgNode as CN
+
+        from dael_plugin.data.images import decode
+        from dael_plugin.transforms.host import build_test_transform
+
+        inp = self.cfg["INPUT"]
+        tfm = build_test_transform(CN({"INPUT": CN({k: inp[k] for k in ("SIZE", "INTERPOLATION", "TRANSFORMS",
+                                                                           "PIXEL_MEAN", "PIXEL_STD")})}))
+        return torch.stack([tfm(decode(i.impath)) for i in items])
+
+    def features_and_probs(self, items):
+        import torch
+
+        with torch.no_grad():
+            f = self.backbone(self._tensor(items))
+            logits = self.head(f)
+            probs = torch.softmax(logits, -1)
+            return f, probs if probs.dim() == 3 else probs.unsqueeze(1)
+
+
+def _at_defaults(rec: dict) -> bool:
+    return _others_default(rec, "")
+
+
+def describe(rec: dict) -> str:
+    """The run a figure draws, in its title: trainer, setting (the design keys away from the paper's
+    defaults), target and seed."""
+    from dael_plugin.core.hparams import DAELHparams
+
+    defaults = DAELHparams()
+    keys = []
+    if str(rec.get("trainer", "")).upper() in ("DAEL", "DAELDG"):
+        keys = [f"{k}={_key(rec, k)}" for k, attr in DESIGN_KEYS.items()
+                if _key(rec, k) is not None and _key(rec, k) != str(getattr(defaults, attr))]
+    setting = ", ".join(keys) if keys else "defaults"
+    return (f"{rec.get('trainer')} ({setting}), target {','.join(rec.get('target_domains', []))}, "
+            f"seed {rec.get('seed')}")
+
+
+def _pick(recs, trainer: str, run_dir: Optional[str] = None, like: Optional[dict] = None):
+    """The run a one-run figure draws: the one named with ``--run``, else the first (in path order)
+    at the paper's defaults, preferring the target and seed of ``like``; (run or None, why not)."""
+    if run_dir is not None:
+        chosen = [r for r in recs if os.path.abspath(r["_dir"]) == os.path.abspath(run_dir)
+                  and str(r.get("trainer")).upper() == trainer.upper()]
+        if not chosen:
+            return None, f"--run {run_dir} is not a {trainer} run with a results.json under the sweep folder"
+    else:
+        chosen = [r for r in recs if str(r.get("trainer")).upper() == trainer.upper()
+                  and (trainer.upper() not in ("DAEL", "DAELDG") or _at_defaults(r))]
+        if like is not None:
+            chosen.sort(key=lambda r: (r.get("target_domains") != like.get("target_domains"),
+                                       r.get("seed") != like.get("seed")))
+    why = ""
+    for r in chosen:
+        if not (r.get("provenance") or {}).get("config"):
+            continue
+        try:
+            return LoadedRun(r), None
+        except Exception as exc:  # a run whose checkpoint or data is gone or foreign
+            why = f" (last tried: {str(exc).splitlines()[0][:120]})"
+    return None, f"needs a {trainer} run{' at the defaults' if run_dir is None else ''} with its " \
+                 f"checkpoint.pth.tar and data{why}"
+
+
+def _pick_items(items, n, seed=0):
+    import random
+
+    rng = random.Random(seed)
+    return rng.sample(list(items), min(n, len(items)))
+
+
+def top3(recs, out: str, n_images: int = 4, run_dir: Optional[str] = None):
+    import matplotlib.pyplot as plt
+
+    run, why = _pick(recs, "DAEL", run_dir)
+    if run is None:
+        return None, f"top3 {why}"
+    items = _pick_items(run.test, n_images)
+    _, probs = run.features_and_probs(items)  # (N, K, C)
+    if probs.shape[1] == 1:  # one shared classifier (Table 3b's ablation): nothing to compare
+        rows = [("classifier", probs[:, 0])]
+    else:
+        names = list(run.rec.get("expert_accuracy") or {}) or [f"E{k}" for k in range(probs.shape[1])]
+        rows = [(f"E[{n}]", probs[:, k]) for k, n in enumerate(names[: probs.shape[1]])] + [("ensemble", probs.mean(1))]
+    images = run._tensor(items)
+    import torch
+
+    mean = torch.tensor(run.cfg["INPUT"]["PIXEL_MEAN"]).view(3, 1, 1)
+    std = torch.tensor(run.cfg["INPUT"]["PIXEL_STD"]).view(3, 1, 1)
+    fig, axes = plt.subplots(len(rows) + 1, len(items), figsize=(2.3 * len(items), 1.2 * (len(rows) + 1) + 1.2),
+                             squeeze=False)
+    for j, item in enumerate(items):
+        ax = axes[0][j]
+        ax.imshow((images[j] * std + mean).clamp(0, 1).permute(1, 2, 0).numpy())
+        ax.set_title(f"true: {run.classnames[item.label]}", fontsize=8)
+        ax.axis("off")
+        for i, (who, p) in enumerate(rows, 1):
+            top = p[j].topk(min(3, p.shape[-1]))
+            ax = axes[i][j]
+            labels = [run.classnames[c] for c in top.indices.tolist()]
+            ax.barh(range(len(labels))[::-1], top.values.tolist(),
+                    color=["tab:green" if c == item.label else "tab:gray" for c in top.indices.tolist()])
+            ax.set_yticks(range(len(labels))[::-1], labels, fontsize=7)
+            ax.set_xlim(0, 1)
+            ax.tick_params(axis="x", labelsize=6)
+            if j == 0:
+                ax.set_ylabel(who, fontsize=8)
+            if i == len(rows):
+                ax.set_xlabel("probability", fontsize=7)
+    fig.suptitle(f"Top-3 predictions (Fig. 7) of {describe(run.rec)}; green: true class", fontsize=9)
+    fig.tight_layout()
+    return _save(fig, out, "top3"), None
+
+
+def tsne(recs, out: str, per_domain: int = 150, run_dir: Optional[str] = None):
+    import matplotlib.pyplot as plt
+    import torch
+    from sklearn.manifold import TSNE
+
+    dael, why = _pick(recs, "DAEL", run_dir)
+    if dael is None:
+        return None, f"tsne {why}"
+    source_only, why = _pick(recs, "SourceOnly", like=dael.rec)  # the DAEL run's target and seed, if there
+    if source_only is None:
+        return None, f"tsne {why}"
+    runs = [("SourceOnly", source_only), ("DAEL", dael)]
+    # Two figures of the same embeddings: by domain (are source and target mixed?) and by class
+    # (``tsne_class``: are the classes aligned across domains?).
+    fig, axes = plt.subplots(1, 2, figsize=(9, 4.2))
+    fig_c, axes_c = plt.subplots(1, 2, figsize=(9, 4.2))
+    for ax, ax_c, (_, run) in zip(axes, axes_c, runs):
+        src = _pick_items(run.source, per_domain * len(run.cfg["DATASET"]["SOURCE_DOMAINS"]))
+        tgt = _pick_items(run.test, per_domain)
+        f_src, _ = run.features_and_probs(src)
+        f_tgt, _ = run.features_and_probs(tgt)
+        feats = torch.cat([f_src, f_tgt]).numpy()
+        emb = TSNE(n_components=2, init="pca", random_state=0, perplexity=min(30, len(feats) - 1)).fit_transform(feats)
+        n = len(src)
+        ax.scatter(emb[:n, 0], emb[:n, 1], s=6, c="tab:blue", alpha=0.6, label="source")
+        ax.scatter(emb[n:, 0], emb[n:, 1], s=6, c="tab:red", alpha=0.6, label="target")
+        labels = [it.label for it in list(src) + list(tgt)]
+        cmap = plt.get_cmap("tab10" if max(labels) < 10 else "tab20")
+        ax_c.scatter(emb[:n, 0], emb[:n, 1], s=6, c=labels[:n], cmap=cmap, vmin=0, vmax=cmap.N - 1, alpha=0.6,
+                     marker="o", label="source (o)")
+        ax_c.scatter(emb[n:, 0], emb[n:, 1], s=12, c=labels[n:], cmap=cmap, vmin=0, vmax=cmap.N - 1, alpha=0.8,
+                     marker="x", label="target (x)")
+        for a in (ax, ax_c):
+            a.set_title(describe(run.rec), fontsize=8)
+            a.set_xlabel("t-SNE 1")
+            a.set_ylabel("t-SNE 2")
+            a.legend(markerscale=3)
+    fig.suptitle("Source and target features (Fig. 8)")
+    fig_c.suptitle("The same features coloured by class (one colour a class)")
+    by_class = _save(fig_c, out, "tsne_class")
+    return _save(fig, out, "tsne") + by_class, None

@@ -1,0 +1,63 @@
+"""What the figure tools share: the run records (one reader with collect), a run's DAEL keys
+from its recorded config, "every other design key at the paper's default", and the one
+atomic writer of a figure (PNG and PDF)."""
+from __future__ import annotations
+
+import os
+from typing import List, Optional
+
+from dael_plugin.engine.atomic import write_bytes
+from dael_plugin.engine.records import read_records
+
+
+def records(root: str, warn=print) -> List[dict]:
+    """The run records under ``root`` (one reader with collect: :mod:`dael_plugin.engine.records`); a
+    file that is not a record is skipped with a warning naming it."""
+    walk = read_records(root)
+    for problem in walk.problems:
+        warn(problem.warning())
+    return [dict(r.data, _dir=r.dir) for r in walk.records]
+
+
+def design_value(rec: dict, key: str) -> Optional[str]:
+    """A DAEL key's value in the run's merged config (``provenance.config``), else None."""
+    import yaml
+
+    text = (rec.get("provenance") or {}).get("config")
+    if not text:
+        return None
+    node = yaml.safe_load(text).get("TRAINER", {}).get(str(rec.get("trainer", "")).upper(), {})
+    value = node.get(key)
+    return None if value is None else str(value)
+
+
+def save_figure(fig, out: str, name: str) -> List[str]:
+    import io
+
+    paths = [os.path.join(out, f"{name}.{ext}") for ext in ("png", "pdf")]
+    for p in paths:
+        buf = io.BytesIO()
+        fig.savefig(buf, bbox_inches="tight", dpi=150, format=p.rsplit(".", 1)[1])
+        write_bytes(p, buf.getvalue())
+    import matplotlib.pyplot as plt
+
+    plt.close(fig)
+    return paths
+
+
+DESIGN_KEYS = {"LOSSES": "losses", "WEIGHT_U": "weight_u", "CR_MODE": "cr_mode", "CLASSIFIER": "classifier",
+               "CR_TARGET": "cr_target", "PSEUDO_LABEL": "pseudo_label", "CR_LOSS": "cr_loss", "VIEWS": "views"}
+
+
+def others_at_default(rec: dict, key: str) -> bool:
+    """Every design key but ``key`` at the paper's default (absent counts as default)."""
+    from dael_plugin.core.hparams import DAELHparams
+
+    d = DAELHparams()
+    for k, attr in DESIGN_KEYS.items():
+        if k == key:
+            continue
+        v = design_value(rec, k)
+        if v is not None and v != str(getattr(d, attr)):
+            return False
+    return True

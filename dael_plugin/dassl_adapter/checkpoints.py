@@ -26,7 +26,7 @@ def make_dassl_checkpoints_safe() -> None:
         module.save_checkpoint = save_dassl_checkpoint
 
 
-def load_dassl_checkpoint(fpath):
+def load_dassl_checkpoint(fpath: str) -> dict:
     """Dassl's ``load_checkpoint``, weights-only (one line naming the file when refused)."""
     if fpath is None:
         raise ValueError("File path is None")
@@ -36,7 +36,8 @@ def load_dassl_checkpoint(fpath):
     return state
 
 
-def save_dassl_checkpoint(state, save_dir, is_best=False, remove_module_from_keys=True, model_name=""):
+def save_dassl_checkpoint(state: dict, save_dir: str, is_best: bool = False, remove_module_from_keys: bool = True,
+                          model_name: str = "") -> None:
     """Dassl's ``save_checkpoint``: ``model.pth.tar-N`` (or ``model_name``), the ``checkpoint``
     marker and ``model-best.pth.tar``, each written atomically."""
     if remove_module_from_keys:

@@ -170,7 +170,7 @@ def cuda_settings(cfg) -> None:
           "convolutions (USE_TF32)")
 
 
-def autocast(prec: str, device: torch.device):
+def autocast(prec: str, device: torch.device) -> contextlib.AbstractContextManager:
     """Autocast to bf16/fp16 for ``prec`` != fp32 (weights and optimiser stay fp32)."""
     dtype = PRECISIONS[prec]
     if dtype is None:
@@ -178,7 +178,7 @@ def autocast(prec: str, device: torch.device):
     return torch.autocast(device_type=device.type, dtype=dtype)
 
 
-def grad_scaler(prec: str, device: torch.device):
+def grad_scaler(prec: str, device: torch.device) -> Optional[torch.amp.GradScaler]:
     """fp16 needs loss scaling; bf16 has fp32's range and does not.
 
     ``torch.amp.GradScaler(device)`` came with torch 2.3; before it, CUDA had

@@ -18,6 +18,7 @@ import platform
 import shutil
 import subprocess
 import sys
+from typing import List, Optional
 
 from dael_plugin.about import ENGINES
 
@@ -59,7 +60,7 @@ def machine() -> str:
     return f"{cpu}, {os.cpu_count()} cores{gpu}, torch {torch.__version__}"
 
 
-def main(argv=None):
+def main(argv: Optional[List[str]] = None) -> None:
     if not os.path.isdir(os.path.join(ROOT, "configs")):
         sys.exit("dael-demo needs the repository's configs/: run it from a clone installed with pip install -e .")
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])

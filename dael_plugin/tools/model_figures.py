@@ -4,7 +4,7 @@ and the t-SNE of features, SourceOnly against DAEL (Fig. 8), from the runs' chec
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import List, Optional, Tuple
 
 from dael_plugin.tools.plots_common import DESIGN_KEYS
 from dael_plugin.tools.plots_common import design_value as _key
@@ -129,7 +129,8 @@ def _pick_items(items, n, seed=0):
     return rng.sample(list(items), min(n, len(items)))
 
 
-def top3(recs, out: str, n_images: int = 4, run_dir: Optional[str] = None):
+def top3(recs: List[dict], out: str, n_images: int = 4,
+         run_dir: Optional[str] = None) -> Tuple[Optional[List[str]], Optional[str]]:
     import matplotlib.pyplot as plt
 
     run, why = _pick(recs, "DAEL", run_dir)
@@ -172,7 +173,8 @@ def top3(recs, out: str, n_images: int = 4, run_dir: Optional[str] = None):
     return _save(fig, out, "top3"), None
 
 
-def tsne(recs, out: str, per_domain: int = 150, run_dir: Optional[str] = None):
+def tsne(recs: List[dict], out: str, per_domain: int = 150,
+         run_dir: Optional[str] = None) -> Tuple[Optional[List[str]], Optional[str]]:
     import matplotlib.pyplot as plt
     import torch
     from sklearn.manifold import TSNE

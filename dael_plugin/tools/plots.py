@@ -54,7 +54,7 @@ def _by(recs, key) -> Dict[str, Dict[str, List[float]]]:
     return out
 
 
-def loss_ablation(recs, out: str):
+def loss_ablation(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[str]]:
     import matplotlib.pyplot as plt
 
     data = _by(recs, "LOSSES")
@@ -77,7 +77,7 @@ def loss_ablation(recs, out: str):
     return _save(fig, out, "loss_ablation"), None
 
 
-def weight_u(recs, out: str):
+def weight_u(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[str]]:
     import matplotlib.pyplot as plt
 
     data = _by(recs, "WEIGHT_U")
@@ -98,7 +98,7 @@ def weight_u(recs, out: str):
     return _save(fig, out, "weight_u"), None
 
 
-def experts(recs, out: str):
+def experts(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[str]]:
     import matplotlib.pyplot as plt
 
     rows = [r for r in recs if str(r.get("trainer")).upper() == "DAEL" and len(r.get("expert_accuracy") or {}) > 1
@@ -128,7 +128,7 @@ def experts(recs, out: str):
     return _save(fig, out, "experts"), None
 
 
-def curves(recs, out: str):
+def curves(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[str]]:
     """Mask rate and pseudo-label accuracy over training, for DAEL runs at the paper's
     defaults: per target, the mean over seeds and the seeds' range as a band."""
     import matplotlib.pyplot as plt

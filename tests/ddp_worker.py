@@ -23,34 +23,18 @@ def shard(t: torch.Tensor, chunk: int, rank: int, world: int) -> torch.Tensor:
     return torch.cat([t[s + rank * n:s + (rank + 1) * n] for s in range(0, t.shape[0], chunk)])
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--out", required=True)
-    p.add_argument("--setting", choices=("da", "dg"), default="da")
-    p.add_argument("--fuse", type=int, default=1)
-    p.add_argument("--chunk-bn", default="split")
-    p.add_argument("--per-domain", type=int, default=4)
-    p.add_argument("--batch-u", type=int, default=6)
-    p.add_argument("--steps", type=int, default=3)
-    p.add_argument("--size", type=int, default=16)
-    p.add_argument("--data-seed", type=int, default=1)
-    p.add_argument("--prec", default="fp32")
-    p.add_argument("--compile", default="none")
-    p.add_argument("--channels-last", type=int, default=0)
-    args = p.parse_args()
-    torch.set_num_threads(1)
-    w = distributed.init(use_cuda=False)
+def run(args, w, setting: str, fuse: int, chunk_bn: str, out_path: str) -> None:
     torch.manual_seed(0)
     k, c = 3, 5
     backbone = SmallCNN()
     heads = build_heads(backbone.out_features, c, k, DAELHparams())
     hp = DAELHparams(conf_thre=0.0)  # every pseudo-label kept: L_u is exercised from the first step
-    algo = DAEL(backbone, heads, hp, fuse_chunks=bool(args.fuse), chunk_bn=args.chunk_bn)
+    algo = DAEL(backbone, heads, hp, fuse_chunks=bool(fuse), chunk_bn=chunk_bn)
     model = torch.nn.ModuleList([backbone, heads])
     if w.distributed:
         set_sync(model, torch.distributed.group.WORLD, w.size)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    is_da = args.setting == "da"
+    is_da = setting == "da"
     if args.channels_last:
         backbone.to(memory_format=torch.channels_last)
     step = DAELStep(algo, [opt], torch.device("cpu"), k, args.per_domain // w.size, is_da, prec=args.prec,
@@ -78,7 +62,31 @@ def main() -> None:
     record["same_on_every_rank"] = all(
         all(torch.equal(s[key], states[0][key]) for key in s) for s in states)
     if w.is_main:
-        torch.save(record, args.out)
+        torch.save(record, out_path)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--out", required=True)
+    p.add_argument("--setting", choices=("da", "dg"), default="da")
+    p.add_argument("--fuse", type=int, default=1)
+    p.add_argument("--chunk-bn", default="split")
+    p.add_argument("--per-domain", type=int, default=4)
+    p.add_argument("--batch-u", type=int, default=6)
+    p.add_argument("--steps", type=int, default=3)
+    p.add_argument("--size", type=int, default=16)
+    p.add_argument("--data-seed", type=int, default=1)
+    p.add_argument("--prec", default="fp32")
+    p.add_argument("--compile", default="none")
+    p.add_argument("--channels-last", type=int, default=0)
+    p.add_argument("--case", action="append", help="SETTING:FUSE:CHUNK_BN, repeatable (outputs OUT.0, OUT.1, ...)")
+    args = p.parse_args()
+    torch.set_num_threads(1)
+    w = distributed.init(use_cuda=False)
+    cases = args.case or [f"{args.setting}:{args.fuse}:{args.chunk_bn}"]
+    for i, case in enumerate(cases):  # several cases in one launch: one process start for all
+        setting, fuse, chunk_bn = case.split(":")
+        run(args, w, setting, int(fuse), chunk_bn, args.out if len(cases) == 1 else f"{args.out}.{i}")
     distributed.finish()
 
 

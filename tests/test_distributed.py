@@ -7,8 +7,8 @@ Tolerances: three steps on fixed batches agree within 1e-5 (measured 1e-6 to 3e-
 chunk's statistics in another order than one) grows the way it grows between two
 single-process variants of the same computation: after one epoch of the embedded set at
 lr 0.001, the fused and the per-chunk single-process runs differ by 3.4e-2 in a weight, and
-one against two processes by 3.1e-2 (README, "Several processes"). The CLI comparisons run
-on the tiny set (8 steps an epoch), where the drift stays under 1e-3.
+one against two processes by 3.1e-2 (docs/several_gpus.md). The CLI comparisons run one epoch
+of the tiny set in 3 to 4 steps, where the drift stays under 1e-3 (measured 5e-5 to 8e-5).
 """
 import json
 import os
@@ -52,31 +52,35 @@ def one_process(args, timeout=300):
 
 
 # -- three steps on fixed batches ----------------------------------------------------------
-@pytest.mark.parametrize("setting,fuse,chunk_bn", [
-    ("da", 1, "split"),  # the fused pass: 3 source chunks x 2 views + a target chunk of another size
-    ("dg", 1, "split"),
-    ("da", 0, "split"),  # one backbone call per chunk
-    ("da", 1, "grouped"),
-])
-def test_three_steps_on_two_processes_equal_one(tmp_path, setting, fuse, chunk_bn):
-    opts = ["--setting", setting, "--fuse", str(fuse), "--chunk-bn", chunk_bn]
+CASES = ["da:1:split",  # the fused pass: 3 source chunks x 2 views + a target chunk of another size
+         "dg:1:split",
+         "da:0:split",  # one backbone call per chunk
+         "da:1:grouped"]
+
+
+def test_three_steps_on_two_processes_equal_one(tmp_path):
+    """Every case in one launch of each (one process start, not one per case)."""
+    opts = [x for c in CASES for x in ("--case", c)]
     single = one_process([WORKER, "--out", str(tmp_path / "one.pt")] + opts)
     assert single.returncode == 0, single.stderr[-2000:]
     ddp = torchrun([WORKER, "--out", str(tmp_path / "two.pt")] + opts)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    a = torch.load(tmp_path / "one.pt", weights_only=False)
-    b = torch.load(tmp_path / "two.pt", weights_only=False)
-    assert b["same_on_every_rank"]  # parameters and running statistics, bitwise on both processes
-    for la, lb in zip(a["loss"], b["loss"]):
-        assert abs(la - lb) < 1e-5
-    for ga, gb in zip(a["grads"], b["grads"]):
-        assert set(ga) == set(gb)
-        for k in ga:
-            assert (ga[k] - gb[k]).abs().max().item() < 1e-5, k
-    for k, v in a["state"].items():  # parameters, running means and variances, counters
-        assert (v.float() - b["state"][k].float()).abs().max().item() < 1e-5, k
-    if setting == "da":
-        assert "mask_u" in a["parts"][0] and a["parts"][0]["mask_u"] == 1.0  # L_u was in the loss
+    for i, case in enumerate(CASES):
+        a = torch.load(tmp_path / f"one.pt.{i}", weights_only=False)
+        b = torch.load(tmp_path / f"two.pt.{i}", weights_only=False)
+        assert b["same_on_every_rank"], case  # parameters and running statistics, bitwise on both processes
+        for la, lb in zip(a["loss"], b["loss"]):
+            assert abs(la - lb) < 1e-5, case
+        for ga, gb in zip(a["grads"], b["grads"]):
+            assert set(ga) == set(gb)
+            for k in ga:
+                assert (ga[k] - gb[k]).abs().max().item() < 1e-5, (case, k)
+        for k, v in a["state"].items():  # parameters, running means and variances, counters
+            assert (v.float() - b["state"][k].float()).abs().max().item() < 1e-5, (case, k)
+        if case.startswith("da"):
+            assert a["parts"][0]["mask_u"] == 1.0  # L_u was in the loss
+        else:
+            assert "mask_u" not in a["parts"][0]
 
 
 # -- the CLI under torchrun ------------------------------------------------------------------
@@ -100,14 +104,21 @@ def _model_state(state):
     return {f"{n}.{k}": v for n, sd in state["models"].items() for k, v in sd.items()}
 
 
+# An epoch of the tiny set in 3 to 4 steps (16 images per domain): last-bit differences have
+# no room to grow through max-pooling ties (module docstring), so 1e-3 holds on any CPU.
+EPOCH = ["DATALOADER.TRAIN_X.BATCH_SIZE", "48", "DATALOADER.TRAIN_U.BATCH_SIZE", "16"]
+
+
 def _check_cli_matches(tmp_path, tiny_root, engine, trainer="DAEL"):
-    one = run_train(_args(tiny_root, tmp_path / "one", engine, trainer=trainer), env_hide_dassl=engine == "builtin")
+    one = run_train(_args(tiny_root, tmp_path / "one", engine, extra=EPOCH, trainer=trainer),
+                    env_hide_dassl=engine == "builtin")
     assert one.returncode == 0, one.stderr[-3000:]
-    two = torchrun([TRAIN] + _args(tiny_root, tmp_path / "two", engine, trainer=trainer))
+    two = torchrun([TRAIN] + _args(tiny_root, tmp_path / "two", engine, extra=EPOCH, trainer=trainer))
     assert two.returncode == 0, two.stderr[-3000:]
     a = _model_state(_weights(tmp_path / "one" / "checkpoint.pth.tar"))
     b = _model_state(_weights(tmp_path / "two" / "checkpoint.pth.tar"))
     worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    print(f"{engine} {trainer}: largest weight difference {worst:.2e}")
     assert worst < 1e-3, worst
     ra = json.loads((tmp_path / "one" / "results.json").read_text())
     rb = json.loads((tmp_path / "two" / "results.json").read_text())
@@ -121,7 +132,7 @@ def _check_cli_matches(tmp_path, tiny_root, engine, trainer="DAEL"):
 
 def test_torchrun_builtin_engine_gives_the_one_process_run(tmp_path, tiny_root):
     two = _check_cli_matches(tmp_path, tiny_root, "builtin")
-    assert "4 images per domain per batch" in two.stdout  # each process's share of the 8
+    assert "8 images per domain per batch" in two.stdout  # each process's share of the 16
 
 
 @pytest.mark.dassl

@@ -17,4 +17,5 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(PYTHON) -m ruff check .
+	$(PYTHON) -m ruff format --check .
 	$(PYTHON) -m pytest -q -n $(JOBS)

@@ -15,6 +15,7 @@ The rooms, from the bottom up (imports run downwards only):
 - ``builtin/`` and ``dassl_adapter/``: the two engines;
 - ``tools/``: the commands (train, sweep, collect, plots, demo).
 """
+
 from __future__ import annotations
 
 from dael_plugin.about import HAS_DASSL, __version__

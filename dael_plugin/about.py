@@ -4,6 +4,7 @@ A leaf: it imports nothing of the plugin, so every room may read it.
 ``DAEL_PLUGIN_HIDE_DASSL=1`` makes this process behave as on a machine without Dassl
 (used by the tests and CI).
 """
+
 from __future__ import annotations
 
 import os

@@ -39,6 +39,7 @@ Without Dassl the plugin's configurations are timed and counted alone (with
 the plugin's own backbones) and the ratios are not printed: they need
 Dassl's DAEL as the reference.
 """
+
 import argparse
 import contextlib
 import copy
@@ -107,8 +108,24 @@ class Dassl:
 class Plugin:
     """The plugin's shared step with a given set of execution options."""
 
-    def __init__(self, name, backbone, heads_init, device, c, per_domain, size, fuse, fused_optim,
-                 channels_last, prec, compile_mode, chunk_bn="auto", foreach=None, views=None):
+    def __init__(
+        self,
+        name,
+        backbone,
+        heads_init,
+        device,
+        c,
+        per_domain,
+        size,
+        fuse,
+        fused_optim,
+        channels_last,
+        prec,
+        compile_mode,
+        chunk_bn="auto",
+        foreach=None,
+        views=None,
+    ):
         from dael_plugin.core import DAEL, DAELHparams, ExpertHeads
         from dael_plugin.engine.execution import channels_last_reason
         from dael_plugin.engine.step import DAELStep
@@ -127,8 +144,18 @@ class Plugin:
                 self.note = f"channels_last up to {self.F._dael_channels_last_boundary}: the backbone .views after it"
         alg = DAEL(self.F, self.E, DAELHparams(conf_thre=0.0), fuse_chunks=fuse, chunk_bn=chunk_bn)
         opts = [_sgd(self.F.parameters(), fused_optim, foreach), _sgd(self.E.parameters(), fused_optim, foreach)]
-        self.step = DAELStep(alg, opts, device, K, per_domain, True, prec=prec, channels_last=channels_last,
-                             compile_mode=compile_mode, device_views=views)
+        self.step = DAELStep(
+            alg,
+            opts,
+            device,
+            K,
+            per_domain,
+            True,
+            prec=prec,
+            channels_last=channels_last,
+            compile_mode=compile_mode,
+            device_views=views,
+        )
         self.F.train(), self.E.train()
 
     def __call__(self, bx, bu):
@@ -141,11 +168,17 @@ def make_batch(per_domain, target, size, classes, seed=1, uint8=False):
     shape = (3, size, size)
 
     def img(m):
-        return (torch.randint(0, 256, (m,) + shape, generator=g, dtype=torch.uint8) if uint8
-                else torch.randn((m,) + shape, generator=g))
+        return (
+            torch.randint(0, 256, (m,) + shape, generator=g, dtype=torch.uint8)
+            if uint8
+            else torch.randn((m,) + shape, generator=g)
+        )
 
-    bx = {"img": img(n), "label": torch.randint(0, classes, (n,), generator=g),
-          "domain": torch.arange(K).repeat_interleave(per_domain)}
+    bx = {
+        "img": img(n),
+        "label": torch.randint(0, classes, (n,), generator=g),
+        "domain": torch.arange(K).repeat_interleave(per_domain),
+    }
     bu = {"img": img(target)}
     if not uint8:
         bx["img2"], bu["img2"] = img(n), img(target)
@@ -154,10 +187,12 @@ def make_batch(per_domain, target, size, classes, seed=1, uint8=False):
 
 def configs(cuda: bool, bf16: bool = False, compile_: bool = False):
     """(label, options) cumulative, as the per-option shares need."""
-    steps = [("per-chunk calls (as Dassl)", {}),
-             ("+ fused pass", {"fuse": True}),
-             ("+ fused optimiser", {"fused_optim": True}),
-             ("+ channels_last", {"channels_last": True})]
+    steps = [
+        ("per-chunk calls (as Dassl)", {}),
+        ("+ fused pass", {"fuse": True}),
+        ("+ fused optimiser", {"fused_optim": True}),
+        ("+ channels_last", {"channels_last": True}),
+    ]
     if cuda or bf16:
         steps.append(("+ bf16 autocast", {"prec": "bf16"}))
     if cuda or compile_:
@@ -186,6 +221,7 @@ def _models(shape, device, dassl: bool):
 # -- the step --------------------------------------------------------------
 def _block_timer(device):
     """``time(fn, n) -> ms per call``: n calls between two CUDA events, one synchronisation."""
+
     def timed(fn, n):
         if device.type == "cuda":
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
@@ -200,6 +236,7 @@ def _block_timer(device):
         for _ in range(n):
             fn()
         return (time.perf_counter() - t0) / n * 1e3
+
     return timed
 
 
@@ -210,10 +247,12 @@ def _first_step_agreement(runners, bx, bu):
     torch.manual_seed(123)
     ours = exact(bx, bu)
     diff = max(abs(float(ref[k]) - float(ours[k])) for k in ("loss_x", "loss_cr", "loss_u"))
-    print(f"first step, losses x/cr/u: dassl {float(ref['loss_x']):.5f}/{float(ref['loss_cr']):.5f}/"
-          f"{float(ref['loss_u']):.5f}, plugin ({exact.name.strip('+ ')}) {float(ours['loss_x']):.5f}/"
-          f"{float(ours['loss_cr']):.5f}/{float(ours['loss_u']):.5f}; max abs diff {diff:.1e} "
-          "(Dassl takes log(p + 1e-5))")
+    print(
+        f"first step, losses x/cr/u: dassl {float(ref['loss_x']):.5f}/{float(ref['loss_cr']):.5f}/"
+        f"{float(ref['loss_u']):.5f}, plugin ({exact.name.strip('+ ')}) {float(ours['loss_x']):.5f}/"
+        f"{float(ours['loss_cr']):.5f}/{float(ours['loss_u']):.5f}; max abs diff {diff:.1e} "
+        "(Dassl takes log(p + 1e-5))"
+    )
 
 
 def bench_step(shape, args, device):
@@ -244,21 +283,30 @@ def bench_step(shape, args, device):
             peak[r.name] = torch.cuda.max_memory_allocated() / 2**20
     times = {r.name: [] for r in runners}
     for i in range(args.repeats):
-        for r in runners[i % len(runners):] + runners[: i % len(runners)]:  # rotate who goes first
+        for r in runners[i % len(runners) :] + runners[: i % len(runners)]:  # rotate who goes first
             times[r.name].append(timed(lambda: r(bx, bu), args.steps))
     med = {n: statistics.median(v) for n, v in times.items()}
     _print_step_table(runners, med, peak, dassl)
     plugin = runners[1:] if dassl else runners
     best_fp32 = min((r for r in plugin if r.step.prec == "fp32"), key=lambda r: med[r.name])
     best = min(plugin, key=lambda r: med[r.name])
-    return {"dassl": med[runners[0].name] if dassl else None, "best": med[best.name], "best_name": best.name,
-            "best_fp32": med[best_fp32.name], "best_fp32_name": best_fp32.name, "peak": peak}
+    return {
+        "dassl": med[runners[0].name] if dassl else None,
+        "best": med[best.name],
+        "best_name": best.name,
+        "best_fp32": med[best_fp32.name],
+        "best_fp32_name": best_fp32.name,
+        "peak": peak,
+    }
 
 
 def _print_step_table(runners, med, peak, dassl):
     base = med[runners[0].name] if dassl else None
-    print(f"{'configuration':<30} {'ms/step':>9}" + (f" {'vs dassl':>9}" if dassl else "")
-          + (f" {'peak MiB':>9}" if peak else ""))
+    print(
+        f"{'configuration':<30} {'ms/step':>9}"
+        + (f" {'vs dassl':>9}" if dassl else "")
+        + (f" {'peak MiB':>9}" if peak else "")
+    )
     for r in runners:
         line = f"{r.name:<30} {med[r.name]:>9.1f}" + (f" {base / med[r.name]:>8.2f}x" if dassl else "")
         if peak:
@@ -282,8 +330,15 @@ def _paper_views(size, device):
 
     cfg = get_builtin_cfg()
     cfg.INPUT.SIZE = (size, size)
-    return DeviceViews(PAPER_WEAK, PAPER_STRONG, 2, cfg.INPUT, CN({"STRONG_TRANSFORMS": PAPER_STRONG}),
-                       device=device, size=(size, size))
+    return DeviceViews(
+        PAPER_WEAK,
+        PAPER_STRONG,
+        2,
+        cfg.INPUT,
+        CN({"STRONG_TRANSFORMS": PAPER_STRONG}),
+        device=device,
+        size=(size, size),
+    )
 
 
 def launch_counts(size: int = 32, per_domain: int = 64, dassl=None):
@@ -300,23 +355,78 @@ def launch_counts(size: int = 32, per_domain: int = 64, dassl=None):
     on_gpu = resolve_impl("auto", "cuda")
     runs = []
     if dassl:
-        runs.append(("dassl DAEL", Dassl(copy.deepcopy(backbone), copy.deepcopy(experts), device, classes, per_domain,
-                                         foreach=True), (bx, bu)))
+        runs.append(
+            (
+                "dassl DAEL",
+                Dassl(copy.deepcopy(backbone), copy.deepcopy(experts), device, classes, per_domain, foreach=True),
+                (bx, bu),
+            )
+        )
     for label, opts in configs(False):
         opts = dict(opts, chunk_bn=on_gpu if opts["fuse"] else "auto")
-        runs.append((label, Plugin(label, copy.deepcopy(backbone), experts, device, classes, per_domain, size,
-                                   foreach=True, **opts), (bx, bu)))
+        runs.append(
+            (
+                label,
+                Plugin(
+                    label, copy.deepcopy(backbone), experts, device, classes, per_domain, size, foreach=True, **opts
+                ),
+                (bx, bu),
+            )
+        )
     default = dict(configs(False)[-1][1])
-    runs.append(("default, CHUNK_BN split (CPU's auto)", Plugin(
-        "split", copy.deepcopy(backbone), experts, device, classes, per_domain, size, foreach=True,
-        **dict(default, chunk_bn="split")), (bx, bu)))
-    runs.append(("default + bf16 autocast", Plugin(
-        "bf16", copy.deepcopy(backbone), experts, device, classes, per_domain, size, foreach=True,
-        **dict(default, chunk_bn=on_gpu, prec="bf16")), (bx, bu)))
+    runs.append(
+        (
+            "default, CHUNK_BN split (CPU's auto)",
+            Plugin(
+                "split",
+                copy.deepcopy(backbone),
+                experts,
+                device,
+                classes,
+                per_domain,
+                size,
+                foreach=True,
+                **dict(default, chunk_bn="split"),
+            ),
+            (bx, bu),
+        )
+    )
+    runs.append(
+        (
+            "default + bf16 autocast",
+            Plugin(
+                "bf16",
+                copy.deepcopy(backbone),
+                experts,
+                device,
+                classes,
+                per_domain,
+                size,
+                foreach=True,
+                **dict(default, chunk_bn=on_gpu, prec="bf16"),
+            ),
+            (bx, bu),
+        )
+    )
     ux, uu = make_batch(per_domain, per_domain, size, classes, uint8=True)
-    runs.append(("default + views on the device", Plugin(
-        "views", copy.deepcopy(backbone), experts, device, classes, per_domain, size, foreach=True,
-        views=_paper_views(size, device), **dict(default, chunk_bn=on_gpu)), (ux, uu)))
+    runs.append(
+        (
+            "default + views on the device",
+            Plugin(
+                "views",
+                copy.deepcopy(backbone),
+                experts,
+                device,
+                classes,
+                per_domain,
+                size,
+                foreach=True,
+                views=_paper_views(size, device),
+                **dict(default, chunk_bn=on_gpu),
+            ),
+            (ux, uu),
+        )
+    )
     counts = {}
     for label, runner, (x, u) in runs:
         runner(x, u)  # warm-up: lazy initialisation, optimiser state
@@ -334,10 +444,15 @@ DEFAULT_LAUNCH_LABEL = "+ channels_last"  # the defaults: fused pass, fused opti
 def bench_launches(args):
     counts = launch_counts(args.launch_size, 64)
     base = counts.get("dassl DAEL")
-    print(f"\n== launches per step, miniDomainNet's shape (ResNet-18, {K} x 64 + 64, {args.launch_size}x"
-          f"{args.launch_size}), counted on CPU as on a GPU (CHUNK_BN auto -> grouped) ==")
-    print(f"{'configuration':<40} {'launches':>9}" + (f" {'vs dassl':>9}" if base else "")
-          + f" {'copies':>7} {'copied MiB':>11} {'host reads':>11}")
+    print(
+        f"\n== launches per step, miniDomainNet's shape (ResNet-18, {K} x 64 + 64, {args.launch_size}x"
+        f"{args.launch_size}), counted on CPU as on a GPU (CHUNK_BN auto -> grouped) =="
+    )
+    print(
+        f"{'configuration':<40} {'launches':>9}"
+        + (f" {'vs dassl':>9}" if base else "")
+        + f" {'copies':>7} {'copied MiB':>11} {'host reads':>11}"
+    )
     for label, c in counts.items():
         ratio = f" {c.total / base.total:>8.2f}x" if base else ""
         print(f"{label:<40} {c.total:>9d}{ratio} {c.copies:>7d} {c.copy_bytes / 2**20:>11.1f} {c.host_reads:>11d}")
@@ -375,9 +490,11 @@ def bench_aug(shape, args, device):
     for _ in range(2):
         dev(u8)
     on_dev = _block_timer(device)(lambda: dev(u8), 5)
-    print(f"share aug on device: weak+strong views of {n} images at {size}x{size} (the paper's miniDomainNet "
-          f"transforms): {pil:.1f} ms in one loader process (PIL) vs {on_dev:.1f} ms on {device.type} "
-          "(batched, per-sample draws)")
+    print(
+        f"share aug on device: weak+strong views of {n} images at {size}x{size} (the paper's miniDomainNet "
+        f"transforms): {pil:.1f} ms in one loader process (PIL) vs {on_dev:.1f} ms on {device.type} "
+        "(batched, per-sample draws)"
+    )
 
 
 # -- the epoch ---------------------------------------------------------------
@@ -420,7 +537,8 @@ def _synthetic_root(shape, images):
                 os.makedirs(folder, exist_ok=True)
                 for i in range(per_class):
                     Image.fromarray(rng.integers(0, 255, (size, size, 3), dtype=np.uint8)).save(
-                        os.path.join(folder, f"{i}.png"))
+                        os.path.join(folder, f"{i}.png")
+                    )
     return root
 
 
@@ -438,23 +556,76 @@ def _epoch_cfg(engine, shape, args, device, data_root, on_device=False, fastest=
         cfg = add_dael_config(get_cfg_default())
     bb, own, size, _, per = SHAPES[shape]
     per_domain = args.per_domain or (per[1] if device.type == "cuda" else per[0])
-    common = ["DATALOADER.NUM_WORKERS", args.workers, "TRAIN.PRINT_FREQ", 10**6, "USE_CUDA", device.type == "cuda",
-              "VERBOSE", False, "OUTPUT_DIR", tempfile.mkdtemp(prefix="dael_bench_out_"), "TEST.NO_TEST", True,
-              "TRAINER.NAME", "DAEL", "TRAINER.DAEL.AUG_ON_DEVICE", on_device, "SEED", 1,
-              "TRAINER.DAEL.STRONG_TRANSFORMS", ["randaugment2", "normalize"], "OPTIM.MAX_EPOCH", 2]
+    common = [
+        "DATALOADER.NUM_WORKERS",
+        args.workers,
+        "TRAIN.PRINT_FREQ",
+        10**6,
+        "USE_CUDA",
+        device.type == "cuda",
+        "VERBOSE",
+        False,
+        "OUTPUT_DIR",
+        tempfile.mkdtemp(prefix="dael_bench_out_"),
+        "TEST.NO_TEST",
+        True,
+        "TRAINER.NAME",
+        "DAEL",
+        "TRAINER.DAEL.AUG_ON_DEVICE",
+        on_device,
+        "SEED",
+        1,
+        "TRAINER.DAEL.STRONG_TRANSFORMS",
+        ["randaugment2", "normalize"],
+        "OPTIM.MAX_EPOCH",
+        2,
+    ]
     if args.epoch_data == "embedded":
         cfg.merge_from_file(os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml"))
         cfg.merge_from_file(os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml"))
-        cfg.merge_from_list(["DATASET.ROOT", data_root, "DATASET.SOURCE_DOMAINS", ["hand", "street", "font"],
-                             "DATASET.TARGET_DOMAINS", ["blend"]] + common)
+        cfg.merge_from_list(
+            [
+                "DATASET.ROOT",
+                data_root,
+                "DATASET.SOURCE_DOMAINS",
+                ["hand", "street", "font"],
+                "DATASET.TARGET_DOMAINS",
+                ["blend"],
+            ]
+            + common
+        )
     else:
-        cfg.merge_from_list([
-            "DATASET.NAME", "DomainFolders", "DATASET.ROOT", data_root, "DATASET.SOURCE_DOMAINS", ["d0", "d1", "d2"],
-            "DATASET.TARGET_DOMAINS", ["t"], "MODEL.BACKBONE.NAME", bb if engine == "dassl" else own,
-            "INPUT.SIZE", (size, size), "INPUT.TRANSFORMS", ["random_flip", "normalize"],
-            "DATALOADER.TRAIN_X.SAMPLER", "RandomDomainSampler", "DATALOADER.TRAIN_X.BATCH_SIZE", K * per_domain,
-            "DATALOADER.TRAIN_U.SAME_AS_X", False, "DATALOADER.TRAIN_U.BATCH_SIZE", per_domain,
-            "OPTIM.NAME", "sgd", "OPTIM.LR", 0.01] + common)
+        cfg.merge_from_list(
+            [
+                "DATASET.NAME",
+                "DomainFolders",
+                "DATASET.ROOT",
+                data_root,
+                "DATASET.SOURCE_DOMAINS",
+                ["d0", "d1", "d2"],
+                "DATASET.TARGET_DOMAINS",
+                ["t"],
+                "MODEL.BACKBONE.NAME",
+                bb if engine == "dassl" else own,
+                "INPUT.SIZE",
+                (size, size),
+                "INPUT.TRANSFORMS",
+                ["random_flip", "normalize"],
+                "DATALOADER.TRAIN_X.SAMPLER",
+                "RandomDomainSampler",
+                "DATALOADER.TRAIN_X.BATCH_SIZE",
+                K * per_domain,
+                "DATALOADER.TRAIN_U.SAME_AS_X",
+                False,
+                "DATALOADER.TRAIN_U.BATCH_SIZE",
+                per_domain,
+                "OPTIM.NAME",
+                "sgd",
+                "OPTIM.LR",
+                0.01,
+            ]
+            + common
+        )
     if fastest:  # the GPU's fastest configuration of the step bench
         cfg.merge_from_list(["TRAINER.DAEL.PREC", "bf16", "TRAINER.DAEL.COMPILE", "reduce-overhead"])
     return cfg
@@ -480,8 +651,9 @@ def _run_epochs(build, device, epochs=2):
             torch.cuda.synchronize()
         secs = (time.perf_counter() - t0) / epochs
     batches = len(t.train_loader_x)
-    per_batch = t.train_loader_x.batch_sampler.batch_size if hasattr(t.train_loader_x.batch_sampler, "batch_size") \
-        else None
+    per_batch = (
+        t.train_loader_x.batch_sampler.batch_size if hasattr(t.train_loader_x.batch_sampler, "batch_size") else None
+    )
     return secs, clock["wait"] / epochs / secs, batches, per_batch, t
 
 
@@ -494,6 +666,7 @@ def _epoch_runner(t):
         def run(e):
             t.epoch = e
             t.run_epoch()
+
         return run
     t.max_epoch, t.start_epoch = 10**6, 0
     t.before_train = lambda: None
@@ -502,45 +675,67 @@ def _epoch_runner(t):
     def run(e):
         t.epoch = e
         t.run_epoch()
+
     return run
 
 
 def bench_epoch(shape, args, device):
     """Epochs through Dassl's own DAEL trainer and the plugin's trainers on both engines."""
     dassl = has_dassl()
-    data_root = tempfile.mkdtemp(prefix="dael_bench_data_") if args.epoch_data == "embedded" \
+    data_root = (
+        tempfile.mkdtemp(prefix="dael_bench_data_")
+        if args.epoch_data == "embedded"
         else _synthetic_root(shape, args.epoch_images)
+    )
     runs = []
     if dassl:
         from dassl.engine.da.dael import DAEL as DasslDAEL
 
         from dael_plugin.dassl_adapter import DAELTrainer
 
-        runs += [("dassl DAEL", lambda: DasslDAEL(_epoch_cfg("dassl", shape, args, device, data_root))),
-                 ("dael_plugin (dassl engine)", lambda: DAELTrainer(_epoch_cfg("dassl", shape, args, device, data_root))),
-                 ("dael_plugin + aug on device", lambda: DAELTrainer(
-                     _epoch_cfg("dassl", shape, args, device, data_root, on_device=True)))]
+        runs += [
+            ("dassl DAEL", lambda: DasslDAEL(_epoch_cfg("dassl", shape, args, device, data_root))),
+            ("dael_plugin (dassl engine)", lambda: DAELTrainer(_epoch_cfg("dassl", shape, args, device, data_root))),
+            (
+                "dael_plugin + aug on device",
+                lambda: DAELTrainer(_epoch_cfg("dassl", shape, args, device, data_root, on_device=True)),
+            ),
+        ]
         if device.type == "cuda":
-            runs.append(("dael_plugin bf16+compile+aug on device", lambda: DAELTrainer(
-                _epoch_cfg("dassl", shape, args, device, data_root, on_device=True, fastest=True))))
+            runs.append(
+                (
+                    "dael_plugin bf16+compile+aug on device",
+                    lambda: DAELTrainer(
+                        _epoch_cfg("dassl", shape, args, device, data_root, on_device=True, fastest=True)
+                    ),
+                )
+            )
     from dael_plugin.builtin.trainer import build_builtin_trainer
 
     bb, own = SHAPES[shape][:2]
     if args.epoch_data == "embedded" or bb == own or not dassl:
-        runs.append(("dael_plugin (built-in engine)", lambda: build_builtin_trainer(
-            _epoch_cfg("builtin", shape, args, device, data_root))))
+        runs.append(
+            (
+                "dael_plugin (built-in engine)",
+                lambda: build_builtin_trainer(_epoch_cfg("builtin", shape, args, device, data_root)),
+            )
+        )
     else:
         print(f"(the built-in engine has no {bb}, Dassl's backbone of this shape: its epoch is not timed here)")
     what = "the embedded set, shipped configs" if args.epoch_data == "embedded" else "synthetic images"
-    print(f"\n== epoch, {shape if args.epoch_data != 'embedded' else 'embedded'}: {what}, strong view randaugment2, "
-          f"{args.workers} loader workers, {device.type} ==")
+    print(
+        f"\n== epoch, {shape if args.epoch_data != 'embedded' else 'embedded'}: {what}, strong view randaugment2, "
+        f"{args.workers} loader workers, {device.type} =="
+    )
     results = {}
     for label, build in runs:
         secs, wait, batches, _, t = _run_epochs(build, device)
         n = batches * _images_per_batch(t)
         results[label] = n / secs
-        print(f"{label:<40} {n / secs:>8.0f} images/s ({batches} batches, {secs:.2f} s per epoch; "
-              f"waiting for data {100 * wait:.0f}% of it)")
+        print(
+            f"{label:<40} {n / secs:>8.0f} images/s ({batches} batches, {secs:.2f} s per epoch; "
+            f"waiting for data {100 * wait:.0f}% of it)"
+        )
     if dassl:
         base = results["dassl DAEL"]
         for k, v in results.items():
@@ -553,15 +748,22 @@ def bench_epoch(shape, args, device):
 
 def _images_per_batch(t):
     cfg = t.cfg.DATALOADER
-    target = 0 if getattr(t, "train_loader_u", None) is None else (
-        cfg.TRAIN_X.BATCH_SIZE if cfg.TRAIN_U.SAME_AS_X else cfg.TRAIN_U.BATCH_SIZE)
+    target = (
+        0
+        if getattr(t, "train_loader_u", None) is None
+        else (cfg.TRAIN_X.BATCH_SIZE if cfg.TRAIN_U.SAME_AS_X else cfg.TRAIN_U.BATCH_SIZE)
+    )
     return cfg.TRAIN_X.BATCH_SIZE + target
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--shape", default="auto", choices=("auto", "digit5", "minidomainnet", "both"),
-                   help="auto: both on a GPU, digit5 on CPU")
+    p.add_argument(
+        "--shape",
+        default="auto",
+        choices=("auto", "digit5", "minidomainnet", "both"),
+        help="auto: both on a GPU, digit5 on CPU",
+    )
     p.add_argument("--per-domain", type=int, default=0, help="override the per-domain batch")
     p.add_argument("--warmup", type=int, default=3, help="untimed steps per configuration")
     p.add_argument("--steps", type=int, default=5, help="steps per timed block (one synchronisation per block)")
@@ -570,16 +772,25 @@ def main():
     p.add_argument("--bf16", action="store_true", help="on CPU, also time bf16 autocast (always on a GPU)")
     p.add_argument("--compile", action="store_true", help="on CPU, also time torch.compile (always on a GPU)")
     p.add_argument("--no-launches", action="store_true", help="skip counting launches per step")
-    p.add_argument("--launch-size", type=int, default=32, help="spatial size for counting (the count does not "
-                                                               "depend on it)")
+    p.add_argument(
+        "--launch-size", type=int, default=32, help="spatial size for counting (the count does not depend on it)"
+    )
     p.add_argument("--epoch", action="store_true", help="also time epochs against Dassl's trainer")
-    p.add_argument("--epoch-data", default="auto", choices=("auto", "synthetic", "embedded"),
-                   help="auto: synthetic on a GPU, the embedded set on CPU")
+    p.add_argument(
+        "--epoch-data",
+        default="auto",
+        choices=("auto", "synthetic", "embedded"),
+        help="auto: synthetic on a GPU, the embedded set on CPU",
+    )
     p.add_argument("--epoch-images", type=int, default=0, help="training images per domain (synthetic data)")
     p.add_argument("--workers", type=int, default=min(8, os.cpu_count() or 1))
     p.add_argument("--threads", type=int, default=0, help="torch CPU threads (default: torch's choice)")
-    p.add_argument("--ddp", action="store_true", help="only report what several processes add to a step: the "
-                   "collectives and bytes of DDP and synchronised batch norm (scripts/bench_ddp.py)")
+    p.add_argument(
+        "--ddp",
+        action="store_true",
+        help="only report what several processes add to a step: the "
+        "collectives and bytes of DDP and synchronised batch norm (scripts/bench_ddp.py)",
+    )
     args = p.parse_args()
     if args.ddp:  # the counts of scripts/bench_ddp.py, with its defaults
         import bench_ddp
@@ -602,8 +813,14 @@ def main():
         args.epoch_images = 2048 if cuda else 192
     dassl = has_dassl()
     name = torch.cuda.get_device_name() if cuda else f"CPU ({torch.get_num_threads()} threads)"
-    print(f"device: {name}; torch {torch.__version__}" + ("" if dassl else
-          "; Dassl is not installed: the plugin alone, no ratio (they need Dassl's DAEL as the reference)"))
+    print(
+        f"device: {name}; torch {torch.__version__}"
+        + (
+            ""
+            if dassl
+            else "; Dassl is not installed: the plugin alone, no ratio (they need Dassl's DAEL as the reference)"
+        )
+    )
     results = {}
     head = "minidomainnet" if (cuda and "minidomainnet" in shapes) else shapes[0]
     for shape in shapes:
@@ -615,10 +832,16 @@ def main():
         bench_epoch(head, args, device)
     r = results[head]
     key, label = ("best", r["best_name"]) if cuda else ("best_fp32", r["best_fp32_name"])
-    print(f"\nheadline: {head}, plugin '{label.strip('+ ')}' configuration, "
-          f"{'fastest' if cuda else 'fastest fp32'}: {r[key]:.1f} ms" + (f" vs Dassl {r['dassl']:.1f} ms" if dassl else ""))
-    print(f"speedup_vs_dassl_dael: {r['dassl'] / r[key]:.2f}" if dassl else
-          "speedup_vs_dassl_dael: needs Dassl's DAEL as the reference (install Dassl; see README)")
+    print(
+        f"\nheadline: {head}, plugin '{label.strip('+ ')}' configuration, "
+        f"{'fastest' if cuda else 'fastest fp32'}: {r[key]:.1f} ms"
+        + (f" vs Dassl {r['dassl']:.1f} ms" if dassl else "")
+    )
+    print(
+        f"speedup_vs_dassl_dael: {r['dassl'] / r[key]:.2f}"
+        if dassl
+        else "speedup_vs_dassl_dael: needs Dassl's DAEL as the reference (install Dassl; see README)"
+    )
     return 0
 
 

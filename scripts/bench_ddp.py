@@ -18,6 +18,7 @@ batch sizes and backbones), it prints:
 
     python scripts/bench_ddp.py [--recipe minidomainnet domainnet] [--step-ms R=MS ...]
 """
+
 from __future__ import annotations
 
 import argparse
@@ -81,12 +82,24 @@ def count(recipe: str) -> dict:
     grads = sum(p.numel() * 4 for p in model.parameters())
     # DDP's bucket cap (25 MiB by default): one all-reduce per full bucket (a one-process group
     # keeps a single bucket, so the count is the cap's, not read back).
-    cap = int(ddp._get_ddp_logging_data().get("bucket_cap_bytes", 25 * 2 ** 20)) if hasattr(
-        ddp, "_get_ddp_logging_data") else 25 * 2 ** 20
+    cap = (
+        int(ddp._get_ddp_logging_data().get("bucket_cap_bytes", 25 * 2**20))
+        if hasattr(ddp, "_get_ddp_logging_data")
+        else 25 * 2**20
+    )
     buckets = -(-grads // cap)
     n_bn = sum(1 for m in backbone.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm))
-    return {"recipe": recipe, "backbone": name, "per_domain": per_domain, "bn_layers": n_bn, "fwd": forward,
-            "bwd": backward, "grad_bytes": grads, "buckets": buckets, "params": grads // 4}
+    return {
+        "recipe": recipe,
+        "backbone": name,
+        "per_domain": per_domain,
+        "bn_layers": n_bn,
+        "fwd": forward,
+        "bwd": backward,
+        "grad_bytes": grads,
+        "buckets": buckets,
+        "params": grads // 4,
+    }
 
 
 def time_overhead(recipe: str, size: int, device: torch.device, steps: int) -> tuple:
@@ -114,8 +127,12 @@ def time_overhead(recipe: str, size: int, device: torch.device, steps: int) -> t
             step._losses = DDP(distributed.LossModule(model, step._losses), device_ids=ids)
         g = torch.Generator().manual_seed(1)
         n = k * per_domain
-        bx = {"img": torch.randn(n, 3, size, size, generator=g), "img2": torch.randn(n, 3, size, size, generator=g),
-              "label": torch.randint(classes, (n,), generator=g), "domain": torch.arange(k).repeat_interleave(per_domain)}
+        bx = {
+            "img": torch.randn(n, 3, size, size, generator=g),
+            "img2": torch.randn(n, 3, size, size, generator=g),
+            "label": torch.randint(classes, (n,), generator=g),
+            "domain": torch.arange(k).repeat_interleave(per_domain),
+        }
         bu = {"img": torch.randn(b_u, 3, size, size, generator=g), "img2": torch.randn(b_u, 3, size, size, generator=g)}
         times = []
         for i in range(steps + 3):
@@ -137,10 +154,17 @@ def main() -> None:
     p.add_argument("--gpus", type=int, default=8)
     p.add_argument("--alpha-us", type=float, default=25.0, help="latency of one small all-reduce (NCCL, NVLink)")
     p.add_argument("--busbw", type=float, default=300.0, help="all-reduce bus bandwidth, GB/s")
-    p.add_argument("--step-ms", nargs="*", default=[], metavar="RECIPE=MS",
-                   help="a measured single-GPU step of a recipe, for the time model")
+    p.add_argument(
+        "--step-ms",
+        nargs="*",
+        default=[],
+        metavar="RECIPE=MS",
+        help="a measured single-GPU step of a recipe, for the time model",
+    )
     p.add_argument("--time", action="store_true", help="also time DDP's overhead at N=1 against plain training")
-    p.add_argument("--size", type=int, default=0, help="image size for --time (default: 32 on CPU, the recipe's on CUDA)")
+    p.add_argument(
+        "--size", type=int, default=0, help="image size for --time (default: 32 on CPU, the recipe's on CUDA)"
+    )
     p.add_argument("--steps", type=int, default=10)
     args = p.parse_args()
     steps = {r: float(v) for r, v in (s.split("=", 1) for s in args.step_ms)}
@@ -155,26 +179,34 @@ def main() -> None:
                 for r in args.recipe:
                     size = args.size or (sizes[r] if dev.type == "cuda" else 32)
                     plain, ddp = time_overhead(r, size, dev, args.steps)
-                    print(f"  {r} at {size}x{size} on {dev}: plain {plain:.1f} ms, DDP + synchronised batch norm in a "
-                          f"one-process group {ddp:.1f} ms ({ddp / plain:.2f}x), median of {args.steps} steps")
+                    print(
+                        f"  {r} at {size}x{size} on {dev}: plain {plain:.1f} ms, DDP + synchronised batch norm in a "
+                        f"one-process group {ddp:.1f} ms ({ddp / plain:.2f}x), median of {args.steps} steps"
+                    )
         finally:
             dist.destroy_process_group()
     print("Per step, whatever N (counted on one step; collectives on the critical path first):")
     for r in rows:
         (cf, bf), (cb, bb) = r["fwd"], r["bwd"]
-        print(f"  {r['recipe']:>14} {r['backbone']:>14} ({r['params'] / 1e6:.1f}M params, {r['bn_layers']} BN layers): "
-              f"batch norm {cf} + {cb} all-reduces, {(bf + bb) / 1e6:.2f} MB; gradients {r['grad_bytes'] / 1e6:.1f} MB "
-              f"in about {r['buckets']} DDP bucket(s), overlapped with the backward pass")
+        print(
+            f"  {r['recipe']:>14} {r['backbone']:>14} ({r['params'] / 1e6:.1f}M params, {r['bn_layers']} BN layers): "
+            f"batch norm {cf} + {cb} all-reduces, {(bf + bb) / 1e6:.2f} MB; gradients {r['grad_bytes'] / 1e6:.1f} MB "
+            f"in about {r['buckets']} DDP bucket(s), overlapped with the backward pass"
+        )
     n, alpha, bw = args.gpus, args.alpha_us * 1e-6, args.busbw * 1e9
-    print(f"\nTime model on {n} GPUs (alpha {args.alpha_us:.0f} us per all-reduce, bus bandwidth {args.busbw:.0f} GB/s):")
+    print(
+        f"\nTime model on {n} GPUs (alpha {args.alpha_us:.0f} us per all-reduce, bus bandwidth {args.busbw:.0f} GB/s):"
+    )
     for r in rows:
         (cf, bf), (cb, bb) = r["fwd"], r["bwd"]
         bn_s = (cf + cb) * alpha + (bf + bb) / bw
         grad_s = r["grad_bytes"] / bw  # ring: each GPU moves 2(N-1)/N of it; busbw already counts that
         usable = max(d for d in range(1, n + 1) if r["per_domain"] % d == 0)
-        line = (f"  {r['recipe']:>14}: batch-norm sync {bn_s * 1e3:.2f} ms a step (not hidden), gradients "
-                f"{grad_s * 1e3:.2f} ms (hidden behind the backward pass when it is longer); "
-                f"{r['per_domain']} images per domain split over at most {usable} of {n} GPUs")
+        line = (
+            f"  {r['recipe']:>14}: batch-norm sync {bn_s * 1e3:.2f} ms a step (not hidden), gradients "
+            f"{grad_s * 1e3:.2f} ms (hidden behind the backward pass when it is longer); "
+            f"{r['per_domain']} images per domain split over at most {usable} of {n} GPUs"
+        )
         if r["recipe"] in steps:
             t1 = steps[r["recipe"]] / 1e3
             tn = t1 / usable + bn_s

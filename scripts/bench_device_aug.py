@@ -16,6 +16,7 @@ For a batch of uint8 images, each way of making a strong view with
 NVIDIA DALI is not timed: it runs only on a GPU, and the views must also be
 made on CPU. Run on the device to choose for: ``--device cuda``.
 """
+
 import argparse
 import os
 import statistics
@@ -63,9 +64,11 @@ def main():
     print(f"  torchvision v2 RandAugment, one draw for the batch   {timeit(lambda: tv(u8), dev):8.1f}")
     v = torch.rand(b, device=dev) + 0.5
     inv = ad._geometric_inverse("Rotate", torch.rand(b, device=dev) * 30, s, s)
-    ops = [("affine warp", lambda: ad._warp(x, inv)),
-           ("sharpness", lambda: ad._blend(ad._sharpen_base(x), x, v)),
-           ("equalize", lambda: ad._equalize(x))]
+    ops = [
+        ("affine warp", lambda: ad._warp(x, inv)),
+        ("sharpness", lambda: ad._blend(ad._sharpen_base(x), x, v)),
+        ("equalize", lambda: ad._equalize(x)),
+    ]
     try:
         import kornia
         from kornia.augmentation.auto import RandAugment as KRandAugment

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Tables from a sweep's results.json records (see ``dael_plugin.tools.collect``; also ``dael-collect``)."""
+
 import os
 import sys
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env python
 """DAEL against SourceOnly on the embedded set (see ``dael_plugin.tools.demo``; also ``dael-demo``).
 
-    python scripts/demo.py [--target blend] [--seeds 1] [--epochs 15] [--root data]
+python scripts/demo.py [--target blend] [--seeds 1] [--epochs 15] [--root data]
 """
+
 import os
 import sys
 

@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Figures from a sweep's runs (see ``dael_plugin.tools.plots``; also ``dael-plots``)."""
+
 import os
 import sys
 

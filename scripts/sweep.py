@@ -1,5 +1,6 @@
 #!/usr/bin/env python
 """Sweeps of scripts/train.py runs (see ``dael_plugin.tools.sweep``; also ``dael-sweep``)."""
+
 import os
 import sys
 

@@ -6,6 +6,7 @@
         --config-file configs/trainers/da/dael/embedded_digits.yaml \
         --source-domains hand blend font --target-domains street --output-dir output/dael
 """
+
 import os
 import sys
 

@@ -1,4 +1,5 @@
 """Shared fixtures. Set DAEL_PLUGIN_HIDE_DASSL=1 to run the suite as on a machine without Dassl."""
+
 import os
 import sys
 

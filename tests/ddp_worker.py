@@ -3,6 +3,7 @@
 its shard of every domain chunk and of the target batch, as the engines' samplers do, and
 rank 0 saves the per-step losses (averaged over the processes), the gradients after each step,
 and the final parameters and batch-norm buffers."""
+
 import argparse
 import os
 import sys
@@ -20,7 +21,7 @@ from dael_plugin.engine.step import DAELStep  # noqa: E402
 
 def shard(t: torch.Tensor, chunk: int, rank: int, world: int) -> torch.Tensor:
     n = chunk // world
-    return torch.cat([t[s + rank * n:s + (rank + 1) * n] for s in range(0, t.shape[0], chunk)])
+    return torch.cat([t[s + rank * n : s + (rank + 1) * n] for s in range(0, t.shape[0], chunk)])
 
 
 def run(args, w, setting: str, fuse: int, chunk_bn: str, out_path: str) -> None:
@@ -37,30 +38,45 @@ def run(args, w, setting: str, fuse: int, chunk_bn: str, out_path: str) -> None:
     is_da = setting == "da"
     if args.channels_last:
         backbone.to(memory_format=torch.channels_last)
-    step = DAELStep(algo, [opt], torch.device("cpu"), k, args.per_domain // w.size, is_da, prec=args.prec,
-                    channels_last=bool(args.channels_last), compile_mode=args.compile)
+    step = DAELStep(
+        algo,
+        [opt],
+        torch.device("cpu"),
+        k,
+        args.per_domain // w.size,
+        is_da,
+        prec=args.prec,
+        channels_last=bool(args.channels_last),
+        compile_mode=args.compile,
+    )
     g = torch.Generator().manual_seed(args.data_seed)
     record = {"loss": [], "grads": [], "parts": []}
     for _ in range(args.steps):
         n = k * args.per_domain
-        batch_x = {"img": torch.randn(n, 3, args.size, args.size, generator=g),
-                   "img2": torch.randn(n, 3, args.size, args.size, generator=g),
-                   "label": torch.randint(c, (n,), generator=g),
-                   "domain": torch.arange(k).repeat_interleave(args.per_domain)}
-        batch_u = {"img": torch.randn(args.batch_u, 3, args.size, args.size, generator=g),
-                   "img2": torch.randn(args.batch_u, 3, args.size, args.size, generator=g)}
+        batch_x = {
+            "img": torch.randn(n, 3, args.size, args.size, generator=g),
+            "img2": torch.randn(n, 3, args.size, args.size, generator=g),
+            "label": torch.randint(c, (n,), generator=g),
+            "domain": torch.arange(k).repeat_interleave(args.per_domain),
+        }
+        batch_u = {
+            "img": torch.randn(args.batch_u, 3, args.size, args.size, generator=g),
+            "img2": torch.randn(args.batch_u, 3, args.size, args.size, generator=g),
+        }
         batch_x = {key: shard(v, args.per_domain, w.rank, w.size) for key, v in batch_x.items()}
         batch_u = {key: shard(v, args.batch_u, w.rank, w.size) for key, v in batch_u.items()}
         out = step(batch_x, batch_u if is_da else None)
         keys = sorted(out)
         record["parts"].append({key: float(distributed.mean_over_processes(out[key])) for key in keys})
-        record["loss"].append(record["parts"][-1]["loss_x"] + record["parts"][-1]["loss_cr"]
-                              + hp.weight_u * record["parts"][-1].get("loss_u", 0.0))
+        record["loss"].append(
+            record["parts"][-1]["loss_x"]
+            + record["parts"][-1]["loss_cr"]
+            + hp.weight_u * record["parts"][-1].get("loss_u", 0.0)
+        )
         record["grads"].append({name: q.grad.clone() for name, q in model.named_parameters() if q.grad is not None})
     record["state"] = {key: v.clone() for key, v in model.state_dict().items()}
     states = distributed.gather_objects(record["state"])
-    record["same_on_every_rank"] = all(
-        all(torch.equal(s[key], states[0][key]) for key in s) for s in states)
+    record["same_on_every_rank"] = all(all(torch.equal(s[key], states[0][key]) for key in s) for s in states)
     if w.is_main:
         torch.save(record, out_path)
 

@@ -41,6 +41,7 @@ split and schedule (15 epochs):
 - The same test on the previous configs (a random crop in the weak view) put
   DAEL behind SourceOnly (64.2 vs 65.8 on seed 1), which this test rejects.
 """
+
 import json
 import os
 import subprocess
@@ -58,21 +59,50 @@ MARGIN = 3.0
 THREADS = "1"  # pinned: a thread count changes float sums, so the trajectory
 
 DS = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
-CFG = {"DAEL": "configs/trainers/da/dael/embedded_digits.yaml",
-       "SourceOnly": "configs/trainers/da/source_only/embedded_digits.yaml"}
+CFG = {
+    "DAEL": "configs/trainers/da/dael/embedded_digits.yaml",
+    "SourceOnly": "configs/trainers/da/source_only/embedded_digits.yaml",
+}
 
 
 def _start(tmp_path, data_root, trainer, seed):
     out = tmp_path / f"{trainer}_{seed}"
-    args = ["--engine", "builtin", "--trainer", trainer, "--root", data_root, "--dataset-config-file", DS,
-            "--config-file", os.path.join(ROOT, CFG[trainer]), "--source-domains", "hand", "street", "font",
-            "--target-domains", "blend", "--output-dir", str(out), "--seed", str(seed),
-            "OPTIM.MAX_EPOCH", str(EPOCHS), "USE_CUDA", "False"]
+    args = [
+        "--engine",
+        "builtin",
+        "--trainer",
+        trainer,
+        "--root",
+        data_root,
+        "--dataset-config-file",
+        DS,
+        "--config-file",
+        os.path.join(ROOT, CFG[trainer]),
+        "--source-domains",
+        "hand",
+        "street",
+        "font",
+        "--target-domains",
+        "blend",
+        "--output-dir",
+        str(out),
+        "--seed",
+        str(seed),
+        "OPTIM.MAX_EPOCH",
+        str(EPOCHS),
+        "USE_CUDA",
+        "False",
+    ]
     env = dict(os.environ, OMP_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     log = open(tmp_path / f"{trainer}_{seed}.log", "w")
-    proc = subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "train.py")] + args, cwd=ROOT, env=env,
-                            stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "scripts", "train.py")] + args,
+        cwd=ROOT,
+        env=env,
+        stdout=log,
+        stderr=subprocess.STDOUT,
+    )
     return proc, out, log
 
 

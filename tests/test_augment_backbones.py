@@ -49,6 +49,8 @@ def test_views_weak_is_input_transforms_and_strong_differs():
     strong = [views[1](img) for _ in range(8)]
     assert sum(not torch.equal(s_, weak) for s_ in strong) >= 6
     assert len({s_.sum().item() for s_ in strong}) >= 4  # independent draws, not one fixed view
+
+
 def test_add_dael_config_is_idempotent_and_keeps_dassl_keys():
     cfg = get_builtin_cfg()
     cfg.TRAINER.DAEL.WEIGHT_U = 0.7
@@ -57,15 +59,29 @@ def test_add_dael_config_is_idempotent_and_keeps_dassl_keys():
     for node in ("DAEL", "DAELDG"):
         n = cfg.TRAINER[node]
         assert (n.CR_TARGET, n.CR_MODE, n.CLASSIFIER, n.PSEUDO_LABEL, n.CR_LOSS, n.VIEWS, n.LOSSES) == (
-            "expert", "collaborative", "experts", "expert", "mse", "weak_strong", "ce_cr_u")
+            "expert",
+            "collaborative",
+            "experts",
+            "expert",
+            "mse",
+            "weak_strong",
+            "ce_cr_u",
+        )
         assert n.CONF_THRE == 0.95
 
 
-@pytest.mark.parametrize("name,size", [
-    ("timm_resnet18", 32), ("timm_convnext_atto", 32), ("timm_efficientnet_b0", 32),
-    ("timm_vit_tiny_patch16_224", 224), ("dael_small_cnn", 32), ("resnet18", 32),
-    ("timm_mobilenetv3_small_050", 32),  # a head conv: its features are head_hidden_size, not num_features
-])
+@pytest.mark.parametrize(
+    "name,size",
+    [
+        ("timm_resnet18", 32),
+        ("timm_convnext_atto", 32),
+        ("timm_efficientnet_b0", 32),
+        ("timm_vit_tiny_patch16_224", 224),
+        ("dael_small_cnn", 32),
+        ("resnet18", 32),
+        ("timm_mobilenetv3_small_050", 32),  # a head conv: its features are head_hidden_size, not num_features
+    ],
+)
 def test_backbones_report_out_features(name, size):
     torch.manual_seed(0)
     b = build_backbone(name, pretrained=False).eval()
@@ -109,7 +125,9 @@ def test_registry_order_is_dassls_build_order():
 
     from dael_plugin.transforms.registry import REGISTRY
 
-    dassl_order = list(dict.fromkeys(re.findall(r'if "(\w+)" in choices', inspect.getsource(dt._build_transform_train))))
+    dassl_order = list(
+        dict.fromkeys(re.findall(r'if "(\w+)" in choices', inspect.getsource(dt._build_transform_train)))
+    )
     ours = [t.name for t in REGISTRY if t.name in dassl_order]
     assert ours == dassl_order
     assert set(dassl_order) <= {t.name for t in REGISTRY}
@@ -122,8 +140,12 @@ def test_mixed_names_use_dassls_ops_in_dassls_order():
     from dassl.data.transforms import transforms as dt
 
     cfg = small_cfg()
-    tfm = build_train_transform(cfg, ["normalize", "cutout", "tv_randaugment", "randaugment2", "random_translation"],
-                                cfg.TRAINER.DAEL, use_dassl=True)
+    tfm = build_train_transform(
+        cfg,
+        ["normalize", "cutout", "tv_randaugment", "randaugment2", "random_translation"],
+        cfg.TRAINER.DAEL,
+        use_dassl=True,
+    )
     kinds = [type(t).__name__ for t in tfm.transforms]
     assert kinds == ["Resize", "Random2DTranslation", "RandAugment2", "RandAugment", "ToTensor", "Cutout", "Normalize"]
     assert isinstance(tfm.transforms[2], ra.RandAugment2) and isinstance(tfm.transforms[5], dt.Cutout)

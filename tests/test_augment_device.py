@@ -1,5 +1,6 @@
 """Views made on the device (AUG_ON_DEVICE), on CPU: each operation against PIL,
 per-sample draws, independent views, and whole runs on both engines."""
+
 import numpy as np
 import pytest
 import torch
@@ -26,17 +27,20 @@ def _back(img):
     return torch.from_numpy(np.asarray(img).copy()).permute(2, 0, 1).float() / 255
 
 
-@pytest.mark.parametrize("name,pil_op,value", [
-    ("Equalize", ImageOps.equalize, None),
-    ("AutoContrast", ImageOps.autocontrast, None),
-    ("Invert", ImageOps.invert, None),
-    ("Posterize", lambda im, v: ImageOps.posterize(im, int(v)), 5.0),
-    ("Solarize", lambda im, v: ImageOps.solarize(im, int(v * 255)), 120 / 255),
-    ("Brightness", lambda im, v: ImageEnhance.Brightness(im).enhance(v), 1.6),
-    ("Color", lambda im, v: ImageEnhance.Color(im).enhance(v), 0.3),
-    ("Contrast", lambda im, v: ImageEnhance.Contrast(im).enhance(v), 1.7),
-    ("Sharpness", lambda im, v: ImageEnhance.Sharpness(im).enhance(v), 1.9),
-])
+@pytest.mark.parametrize(
+    "name,pil_op,value",
+    [
+        ("Equalize", ImageOps.equalize, None),
+        ("AutoContrast", ImageOps.autocontrast, None),
+        ("Invert", ImageOps.invert, None),
+        ("Posterize", lambda im, v: ImageOps.posterize(im, int(v)), 5.0),
+        ("Solarize", lambda im, v: ImageOps.solarize(im, int(v * 255)), 120 / 255),
+        ("Brightness", lambda im, v: ImageEnhance.Brightness(im).enhance(v), 1.6),
+        ("Color", lambda im, v: ImageEnhance.Color(im).enhance(v), 0.3),
+        ("Contrast", lambda im, v: ImageEnhance.Contrast(im).enhance(v), 1.7),
+        ("Sharpness", lambda im, v: ImageEnhance.Sharpness(im).enhance(v), 1.9),
+    ],
+)
 def test_colour_operations_match_pil(name, pil_op, value):
     imgs = _images()
     x = imgs.float() / 255
@@ -48,18 +52,23 @@ def test_colour_operations_match_pil(name, pil_op, value):
     assert (ours - ref).abs().max().item() <= tol, name
 
 
-@pytest.mark.parametrize("name,pil_args", [
-    ("TranslateXabs", (1, 0, 3, 0, 1, 0)),
-    ("TranslateYabs", (1, 0, 0, 0, 1, -4)),
-    ("ShearX", (1, 0.25, 0, 0, 1, 0)),
-])
+@pytest.mark.parametrize(
+    "name,pil_args",
+    [
+        ("TranslateXabs", (1, 0, 3, 0, 1, 0)),
+        ("TranslateYabs", (1, 0, 0, 0, 1, -4)),
+        ("ShearX", (1, 0.25, 0, 0, 1, 0)),
+    ],
+)
 def test_geometric_operations_follow_pils_affine_convention(name, pil_args):
     imgs = _images(b=3, h=20, w=20)
     x = imgs.float() / 255
     v = {"TranslateXabs": 3.0, "TranslateYabs": -4.0, "ShearX": 0.25}[name]
     inv = ad._geometric_inverse(name, torch.full((3,), v), 20, 20)
     ours = ad._warp(x, inv)
-    ref = torch.stack([_back(_pil(t).transform((20, 20), Image.AFFINE, pil_args, resample=Image.BILINEAR)) for t in imgs])
+    ref = torch.stack(
+        [_back(_pil(t).transform((20, 20), Image.AFFINE, pil_args, resample=Image.BILINEAR)) for t in imgs]
+    )
     inner = (slice(None), slice(None), slice(2, -2), slice(5, -5))  # away from the uncovered border
     assert (ours - ref)[inner].abs().mean().item() < 2 / 255
 
@@ -96,8 +105,9 @@ def test_flip_crop_cutout_are_per_sample():
     assert int(zeroed.max()) == 64 and len(set(zeroed.tolist())) > 3  # 8x8 squares, clipped at borders
     crop = ad._random_crop(x, 4)
     for i in range(5):  # each sample is its image shifted by whole pixels, zeros uncovered
-        found = any(torch.allclose(crop[i], _int_shift(x[i], dx, dy), atol=1e-5) for dx in range(-4, 5)
-                    for dy in range(-4, 5))
+        found = any(
+            torch.allclose(crop[i], _int_shift(x[i], dx, dy), atol=1e-5) for dx in range(-4, 5) for dy in range(-4, 5)
+        )
         assert found
 
 
@@ -113,8 +123,17 @@ def _int_shift(img, dx, dy):
 def test_views_are_normalised_and_refuse_float_input():
     from yacs.config import CfgNode as CN
 
-    inp = CN({"PIXEL_MEAN": [0.5] * 3, "PIXEL_STD": [0.25] * 3, "RANDAUGMENT_N": 2, "RANDAUGMENT_M": 10,
-              "CUTOUT_N": 1, "CUTOUT_LEN": 8, "CROP_PADDING": 4})
+    inp = CN(
+        {
+            "PIXEL_MEAN": [0.5] * 3,
+            "PIXEL_STD": [0.25] * 3,
+            "RANDAUGMENT_N": 2,
+            "RANDAUGMENT_M": 10,
+            "CUTOUT_N": 1,
+            "CUTOUT_LEN": 8,
+            "CROP_PADDING": 4,
+        }
+    )
     views = views_mod.DeviceViews(["normalize"], ["random_flip", "cutout", "randaugment2", "normalize"], 2, inp, None)
     imgs = _images(b=8)
     weak, strong = views(imgs)
@@ -144,7 +163,17 @@ def test_a_builtin_run_with_views_on_the_device(tmp_path, tiny_root, capsys, mon
     code, out, err = cli(args_for(tiny_root, tmp_path / "o", extra=["TRAINER.DAEL.AUG_ON_DEVICE", "True"]), capsys)
     assert code == 0, err
     assert seen and all(s == (torch.uint8, False) for s in seen)  # the loader sends one uint8 image
-    code, _, err = cli(args_for(tiny_root, tmp_path / "p", extra=[
-        "TRAINER.DAEL.AUG_ON_DEVICE", "True", "TRAINER.DAEL.STRONG_TRANSFORMS", "['gaussian_blur', 'normalize']"]),
-        capsys)
+    code, _, err = cli(
+        args_for(
+            tiny_root,
+            tmp_path / "p",
+            extra=[
+                "TRAINER.DAEL.AUG_ON_DEVICE",
+                "True",
+                "TRAINER.DAEL.STRONG_TRANSFORMS",
+                "['gaussian_blur', 'normalize']",
+            ],
+        ),
+        capsys,
+    )
     assert code == 2 and "AUG_ON_DEVICE cannot make" in err

@@ -1,6 +1,7 @@
 """The fused backbone pass with per-chunk batch-norm statistics against one call per chunk
 (CPU): features, gradients and running statistics agree, for every form, precision, layout
 and layer option; ``grouped`` keeps ``channels_last`` and copies nothing."""
+
 import contextlib
 import copy
 import pickle
@@ -73,8 +74,14 @@ def test_split_is_bitwise_and_takes_unequal_chunks_and_cumulative_averages():
         assert torch.equal(ba, bb)
     assert b[0].num_batches_tracked.item() == 3
     # Inside a network, convolutions and linear layers batched differently round differently.
-    net = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4, momentum=None), nn.ReLU(), nn.Flatten(),
-                        nn.Linear(4 * 36, 6), nn.BatchNorm1d(6))
+    net = nn.Sequential(
+        nn.Conv2d(3, 4, 3),
+        nn.BatchNorm2d(4, momentum=None),
+        nn.ReLU(),
+        nn.Flatten(),
+        nn.Linear(4 * 36, 6),
+        nn.BatchNorm1d(6),
+    )
     a, b, fa, fb = _compare(net, torch.randn(16, 3, 8, 8), [5, 8, 3], "split")
     _assert_same(a, b, fa, fb)
 
@@ -125,17 +132,29 @@ def test_grouped_takes_unequal_chunks_cumulative_averages_and_other_layers_split
 def _net(bn_kw):
     torch.manual_seed(0)
     # No bias before a batch norm (it cancels, so its gradient is rounding noise around 0).
-    return nn.Sequential(nn.Conv2d(3, 8, 3, padding=1, bias=False), nn.BatchNorm2d(8, **bn_kw), nn.ReLU(),
-                         nn.Conv2d(8, 8, 3, bias=False), nn.BatchNorm2d(8, **bn_kw), nn.AdaptiveAvgPool2d(2),
-                         nn.Flatten(), nn.Linear(32, 6, bias=False), nn.BatchNorm1d(6, **bn_kw))
+    return nn.Sequential(
+        nn.Conv2d(3, 8, 3, padding=1, bias=False),
+        nn.BatchNorm2d(8, **bn_kw),
+        nn.ReLU(),
+        nn.Conv2d(8, 8, 3, bias=False),
+        nn.BatchNorm2d(8, **bn_kw),
+        nn.AdaptiveAvgPool2d(2),
+        nn.Flatten(),
+        nn.Linear(32, 6, bias=False),
+        nn.BatchNorm1d(6, **bn_kw),
+    )
 
 
 def _rel(a: torch.Tensor, b: torch.Tensor) -> float:
     return ((a.float() - b.float()).abs().max() / b.float().abs().max().clamp_min(1.0)).item()
 
 
-LAYER_OPTIONS = {"default": {}, "affine=False": {"affine": False}, "track_running_stats=False":
-                 {"track_running_stats": False}, "momentum=None": {"momentum": None}}
+LAYER_OPTIONS = {
+    "default": {},
+    "affine=False": {"affine": False},
+    "track_running_stats=False": {"track_running_stats": False},
+    "momentum=None": {"momentum": None},
+}
 
 
 @pytest.mark.parametrize("layer", list(LAYER_OPTIONS))
@@ -182,8 +201,11 @@ def test_every_convolution_of_a_channels_last_resnet_gets_channels_last_input(im
     (cuDNN would copy it back to match channels_last weights)."""
     net = build_backbone("timm_resnet18").to(memory_format=torch.channels_last).train()
     seen = []
-    hooks = [m.register_forward_pre_hook(lambda m, i: seen.append(i[0].is_contiguous(memory_format=torch.channels_last)))
-             for m in net.modules() if isinstance(m, nn.Conv2d)]
+    hooks = [
+        m.register_forward_pre_hook(lambda m, i: seen.append(i[0].is_contiguous(memory_format=torch.channels_last)))
+        for m in net.modules()
+        if isinstance(m, nn.Conv2d)
+    ]
     x = torch.randn(7 * 4, 3, 64, 64).contiguous(memory_format=torch.channels_last)
     with per_chunk_batch_norm(net, [4] * 7, impl):
         y = net(x)

@@ -1,4 +1,5 @@
 """scripts/train.py on the built-in engine (run as on a machine without Dassl), and bad input."""
+
 import glob
 import hashlib
 import json
@@ -14,13 +15,39 @@ from conftest import ROOT, run_train
 DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 DS_DG = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
 DAEL_CFG = os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")
-FAST = ["OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False",
-        "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8"]
+FAST = [
+    "OPTIM.MAX_EPOCH",
+    "1",
+    "DATALOADER.NUM_WORKERS",
+    "0",
+    "USE_CUDA",
+    "False",
+    "DATALOADER.TRAIN_X.BATCH_SIZE",
+    "24",
+    "DATALOADER.TRAIN_U.BATCH_SIZE",
+    "8",
+]
 
 
 def base_args(tiny_root, out, trainer="DAEL", ds=DS_DA, cfg=DAEL_CFG, src=("hand", "blend", "font"), tgt=("street",)):
-    return (["--trainer", trainer, "--root", tiny_root, "--dataset-config-file", ds, "--config-file", cfg,
-             "--source-domains", *src, "--target-domains", *tgt, "--output-dir", str(out), "--seed", "2"])
+    return [
+        "--trainer",
+        trainer,
+        "--root",
+        tiny_root,
+        "--dataset-config-file",
+        ds,
+        "--config-file",
+        cfg,
+        "--source-domains",
+        *src,
+        "--target-domains",
+        *tgt,
+        "--output-dir",
+        str(out),
+        "--seed",
+        "2",
+    ]
 
 
 def test_auto_engine_without_dassl_runs_dael_da_and_writes_results(tmp_path, tiny_root):
@@ -30,8 +57,17 @@ def test_auto_engine_without_dassl_runs_dael_da_and_writes_results(tmp_path, tin
     assert "engine = builtin (Dassl is not installed)" in proc.stdout
     assert "* accuracy:" in proc.stdout and "* expert accuracy: hand" in proc.stdout
     res = json.loads((out / "results.json").read_text())
-    for key in ("trainer", "dataset", "source_domains", "target_domains", "seed", "accuracy",
-                "expert_accuracy", "epochs", "wall_seconds"):
+    for key in (
+        "trainer",
+        "dataset",
+        "source_domains",
+        "target_domains",
+        "seed",
+        "accuracy",
+        "expert_accuracy",
+        "epochs",
+        "wall_seconds",
+    ):
         assert key in res
     assert res["engine"] == "builtin" and res["seed"] == 2 and set(res["expert_accuracy"]) == {"hand", "blend", "font"}
     assert (out / "log.txt").exists() and glob.glob(str(out / "tensorboard" / "events.*"))
@@ -120,8 +156,11 @@ def test_bad_input_gives_one_clear_line_builtin(tmp_path, tiny_root, capsys, cas
 
 
 @pytest.mark.dassl
-@pytest.mark.parametrize("case,kw,opts,message", [c for c in BAD_INPUT if c[0] in DASSL_CASES],
-                         ids=[c[0] for c in BAD_INPUT if c[0] in DASSL_CASES])
+@pytest.mark.parametrize(
+    "case,kw,opts,message",
+    [c for c in BAD_INPUT if c[0] in DASSL_CASES],
+    ids=[c[0] for c in BAD_INPUT if c[0] in DASSL_CASES],
+)
 def test_bad_input_gives_one_clear_line_dassl(tmp_path, tiny_root, case, kw, opts, message):
     proc = run_train(["--engine", "dassl"] + base_args(tiny_root, tmp_path / "bad", **kw) + FAST + opts)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -133,7 +172,10 @@ def test_bad_input_gives_one_clear_line_dassl(tmp_path, tiny_root, case, kw, opt
 def test_unsupported_key_on_builtin_names_the_key(tmp_path, tiny_root, capsys):
     from dael_plugin.tools.train import main
 
-    assert main(["--engine", "builtin"] + base_args(tiny_root, tmp_path / "x") + FAST + ["INPUT.NO_TRANSFORM", "True"]) == 2
+    assert (
+        main(["--engine", "builtin"] + base_args(tiny_root, tmp_path / "x") + FAST + ["INPUT.NO_TRANSFORM", "True"])
+        == 2
+    )
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "INPUT.NO_TRANSFORM" in last and "built-in engine does not support" in last
     assert main(["--engine", "builtin"] + base_args(tiny_root, tmp_path / "x", trainer="M3SDA") + FAST) == 2
@@ -146,11 +188,27 @@ def all_yaml_files():
 
 def test_configs_exist_for_every_promised_dataset():
     names = {os.path.relpath(p, ROOT) for p in all_yaml_files()}
-    for ds in ("da/digit5", "da/mini_domainnet", "da/domainnet", "dg/pacs", "dg/office_home_dg",
-               "dg/digits_dg", "da/embedded_digits", "dg/embedded_digits_dg"):
+    for ds in (
+        "da/digit5",
+        "da/mini_domainnet",
+        "da/domainnet",
+        "dg/pacs",
+        "dg/office_home_dg",
+        "dg/digits_dg",
+        "da/embedded_digits",
+        "dg/embedded_digits_dg",
+    ):
         assert f"configs/datasets/{ds}.yaml" in names
-    for tr in ("da/dael/digit5", "da/dael/domainnet", "da/dael/mini_domainnet", "dg/daeldg/pacs",
-               "dg/daeldg/office_home_dg", "da/m3sda/digit5", "da/mme/digit5", "da/source_only/digit5"):
+    for tr in (
+        "da/dael/digit5",
+        "da/dael/domainnet",
+        "da/dael/mini_domainnet",
+        "dg/daeldg/pacs",
+        "dg/daeldg/office_home_dg",
+        "da/m3sda/digit5",
+        "da/mme/digit5",
+        "da/source_only/digit5",
+    ):
         assert f"configs/trainers/{tr}.yaml" in names
 
 
@@ -183,8 +241,9 @@ def test_a_whole_number_for_a_float_key_is_taken(tmp_path, tiny_root, capsys):
     """yacs refuses `TRAINER.DAEL.WEIGHT_U 0` (int for a float key); the CLI passes it as 0.0."""
     from test_hardening import args_for, cli
 
-    code, _, err = cli(args_for(tiny_root, tmp_path / "w", extra=["TRAINER.DAEL.WEIGHT_U", "0", "OPTIM.LR", "1"]),
-                       capsys)
+    code, _, err = cli(
+        args_for(tiny_root, tmp_path / "w", extra=["TRAINER.DAEL.WEIGHT_U", "0", "OPTIM.LR", "1"]), capsys
+    )
     assert code == 0, err
     res = json.loads((tmp_path / "w" / "results.json").read_text())
     merged = yaml.safe_load(res["provenance"]["config"])
@@ -203,7 +262,10 @@ def test_every_dataset_config_says_which_engine_reads_it():
         for name in sorted(os.listdir(folder)):
             text = open(os.path.join(folder, name)).read()
             tag = [line for line in text.splitlines() if line.startswith("# Engine: ")]
-            dataset = next(line.split(":", 1)[1].strip().strip('"') for line in text.splitlines()
-                           if line.strip().startswith("NAME:") and "BACKBONE" not in line)
+            dataset = next(
+                line.split(":", 1)[1].strip().strip('"')
+                for line in text.splitlines()
+                if line.strip().startswith("NAME:") and "BACKBONE" not in line
+            )
             assert len(tag) == 1, name
             assert ("needs Dassl" in tag[0]) == (dataset not in SPECS), (name, dataset, tag[0])

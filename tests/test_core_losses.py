@@ -1,4 +1,5 @@
 """DAEL losses against hand-worked numbers (paper Eq. 1-4), gradients and switches."""
+
 import math
 
 import pytest
@@ -40,8 +41,13 @@ L_U = -math.log(0.6) / 2
 
 def run(hp=DAELHparams(), u=True):
     return dael_losses(
-        logits_of(WEAK), logits_of(STRONG), LABELS, EXPERT, hp,
-        logits_of(U_WEAK) if u else None, logits_of(U_STRONG) if u else None,
+        logits_of(WEAK),
+        logits_of(STRONG),
+        LABELS,
+        EXPERT,
+        hp,
+        logits_of(U_WEAK) if u else None,
+        logits_of(U_STRONG) if u else None,
     )
 
 
@@ -246,8 +252,9 @@ def test_consistency_averages_all_other_experts_when_a_batch_lacks_a_domain():
     and 1 only. Eq. 2's non-expert ensemble of sample 0 is experts 1 AND 2 (Dassl's
     reference would use expert 1 alone, the only other domain in the batch)."""
     target = torch.tensor([[1.0, 0.0], [0.0, 1.0]], dtype=torch.float64)
-    strong = torch.tensor([[[0.9, 0.1], [0.6, 0.4], [0.2, 0.8]],
-                           [[0.5, 0.5], [0.3, 0.7], [0.7, 0.3]]], dtype=torch.float64)
+    strong = torch.tensor(
+        [[[0.9, 0.1], [0.6, 0.4], [0.2, 0.8]], [[0.5, 0.5], [0.3, 0.7], [0.7, 0.3]]], dtype=torch.float64
+    )
     loss = consistency_loss(target, strong.log(), torch.tensor([0, 1]))
     # sample 0: mean(experts 1, 2) = (0.4, 0.6) -> (1-0.4)^2 + 0.6^2 = 0.72
     # sample 1: mean(experts 0, 2) = (0.6, 0.4) -> 0.6^2 + (1-0.4)^2 = 0.72
@@ -260,7 +267,10 @@ def test_split_domains_refuses_batches_that_are_not_domain_chunks():
 
     chunks, idx = split_domains(torch.tensor([0, 0, 2, 2, 1, 1]), 2, 3)
     assert chunks == [2, 2, 2] and idx.tolist() == [0, 0, 2, 2, 1, 1]
-    for bad, why in [([0, 1, 0, 1], "contiguous single-domain"), ([0, 0, 1], "does not split"),
-                     ([0, 0, 3, 3], "contiguous single-domain")]:
+    for bad, why in [
+        ([0, 1, 0, 1], "contiguous single-domain"),
+        ([0, 0, 1], "does not split"),
+        ([0, 0, 3, 3], "contiguous single-domain"),
+    ]:
         with pytest.raises(DAELConfigError, match=why):
             split_domains(torch.tensor(bad), 2, 3)

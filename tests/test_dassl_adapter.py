@@ -1,4 +1,5 @@
 """Tests that need Dassl.pytorch (marked ``dassl``; skipped with a reason without it)."""
+
 import json
 import os
 
@@ -41,8 +42,13 @@ def test_importing_the_plugin_writes_nothing_to_stdout():
     import sys
 
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, "-c", "import dael_plugin; assert dael_plugin.HAS_DASSL"],
-                          capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-c", "import dael_plugin; assert dael_plugin.HAS_DASSL"],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
 
 
@@ -55,16 +61,34 @@ def _reference_cfg(data_root, conf_thre):
     add_dael_config(cfg)
     cfg.merge_from_file(DS_DA)
     cfg.merge_from_file(os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml"))
-    cfg.merge_from_list([
-        "DATASET.ROOT", data_root, "DATASET.SOURCE_DOMAINS", ["hand", "blend", "font"],
-        "DATASET.TARGET_DOMAINS", ["street"], "TRAINER.NAME", "DAEL", "USE_CUDA", False,
-        "DATALOADER.NUM_WORKERS", 0, "VERBOSE", False, "OUTPUT_DIR", os.path.join(data_root, "eq"),
-        # Dassl's names only, so the reference can build the same strong view.
-        "TRAINER.DAEL.STRONG_TRANSFORMS", ["random_crop", "randaugment2", "normalize"],
-        "TRAINER.DAEL.CONF_THRE", conf_thre,
-        # The paper's Digit-5 backbone: batch norm and dropout, per-domain calls.
-        "MODEL.BACKBONE.NAME", "cnn_digit5_m3sda",
-    ])
+    cfg.merge_from_list(
+        [
+            "DATASET.ROOT",
+            data_root,
+            "DATASET.SOURCE_DOMAINS",
+            ["hand", "blend", "font"],
+            "DATASET.TARGET_DOMAINS",
+            ["street"],
+            "TRAINER.NAME",
+            "DAEL",
+            "USE_CUDA",
+            False,
+            "DATALOADER.NUM_WORKERS",
+            0,
+            "VERBOSE",
+            False,
+            "OUTPUT_DIR",
+            os.path.join(data_root, "eq"),
+            # Dassl's names only, so the reference can build the same strong view.
+            "TRAINER.DAEL.STRONG_TRANSFORMS",
+            ["random_crop", "randaugment2", "normalize"],
+            "TRAINER.DAEL.CONF_THRE",
+            conf_thre,
+            # The paper's Digit-5 backbone: batch norm and dropout, per-domain calls.
+            "MODEL.BACKBONE.NAME",
+            "cnn_digit5_m3sda",
+        ]
+    )
     return cfg
 
 
@@ -123,9 +147,32 @@ def test_losses_and_update_match_dassl_reference_dael(data_root, conf_thre, chan
 
 def _train(tmp_path, tiny_root, trainer, cfg_file, ds=DS_DA, extra=()):
     out = str(tmp_path / trainer)
-    args = ["--engine", "dassl", "--trainer", trainer, "--root", tiny_root, "--dataset-config-file", ds,
-            "--config-file", os.path.join(ROOT, cfg_file), "--source-domains", "hand", "blend", "font",
-            "--target-domains", "street", "--output-dir", out, "--seed", "1"] + FAST + list(extra)
+    args = (
+        [
+            "--engine",
+            "dassl",
+            "--trainer",
+            trainer,
+            "--root",
+            tiny_root,
+            "--dataset-config-file",
+            ds,
+            "--config-file",
+            os.path.join(ROOT, cfg_file),
+            "--source-domains",
+            "hand",
+            "blend",
+            "font",
+            "--target-domains",
+            "street",
+            "--output-dir",
+            out,
+            "--seed",
+            "1",
+        ]
+        + FAST
+        + list(extra)
+    )
     proc = run_train(args)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "* accuracy:" in proc.stdout
@@ -190,21 +237,47 @@ def test_daeldg_on_a_da_dataset_never_reads_target_training_data(tmp_path, tiny_
     assert (tmp_path / "dg" / "checkpoint.pth.tar").exists()
 
 
-@pytest.mark.parametrize("trainer,cfg_file", [
-    ("M3SDA", "configs/trainers/da/m3sda/embedded_digits.yaml"),
-    ("MME", "configs/trainers/da/mme/embedded_digits.yaml"),
-    ("SourceOnly", "configs/trainers/da/source_only/embedded_digits.yaml"),
-])
+@pytest.mark.parametrize(
+    "trainer,cfg_file",
+    [
+        ("M3SDA", "configs/trainers/da/m3sda/embedded_digits.yaml"),
+        ("MME", "configs/trainers/da/mme/embedded_digits.yaml"),
+        ("SourceOnly", "configs/trainers/da/source_only/embedded_digits.yaml"),
+    ],
+)
 def test_dassl_baselines_through_the_same_script(tmp_path, tiny_root, trainer, cfg_file):
     res, _ = _train(tmp_path, tiny_root, trainer, cfg_file)
     assert res["trainer"] == trainer and res["accuracy"] is not None and res["expert_accuracy"] == {}
     if trainer == "M3SDA":
         # --eval-only of a baseline: Dassl's own load_model crashes on val_result=None here.
-        proc = run_train(["--engine", "dassl", "--trainer", trainer, "--root", tiny_root,
-                          "--dataset-config-file", DS_DA, "--config-file", os.path.join(ROOT, cfg_file),
-                          "--source-domains", "hand", "blend", "font", "--target-domains", "street",
-                          "--output-dir", str(tmp_path / "eval"), "--eval-only",
-                          "--model-dir", str(tmp_path / trainer), "--load-epoch", "1"] + FAST)
+        proc = run_train(
+            [
+                "--engine",
+                "dassl",
+                "--trainer",
+                trainer,
+                "--root",
+                tiny_root,
+                "--dataset-config-file",
+                DS_DA,
+                "--config-file",
+                os.path.join(ROOT, cfg_file),
+                "--source-domains",
+                "hand",
+                "blend",
+                "font",
+                "--target-domains",
+                "street",
+                "--output-dir",
+                str(tmp_path / "eval"),
+                "--eval-only",
+                "--model-dir",
+                str(tmp_path / trainer),
+                "--load-epoch",
+                "1",
+            ]
+            + FAST
+        )
         assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
         with open(tmp_path / "eval" / "results_eval.json") as f:
             rec = json.load(f)
@@ -213,19 +286,47 @@ def test_dassl_baselines_through_the_same_script(tmp_path, tiny_root, trainer, c
 
 
 def test_timm_backbone_under_dassl(tmp_path, tiny_root):
-    res, _ = _train(tmp_path, tiny_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml",
-                    extra=["MODEL.BACKBONE.NAME", "timm_test_convnext"])
+    res, _ = _train(
+        tmp_path,
+        tiny_root,
+        "DAEL",
+        "configs/trainers/da/dael/embedded_digits.yaml",
+        extra=["MODEL.BACKBONE.NAME", "timm_test_convnext"],
+    )
     assert res["backbone"] == "timm_test_convnext"
 
 
 def test_eval_only_reloads_the_last_checkpoint(tmp_path, tiny_root):
     res, _ = _train(tmp_path, tiny_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml")
     out = str(tmp_path / "DAEL")
-    proc = run_train(["--engine", "dassl", "--trainer", "DAEL", "--root", tiny_root, "--dataset-config-file", DS_DA,
-                      "--config-file", os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml"),
-                      "--source-domains", "hand", "blend", "font", "--target-domains", "street",
-                      "--output-dir", str(tmp_path / "eval"), "--eval-only", "--model-dir", out,
-                      "--load-epoch", "1"] + FAST)
+    proc = run_train(
+        [
+            "--engine",
+            "dassl",
+            "--trainer",
+            "DAEL",
+            "--root",
+            tiny_root,
+            "--dataset-config-file",
+            DS_DA,
+            "--config-file",
+            os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml"),
+            "--source-domains",
+            "hand",
+            "blend",
+            "font",
+            "--target-domains",
+            "street",
+            "--output-dir",
+            str(tmp_path / "eval"),
+            "--eval-only",
+            "--model-dir",
+            out,
+            "--load-epoch",
+            "1",
+        ]
+        + FAST
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     with open(tmp_path / "eval" / "results_eval.json") as f:
         assert json.load(f)["accuracy"] == pytest.approx(res["accuracy"])
@@ -243,9 +344,14 @@ def test_dassl_shipped_dael_configs_still_merge():
     from dael_plugin.core import DAELHparams
 
     base = os.path.join(os.path.dirname(os.path.dirname(dassl.__file__)), "configs", "trainers")
-    files = {"da/dael/digit5.yaml": "DAEL", "da/dael/domainnet.yaml": "DAEL", "da/dael/mini_domainnet.yaml": "DAEL",
-             "dg/daeldg/pacs.yaml": "DAELDG", "dg/daeldg/office_home_dg.yaml": "DAELDG",
-             "dg/daeldg/digits_dg.yaml": "DAELDG"}
+    files = {
+        "da/dael/digit5.yaml": "DAEL",
+        "da/dael/domainnet.yaml": "DAEL",
+        "da/dael/mini_domainnet.yaml": "DAEL",
+        "dg/daeldg/pacs.yaml": "DAELDG",
+        "dg/daeldg/office_home_dg.yaml": "DAELDG",
+        "dg/daeldg/digits_dg.yaml": "DAELDG",
+    }
     present = {f: t for f, t in files.items() if os.path.isfile(os.path.join(base, f))}
     if not present:
         pytest.skip(f"Dassl was installed without its configs/ folder (looked in {base})")
@@ -265,12 +371,23 @@ def test_dassl_shipped_dael_configs_still_merge():
             hp = hparams_from_cfg(cfg)
             assert hp.conf_thre == cfg.TRAINER[trainer].CONF_THRE and hp.weight_u == cfg.TRAINER[trainer].WEIGHT_U
             assert (hp.cr_target, hp.cr_mode, hp.classifier, hp.pseudo_label, hp.views, hp.losses) == (
-                DAELHparams().cr_target, "collaborative", "experts", "expert", "weak_strong", "ce_cr_u")
+                DAELHparams().cr_target,
+                "collaborative",
+                "experts",
+                "expert",
+                "weak_strong",
+                "ce_cr_u",
+            )
 
 
 def test_dael_on_dassl_with_views_on_the_device_and_a_log_per_print_freq(tmp_path, tiny_root):
-    res, proc = _train(tmp_path, tiny_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml",
-                       extra=["TRAINER.DAEL.AUG_ON_DEVICE", "True", "TRAIN.PRINT_FREQ", "2"])
+    res, proc = _train(
+        tmp_path,
+        tiny_root,
+        "DAEL",
+        "configs/trainers/da/dael/embedded_digits.yaml",
+        extra=["TRAINER.DAEL.AUG_ON_DEVICE", "True", "TRAIN.PRINT_FREQ", "2"],
+    )
     assert 0.0 <= res["accuracy"] <= 100.0
     # The device-side meters are read at PRINT_FREQ, in Dassl's line format: "name last (mean)".
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("epoch [1/1] batch [")]

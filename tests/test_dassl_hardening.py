@@ -1,6 +1,7 @@
 """Issue 7 on the Dassl engine: exact resume, safe loads, Dassl's own entry
 point and checkpoints, timm in Dassl's registry, and equivalence with Dassl's
 DAEL and DAELDG over several steps. Marked ``dassl``."""
+
 import json
 import os
 import shutil
@@ -20,15 +21,47 @@ DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 DS_DG = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
 DAEL_CFG = os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")
 DG_CFG = os.path.join(ROOT, "configs/trainers/dg/daeldg/embedded_digits_dg.yaml")
-FAST = ["USE_CUDA", "False", "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8",
-        "TRAIN.PRINT_FREQ", "3"]
+FAST = [
+    "USE_CUDA",
+    "False",
+    "DATALOADER.TRAIN_X.BATCH_SIZE",
+    "24",
+    "DATALOADER.TRAIN_U.BATCH_SIZE",
+    "8",
+    "TRAIN.PRINT_FREQ",
+    "3",
+]
 
 
 def dassl_args(root, out, epochs=1, trainer="DAEL", ds=DS_DA, cfg=DAEL_CFG, flags=(), extra=()):
-    return (["--engine", "dassl", "--trainer", trainer, "--root", root, "--dataset-config-file", ds,
-             "--config-file", cfg, "--source-domains", "hand", "blend", "font", "--target-domains", "street",
-             "--output-dir", str(out), "--seed", "3"] + list(flags) + FAST
-            + ["OPTIM.MAX_EPOCH", str(epochs)] + list(extra))
+    return (
+        [
+            "--engine",
+            "dassl",
+            "--trainer",
+            trainer,
+            "--root",
+            root,
+            "--dataset-config-file",
+            ds,
+            "--config-file",
+            cfg,
+            "--source-domains",
+            "hand",
+            "blend",
+            "font",
+            "--target-domains",
+            "street",
+            "--output-dir",
+            str(out),
+            "--seed",
+            "3",
+        ]
+        + list(flags)
+        + FAST
+        + ["OPTIM.MAX_EPOCH", str(epochs)]
+        + list(extra)
+    )
 
 
 def test_dassl_engine_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root):
@@ -71,8 +104,18 @@ def test_dassl_engine_worker_count_does_not_change_a_run(tmp_path, tiny_root):
     assert all(torch.equal(runs[0][n][k], runs[1][n][k]) for n in runs[0] for k in runs[0][n])
 
 
-@pytest.mark.parametrize("prec", [pytest.param("fp16", marks=pytest.mark.skipif(
-    not hasattr(torch.amp, "GradScaler"), reason="fp16 loss scaling on CPU needs torch >= 2.3")), "bf16"])
+@pytest.mark.parametrize(
+    "prec",
+    [
+        pytest.param(
+            "fp16",
+            marks=pytest.mark.skipif(
+                not hasattr(torch.amp, "GradScaler"), reason="fp16 loss scaling on CPU needs torch >= 2.3"
+            ),
+        ),
+        "bf16",
+    ],
+)
 def test_dassl_engine_low_precision_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root, prec):
     """The loss scaler's state travels in the Dassl engine's checkpoint too (see the built-in test)."""
     extra = ["DATALOADER.NUM_WORKERS", "1", "TRAINER.DAEL.PREC", prec]
@@ -86,7 +129,7 @@ def test_dassl_engine_low_precision_resume_after_kill_9_is_bitwise_exact(tmp_pat
     proc.wait(30)
     assert not (killed / "results.json").exists()
     saved = torch.load(killed / "checkpoint.pth.tar", weights_only=True)
-    assert (saved["scaler"]["scale"] < 2.0 ** 16) if prec == "fp16" else ("scaler" not in saved)
+    assert (saved["scaler"]["scale"] < 2.0**16) if prec == "fp16" else ("scaler" not in saved)
     proc = spawn(dassl_args(tiny_root, killed, epochs=2, extra=extra))
     out, err = proc.communicate(timeout=300)
     assert proc.returncode == 0, err[-2000:]
@@ -102,31 +145,51 @@ def test_dassl_engine_refuses_pickled_code_and_config_changes(tmp_path, tiny_roo
     victim = tmp_path / "victim"
     victim.mkdir()
     torch.save({"epoch": 1, "x": Evil(marker)}, victim / "checkpoint.pth.tar")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py")]
-                          + dassl_args(tiny_root, tmp_path / "new", flags=["--resume", str(victim)],
-                                       extra=["DATALOADER.NUM_WORKERS", "0"]),
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "train.py")]
+        + dassl_args(
+            tiny_root, tmp_path / "new", flags=["--resume", str(victim)], extra=["DATALOADER.NUM_WORKERS", "0"]
+        ),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "refusing to load" in proc.stderr.strip().splitlines()[-1]
     assert not marker.exists() and "Traceback" not in proc.stderr
 
     # A baseline's --eval-only goes through the plugin's loader too.
     (victim / "model").mkdir()
     torch.save({"state_dict": {}, "epoch": 1, "x": Evil(marker)}, victim / "model" / "model.pth.tar-1")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py")]
-                          + dassl_args(tiny_root, tmp_path / "ev", trainer="SourceOnly",
-                                       cfg=os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.yaml"),
-                                       flags=["--eval-only", "--model-dir", str(victim), "--load-epoch", "1"],
-                                       extra=["DATALOADER.NUM_WORKERS", "0"]),
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "train.py")]
+        + dassl_args(
+            tiny_root,
+            tmp_path / "ev",
+            trainer="SourceOnly",
+            cfg=os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.yaml"),
+            flags=["--eval-only", "--model-dir", str(victim), "--load-epoch", "1"],
+            extra=["DATALOADER.NUM_WORKERS", "0"],
+        ),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 2 and "refusing to load" in proc.stderr.strip().splitlines()[-1]
     assert not marker.exists()
 
 
 def test_dassl_engine_divergence_exits_3_without_a_result(tmp_path, tiny_root):
     out = tmp_path / "nan"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py")]
-                          + dassl_args(tiny_root, out, epochs=2, extra=["DATALOADER.NUM_WORKERS", "0", "OPTIM.LR", "1e6"]),
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "train.py")]
+        + dassl_args(tiny_root, out, epochs=2, extra=["DATALOADER.NUM_WORKERS", "0", "OPTIM.LR", "1e6"]),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 3 and last.startswith("error: the ") and "NaN/inf at epoch 1" in last
     assert not (out / "results.json").exists() and (out / "failed.json").exists()
@@ -142,13 +205,32 @@ def _ref_cfg(root, trainer="DAEL", out="eq"):
     cfg.merge_from_file(DS_DA if da else DS_DG)
     cfg.merge_from_file(DAEL_CFG if da else DG_CFG)
     node = f"TRAINER.{trainer}"
-    cfg.merge_from_list([
-        "DATASET.ROOT", root, "DATASET.SOURCE_DOMAINS", ["hand", "blend", "font"],
-        "DATASET.TARGET_DOMAINS", ["street"], "TRAINER.NAME", trainer, "USE_CUDA", False,
-        "DATALOADER.NUM_WORKERS", 0, "VERBOSE", False, "OUTPUT_DIR", os.path.join(root, out),
-        f"{node}.STRONG_TRANSFORMS", ["random_crop", "randaugment2", "normalize"],
-        f"{node}.CONF_THRE", 0.25, "MODEL.BACKBONE.NAME", "cnn_digit5_m3sda",
-    ])
+    cfg.merge_from_list(
+        [
+            "DATASET.ROOT",
+            root,
+            "DATASET.SOURCE_DOMAINS",
+            ["hand", "blend", "font"],
+            "DATASET.TARGET_DOMAINS",
+            ["street"],
+            "TRAINER.NAME",
+            trainer,
+            "USE_CUDA",
+            False,
+            "DATALOADER.NUM_WORKERS",
+            0,
+            "VERBOSE",
+            False,
+            "OUTPUT_DIR",
+            os.path.join(root, out),
+            f"{node}.STRONG_TRANSFORMS",
+            ["random_crop", "randaugment2", "normalize"],
+            f"{node}.CONF_THRE",
+            0.25,
+            "MODEL.BACKBONE.NAME",
+            "cnn_digit5_m3sda",
+        ]
+    )
     return cfg
 
 
@@ -245,19 +327,49 @@ def test_dassls_own_train_script_runs_the_plugin_with_one_import(tmp_path, tiny_
     ds, cfg = (DS_DA, DAEL_CFG) if trainer == "DAEL" else (DS_DG, DG_CFG)
     out = tmp_path / "out"
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    proc = subprocess.run([sys.executable, script, "--root", tiny_root, "--trainer", trainer,
-                           "--source-domains", "hand", "blend", "font", "--target-domains", "street",
-                           "--dataset-config-file", ds, "--config-file", cfg, "--output-dir", str(out),
-                           "--seed", "1", "OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False"],
-                          capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            script,
+            "--root",
+            tiny_root,
+            "--trainer",
+            trainer,
+            "--source-domains",
+            "hand",
+            "blend",
+            "font",
+            "--target-domains",
+            "street",
+            "--dataset-config-file",
+            ds,
+            "--config-file",
+            cfg,
+            "--output-dir",
+            str(out),
+            "--seed",
+            "1",
+            "OPTIM.MAX_EPOCH",
+            "1",
+            "DATALOADER.NUM_WORKERS",
+            "0",
+            "USE_CUDA",
+            "False",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "replaced Dassl's built-in trainer" in proc.stdout and "* accuracy:" in proc.stdout
     assert "CR_TARGET" not in proc.stdout  # the plugin's keys were never added: defaults were used
     assert (out / "checkpoint.pth.tar").exists()
 
 
-@pytest.mark.parametrize("name", ["timm_resnet18", "timm_test_convnext", "timm_mobilenetv3_small_050",
-                                  "timm_resnet18.tv_in1k"])
+@pytest.mark.parametrize(
+    "name", ["timm_resnet18", "timm_test_convnext", "timm_mobilenetv3_small_050", "timm_resnet18.tv_in1k"]
+)
 def test_dassls_build_backbone_takes_any_timm_model(name):
     from dassl.modeling import build_backbone
 
@@ -273,22 +385,34 @@ def test_dassls_build_backbone_takes_any_timm_model(name):
 def test_dassl_engine_replaces_unreadable_images_and_check_data_lists_them(damaged_root, tmp_path):
     root, bad = damaged_root
     out = tmp_path / "run"
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py")]
-                          + dassl_args(root, out, extra=["DATALOADER.NUM_WORKERS", "0"]),
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "train.py")]
+        + dassl_args(root, out, extra=["DATALOADER.NUM_WORKERS", "0"]),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = json.loads((out / "results.json").read_text())
     # Dassl's sampler ends an epoch before every image is drawn, so count what was met.
     assert rec["unreadable_images"] >= 1 and set(rec["unreadable_image_paths"]) <= set(bad)
     for p in rec["unreadable_image_paths"]:
         assert f"cannot decode {p}; replaced by another image of the same domain" in proc.stdout
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "train.py")]
-                          + dassl_args(root, tmp_path / "chk", flags=["--check-data"],
-                                       extra=["DATALOADER.NUM_WORKERS", "0"]),
-                          capture_output=True, text=True, cwd=ROOT, timeout=300)
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "scripts", "train.py")]
+        + dassl_args(root, tmp_path / "chk", flags=["--check-data"], extra=["DATALOADER.NUM_WORKERS", "0"]),
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=300,
+    )
     assert proc.returncode == 2
-    listed = sorted(line.split(" (")[0].replace("bad image: ", "") for line in proc.stderr.splitlines()
-                    if line.startswith("bad image: "))
+    listed = sorted(
+        line.split(" (")[0].replace("bad image: ", "")
+        for line in proc.stderr.splitlines()
+        if line.startswith("bad image: ")
+    )
     assert listed == sorted(bad) and "Traceback" not in proc.stderr
 
 
@@ -296,17 +420,50 @@ def test_bench_script_runs_and_its_losses_agree(tmp_path):
     """scripts/bench.py builds both trainers by hand; a new attribute of the trainer must not break
     it silently. Its launch count is exact (counted, not timed), so it is held here: the default
     configuration launches at most half of Dassl's DAEL's operators per step (issue 14's target)."""
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "--repeats", "1", "--warmup", "0",
-                           "--steps", "1", "--per-domain", "4", "--device", "cpu", "--epoch", "--epoch-data",
-                           "synthetic", "--epoch-images", "20", "--workers", "0", "--launch-size", "16"],
-                          capture_output=True, text=True, cwd=ROOT, timeout=400)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "bench.py"),
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--steps",
+            "1",
+            "--per-domain",
+            "4",
+            "--device",
+            "cpu",
+            "--epoch",
+            "--epoch-data",
+            "synthetic",
+            "--epoch-images",
+            "20",
+            "--workers",
+            "0",
+            "--launch-size",
+            "16",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     diff = float(out.split("max abs diff ", 1)[1].split()[0])
     assert diff < 2e-4 and out.strip().splitlines()[-1].startswith("speedup_vs_dassl_dael: ")
-    for line in ("+ fused pass", "+ fused optimiser", "+ channels_last", "share fused pass", "share aug on device",
-                 "epoch ratio dael_plugin (dassl engine):", "epoch ratio dael_plugin + aug on device:",
-                 "views only, per batch", "waiting for data"):
+    for line in (
+        "+ fused pass",
+        "+ fused optimiser",
+        "+ channels_last",
+        "share fused pass",
+        "share aug on device",
+        "epoch ratio dael_plugin (dassl engine):",
+        "epoch ratio dael_plugin + aug on device:",
+        "views only, per batch",
+        "waiting for data",
+    ):
         assert line in out, line
     ratio = float(out.split("launches_per_step_vs_dassl: ", 1)[1].split()[0])
     assert ratio <= 0.50, f"the default step launches {ratio:.2f} of Dassl's operators (target: at most 0.50)"

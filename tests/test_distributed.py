@@ -10,6 +10,7 @@ lr 0.001, the fused and the per-chunk single-process runs differ by 3.4e-2 in a 
 one against two processes by 3.1e-2 (docs/several_gpus.md). The CLI comparisons run one epoch
 of the tiny set in 3 to 4 steps, where the drift stays under 1e-3 (measured 5e-5 to 8e-5).
 """
+
 import json
 import os
 import signal
@@ -26,8 +27,20 @@ WORKER = os.path.join(ROOT, "tests", "ddp_worker.py")
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
 DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 DAEL_CFG = os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")
-FAST = ["DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False", "DATALOADER.TRAIN_X.BATCH_SIZE", "24",
-        "DATALOADER.TRAIN_U.BATCH_SIZE", "8", "OPTIM.LR", "0.001", "TRAIN.PRINT_FREQ", "4"]
+FAST = [
+    "DATALOADER.NUM_WORKERS",
+    "0",
+    "USE_CUDA",
+    "False",
+    "DATALOADER.TRAIN_X.BATCH_SIZE",
+    "24",
+    "DATALOADER.TRAIN_U.BATCH_SIZE",
+    "8",
+    "OPTIM.LR",
+    "0.001",
+    "TRAIN.PRINT_FREQ",
+    "4",
+]
 
 
 def _env():
@@ -41,21 +54,25 @@ def _env():
 def torchrun(args, nproc=2, timeout=300, **popen):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] + list(args)
     if popen:
-        return subprocess.Popen(cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                **popen)
+        return subprocess.Popen(
+            cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+        )
     return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
 def one_process(args, timeout=300):
-    return subprocess.run([sys.executable] + list(args), cwd=ROOT, env=_env(), capture_output=True, text=True,
-                          timeout=timeout)
+    return subprocess.run(
+        [sys.executable] + list(args), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
+    )
 
 
 # -- three steps on fixed batches ----------------------------------------------------------
-CASES = ["da:1:split",  # the fused pass: 3 source chunks x 2 views + a target chunk of another size
-         "dg:1:split",
-         "da:0:split",  # one backbone call per chunk
-         "da:1:grouped"]
+CASES = [
+    "da:1:split",  # the fused pass: 3 source chunks x 2 views + a target chunk of another size
+    "dg:1:split",
+    "da:0:split",  # one backbone call per chunk
+    "da:1:grouped",
+]
 
 
 def test_three_steps_on_two_processes_equal_one(tmp_path):
@@ -89,9 +106,34 @@ SRC_CFG = os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.ya
 
 def _args(root, out, engine, epochs=1, extra=(), trainer="DAEL"):
     cfg = DAEL_CFG if trainer == "DAEL" else SRC_CFG
-    return ["--engine", engine, "--trainer", trainer, "--root", root, "--dataset-config-file", DS_DA, "--config-file",
-            cfg, "--source-domains", "hand", "blend", "font", "--target-domains", "street", "--seed", "2",
-            "--output-dir", str(out), "OPTIM.MAX_EPOCH", str(epochs)] + FAST + list(extra)
+    return (
+        [
+            "--engine",
+            engine,
+            "--trainer",
+            trainer,
+            "--root",
+            root,
+            "--dataset-config-file",
+            DS_DA,
+            "--config-file",
+            cfg,
+            "--source-domains",
+            "hand",
+            "blend",
+            "font",
+            "--target-domains",
+            "street",
+            "--seed",
+            "2",
+            "--output-dir",
+            str(out),
+            "OPTIM.MAX_EPOCH",
+            str(epochs),
+        ]
+        + FAST
+        + list(extra)
+    )
 
 
 def _weights(path):
@@ -110,8 +152,9 @@ EPOCH = ["DATALOADER.TRAIN_X.BATCH_SIZE", "48", "DATALOADER.TRAIN_U.BATCH_SIZE",
 
 
 def _check_cli_matches(tmp_path, tiny_root, engine, trainer="DAEL"):
-    one = run_train(_args(tiny_root, tmp_path / "one", engine, extra=EPOCH, trainer=trainer),
-                    env_hide_dassl=engine == "builtin")
+    one = run_train(
+        _args(tiny_root, tmp_path / "one", engine, extra=EPOCH, trainer=trainer), env_hide_dassl=engine == "builtin"
+    )
     assert one.returncode == 0, one.stderr[-3000:]
     two = torchrun([TRAIN] + _args(tiny_root, tmp_path / "two", engine, extra=EPOCH, trainer=trainer))
     assert two.returncode == 0, two.stderr[-3000:]
@@ -161,7 +204,10 @@ def test_sharded_evaluation_equals_one_process(tmp_path, tiny_root):
     train = run_train(_args(tiny_root, tmp_path / "run", "builtin"), env_hide_dassl=True)
     assert train.returncode == 0, train.stderr[-3000:]
     evals = {}
-    for name, launch in (("one", lambda a: run_train(a, env_hide_dassl=True)), ("two", lambda a: torchrun([TRAIN] + a))):
+    for name, launch in (
+        ("one", lambda a: run_train(a, env_hide_dassl=True)),
+        ("two", lambda a: torchrun([TRAIN] + a)),
+    ):
         args = _args(tiny_root, tmp_path / f"eval_{name}", "builtin")
         proc = launch(["--eval-only", "--model-dir", str(tmp_path / "run")] + args)
         assert proc.returncode == 0, proc.stderr[-3000:]
@@ -321,8 +367,25 @@ def test_sweep_runs_each_run_on_n_processes(tmp_path, tiny_root, capsys, launche
     environment exported from the task environment on submitit's local executor."""
     if launcher != "local":
         pytest.importorskip("submitit")
-    argv = ["--root", tiny_root, "--dataset-config-file", DS_DA, "--output-dir", str(tmp_path), "--engine", "builtin",
-            "--trainers", "DAEL", "--targets", "street", "--gpus-per-run", "2", "--launcher", launcher, *SWEEP_FAST]
+    argv = [
+        "--root",
+        tiny_root,
+        "--dataset-config-file",
+        DS_DA,
+        "--output-dir",
+        str(tmp_path),
+        "--engine",
+        "builtin",
+        "--trainers",
+        "DAEL",
+        "--targets",
+        "street",
+        "--gpus-per-run",
+        "2",
+        "--launcher",
+        launcher,
+        *SWEEP_FAST,
+    ]
     code, out, err = _sweep(argv, capsys)
     run = tmp_path / "EmbeddedDigits" / "DAEL" / "street" / "seed1"
     assert code == 0, out + err + (run / "sweep_log.txt").read_text()[-3000:]
@@ -333,7 +396,7 @@ def test_sweep_runs_each_run_on_n_processes(tmp_path, tiny_root, capsys, launche
     if launcher == "local":
         assert "torch.distributed.run --standalone --nproc_per_node 2 -m dael_plugin.tools.train" in log
     # The same sweep on one process per run is another setting: refused in one line, not resumed.
-    one = argv[:argv.index("--gpus-per-run")] + argv[argv.index("--gpus-per-run") + 2:]
+    one = argv[: argv.index("--gpus-per-run")] + argv[argv.index("--gpus-per-run") + 2 :]
     code, _, err = _sweep(one, capsys)
     assert code == 2 and "was launched with other settings" in err and "processes" in err, err
 
@@ -350,9 +413,26 @@ def test_slurm_job_of_n_tasks(tmp_path, capsys, monkeypatch):
     for f in ("sbatch", "srun"):
         (bin_dir / f).chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    argv = ["--root", "data", "--dataset-config-file", DS_DA, "--output-dir", str(tmp_path / "sweep"), "--engine",
-            "builtin", "--trainers", "DAEL", "--targets", "blend", "--launcher", "slurm", "--gpus-per-run", "2",
-            "--no-wait", *SWEEP_FAST]
+    argv = [
+        "--root",
+        "data",
+        "--dataset-config-file",
+        DS_DA,
+        "--output-dir",
+        str(tmp_path / "sweep"),
+        "--engine",
+        "builtin",
+        "--trainers",
+        "DAEL",
+        "--targets",
+        "blend",
+        "--launcher",
+        "slurm",
+        "--gpus-per-run",
+        "2",
+        "--no-wait",
+        *SWEEP_FAST,
+    ]
     code, out, err = _sweep(argv, capsys)
     assert code == 0, out + err
     text = record.read_text()
@@ -373,8 +453,11 @@ def test_bf16_steps_on_two_processes_within_bf16_rounding(tmp_path):
     """bf16 autocast rounds each batch-norm output to 8 bits of mantissa, so two exact forms of
     the same step differ by bf16 rounding: one step on two processes stays within the gap
     between two single-process forms (``split`` and ``grouped``: 3.9e-3 in a gradient here)."""
-    runs = {"one": ([WORKER], ["--chunk-bn", "split"]), "grouped": ([WORKER], ["--chunk-bn", "grouped"]),
-            "two": (None, ["--chunk-bn", "split"])}
+    runs = {
+        "one": ([WORKER], ["--chunk-bn", "split"]),
+        "grouped": ([WORKER], ["--chunk-bn", "grouped"]),
+        "two": (None, ["--chunk-bn", "split"]),
+    }
     out = {}
     for name, (script, opts) in runs.items():
         args = [WORKER, "--out", str(tmp_path / f"{name}.pt"), "--prec", "bf16", "--steps", "1"] + opts
@@ -392,8 +475,16 @@ def test_bf16_steps_on_two_processes_within_bf16_rounding(tmp_path):
 def test_torchrun_with_views_on_the_device_and_channels_last(tmp_path, tiny_root):
     """The execution options under DDP: views made on the device (each rank its own draws),
     channels_last and the fused optimiser; the run trains and records two processes."""
-    extra = ["TRAINER.DAEL.AUG_ON_DEVICE", "True", "TRAINER.DAEL.CHANNELS_LAST", "True",
-             "TRAINER.DAEL.FUSED_OPTIM", "True", "TRAINER.DAEL.STRONG_TRANSFORMS", "['tv_randaugment', 'normalize']"]
+    extra = [
+        "TRAINER.DAEL.AUG_ON_DEVICE",
+        "True",
+        "TRAINER.DAEL.CHANNELS_LAST",
+        "True",
+        "TRAINER.DAEL.FUSED_OPTIM",
+        "True",
+        "TRAINER.DAEL.STRONG_TRANSFORMS",
+        "['tv_randaugment', 'normalize']",
+    ]
     proc = torchrun([TRAIN] + _args(tiny_root, tmp_path / "run", "builtin", 1, extra))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["world_size"] == 2

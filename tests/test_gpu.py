@@ -9,6 +9,7 @@
 
 ``scripts/gpu_bench.sh`` runs these with the benchmark.
 """
+
 import copy
 import os
 
@@ -19,22 +20,49 @@ from conftest import ROOT
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-PAPER = ["INPUT.TRANSFORMS", "['random_flip', 'random_translation', 'normalize']",
-         "TRAINER.DAEL.STRONG_TRANSFORMS", "['random_flip', 'cutout', 'randaugment2', 'normalize']"]
+PAPER = [
+    "INPUT.TRANSFORMS",
+    "['random_flip', 'random_translation', 'normalize']",
+    "TRAINER.DAEL.STRONG_TRANSFORMS",
+    "['random_flip', 'cutout', 'randaugment2', 'normalize']",
+]
 
 
 def _trainer(tmp_path, tiny_root, trainer="DAEL", cfg="dael", extra=()):
     from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
     from dael_plugin.tools.train import build_parser, setup_cfg
 
-    args = build_parser().parse_args([
-        "--engine", "builtin", "--trainer", trainer, "--root", tiny_root,
-        "--dataset-config-file", os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml"),
-        "--config-file", os.path.join(ROOT, f"configs/trainers/da/{cfg}/embedded_digits.yaml"),
-        "--source-domains", "hand", "street", "font", "--target-domains", "blend",
-        "--output-dir", str(tmp_path), "--seed", "1",
-        "DATALOADER.NUM_WORKERS", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8",
-    ] + list(extra))
+    args = build_parser().parse_args(
+        [
+            "--engine",
+            "builtin",
+            "--trainer",
+            trainer,
+            "--root",
+            tiny_root,
+            "--dataset-config-file",
+            os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml"),
+            "--config-file",
+            os.path.join(ROOT, f"configs/trainers/da/{cfg}/embedded_digits.yaml"),
+            "--source-domains",
+            "hand",
+            "street",
+            "font",
+            "--target-domains",
+            "blend",
+            "--output-dir",
+            str(tmp_path),
+            "--seed",
+            "1",
+            "DATALOADER.NUM_WORKERS",
+            "0",
+            "DATALOADER.TRAIN_X.BATCH_SIZE",
+            "24",
+            "DATALOADER.TRAIN_U.BATCH_SIZE",
+            "8",
+        ]
+        + list(extra)
+    )
     set_random_seed(1)
     tr = build_builtin_trainer(setup_cfg(args, "builtin"))
     assert tr.device.type == "cuda"
@@ -53,9 +81,15 @@ OPTIONS = {
     "views on the device, paper's transforms": ["TRAINER.DAEL.AUG_ON_DEVICE", "True"] + PAPER,
     "views on the device, bf16": ["TRAINER.DAEL.AUG_ON_DEVICE", "True", "TRAINER.DAEL.PREC", "bf16"] + PAPER,
     "reduce-overhead": ["TRAINER.DAEL.COMPILE", "reduce-overhead"],
-    "reduce-overhead, views on the device, fp16": ["TRAINER.DAEL.COMPILE", "reduce-overhead",
-                                                   "TRAINER.DAEL.AUG_ON_DEVICE", "True",
-                                                   "TRAINER.DAEL.PREC", "fp16"] + PAPER,
+    "reduce-overhead, views on the device, fp16": [
+        "TRAINER.DAEL.COMPILE",
+        "reduce-overhead",
+        "TRAINER.DAEL.AUG_ON_DEVICE",
+        "True",
+        "TRAINER.DAEL.PREC",
+        "fp16",
+    ]
+    + PAPER,
 }
 
 
@@ -146,8 +180,15 @@ def test_views_on_the_device_with_the_papers_transforms():
     cfg = get_builtin_cfg()
     cfg.INPUT.SIZE = (96, 96)
     strong = ["random_flip", "cutout", "randaugment2", "normalize"]
-    views = DeviceViews(["random_flip", "random_translation", "normalize"], strong, 2, cfg.INPUT,
-                        CN({"STRONG_TRANSFORMS": strong}), device="cuda", size=(96, 96))
+    views = DeviceViews(
+        ["random_flip", "random_translation", "normalize"],
+        strong,
+        2,
+        cfg.INPUT,
+        CN({"STRONG_TRANSFORMS": strong}),
+        device="cuda",
+        size=(96, 96),
+    )
     imgs = torch.randint(1, 255, (64, 3, 96, 96), dtype=torch.uint8, device="cuda")
     torch.cuda.set_sync_debug_mode("error")
     try:
@@ -155,8 +196,10 @@ def test_views_on_the_device_with_the_papers_transforms():
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert weak.shape == strong_view.shape == (64, 3, 96, 96) and weak.is_cuda
-    zero = (strong_view * torch.tensor(cfg.INPUT.PIXEL_STD, device="cuda").view(1, 3, 1, 1)
-            + torch.tensor(cfg.INPUT.PIXEL_MEAN, device="cuda").view(1, 3, 1, 1)).abs() < 1e-6
+    zero = (
+        strong_view * torch.tensor(cfg.INPUT.PIXEL_STD, device="cuda").view(1, 3, 1, 1)
+        + torch.tensor(cfg.INPUT.PIXEL_MEAN, device="cuda").view(1, 3, 1, 1)
+    ).abs() < 1e-6
     holes = zero.all(1).flatten(1).sum(1)
     assert (holes > 0).float().mean() > 0.9  # a 16x16 cutout hole in (almost) every image
     assert len({tuple(v.flatten()[:64].tolist()) for v in strong_view.cpu()}) == 64

@@ -3,6 +3,7 @@
 These run on the built-in engine (so they also run without Dassl); the Dassl
 engine's counterparts are in ``test_dassl_hardening.py``.
 """
+
 import collections
 import json
 import os
@@ -22,16 +23,50 @@ from conftest import ROOT
 DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 DS_DG = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
 DAEL_CFG = os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")
-FAST = ["DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False",
-        "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8", "TRAIN.PRINT_FREQ", "3"]
+FAST = [
+    "DATALOADER.NUM_WORKERS",
+    "0",
+    "USE_CUDA",
+    "False",
+    "DATALOADER.TRAIN_X.BATCH_SIZE",
+    "24",
+    "DATALOADER.TRAIN_U.BATCH_SIZE",
+    "8",
+    "TRAIN.PRINT_FREQ",
+    "3",
+]
 
 
 def args_for(root, out, epochs=1, trainer="DAEL", ds=DS_DA, cfg=DAEL_CFG, extra=(), flags=()):
     """train.py arguments: ``flags`` go before the trailing KEY VALUE opts, ``extra`` after."""
-    return (["--engine", "builtin", "--trainer", trainer, "--root", root, "--dataset-config-file", ds,
-             "--config-file", cfg, "--source-domains", "hand", "blend", "font", "--target-domains", "street",
-             "--output-dir", str(out), "--seed", "3"] + list(flags) + FAST + ["OPTIM.MAX_EPOCH", str(epochs)]
-            + list(extra))
+    return (
+        [
+            "--engine",
+            "builtin",
+            "--trainer",
+            trainer,
+            "--root",
+            root,
+            "--dataset-config-file",
+            ds,
+            "--config-file",
+            cfg,
+            "--source-domains",
+            "hand",
+            "blend",
+            "font",
+            "--target-domains",
+            "street",
+            "--output-dir",
+            str(out),
+            "--seed",
+            "3",
+        ]
+        + list(flags)
+        + FAST
+        + ["OPTIM.MAX_EPOCH", str(epochs)]
+        + list(extra)
+    )
 
 
 def cli(argv, capsys):
@@ -51,8 +86,15 @@ def one_error_line(err):
 
 def spawn(argv, **kw):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "train.py")] + argv, cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **kw)
+    return subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "scripts", "train.py")] + argv,
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        **kw,
+    )
 
 
 def weights(out):
@@ -119,8 +161,18 @@ def test_resume_after_kill_9_is_bitwise_exact_with_persistent_workers(tmp_path, 
     assert ra["accuracy"] == rb["accuracy"] and ra["expert_accuracy"] == rb["expert_accuracy"]
 
 
-@pytest.mark.parametrize("prec", [pytest.param("fp16", marks=pytest.mark.skipif(
-    not hasattr(torch.amp, "GradScaler"), reason="fp16 loss scaling on CPU needs torch >= 2.3")), "bf16"])
+@pytest.mark.parametrize(
+    "prec",
+    [
+        pytest.param(
+            "fp16",
+            marks=pytest.mark.skipif(
+                not hasattr(torch.amp, "GradScaler"), reason="fp16 loss scaling on CPU needs torch >= 2.3"
+            ),
+        ),
+        "bf16",
+    ],
+)
 def test_low_precision_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root, prec):
     """fp16's loss scaler is part of the run: its scale has changed (the first steps overflow
     at 2^16) by the time of the kill, and the resumed run continues from the checkpoint's scale,
@@ -136,7 +188,7 @@ def test_low_precision_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root,
     assert not (killed / "results.json").exists(), "killed too late to test a resume"
     saved = torch.load(killed / "checkpoint.pth.tar", weights_only=True)
     if prec == "fp16":
-        assert saved["scaler"]["scale"] < 2.0 ** 16  # the loss scale moved before the kill
+        assert saved["scaler"]["scale"] < 2.0**16  # the loss scale moved before the kill
     else:
         assert "scaler" not in saved
     proc = spawn(args_for(tiny_root, killed, epochs=2, extra=extra))
@@ -158,8 +210,14 @@ def test_worker_count_does_not_change_a_run(tmp_path, tiny_root, capsys):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
-@pytest.mark.parametrize("change,key", [(["OPTIM.LR", "0.2"], "OPTIM.LR"), (["OPTIM.MAX_EPOCH", "3"], "OPTIM.MAX_EPOCH"),
-                                        (["TRAINER.DAEL.WEIGHT_U", "1.0"], "TRAINER.DAEL.WEIGHT_U")])
+@pytest.mark.parametrize(
+    "change,key",
+    [
+        (["OPTIM.LR", "0.2"], "OPTIM.LR"),
+        (["OPTIM.MAX_EPOCH", "3"], "OPTIM.MAX_EPOCH"),
+        (["TRAINER.DAEL.WEIGHT_U", "1.0"], "TRAINER.DAEL.WEIGHT_U"),
+    ],
+)
 def test_resume_with_a_changed_config_is_refused(tmp_path, tiny_root, capsys, change, key):
     out = tmp_path / "run"
     assert cli(args_for(tiny_root, out, epochs=1), capsys)[0] == 0
@@ -178,7 +236,11 @@ def test_lr_after_each_epoch_follows_the_cosine_schedule(tmp_path, tiny_root, ca
     assert code == 0
     state = torch.load(out / "checkpoint.pth.tar", weights_only=True)
     assert state["sched"]["last_epoch"] == 3
-    lrs = [float(line.rsplit("lr ", 1)[1]) for line in stdout.splitlines() if line.startswith("epoch [") and " batches " in line]
+    lrs = [
+        float(line.rsplit("lr ", 1)[1])
+        for line in stdout.splitlines()
+        if line.startswith("epoch [") and " batches " in line
+    ]
     base = 0.05  # the embedded DAEL config's OPTIM.LR
     expected = [base * (1 + np.cos(np.pi * e / 3)) / 2 for e in range(3)]
     assert lrs == pytest.approx(expected, rel=1e-4)
@@ -211,9 +273,11 @@ def test_a_checkpoint_with_pickled_code_is_refused(tmp_path, tiny_root, capsys, 
         argv = args_for(tiny_root, tmp_path / "eval", flags=["--eval-only", "--model-dir", str(victim)])
     else:
         _plant(victim, marker)
-        argv = {"resume": args_for(tiny_root, tmp_path / "new", flags=["--resume", str(victim)]),
-                "eval_only": args_for(tiny_root, tmp_path / "eval", flags=["--eval-only", "--model-dir", str(victim)]),
-                "rerun_into_dir": args_for(tiny_root, victim)}[how]
+        argv = {
+            "resume": args_for(tiny_root, tmp_path / "new", flags=["--resume", str(victim)]),
+            "eval_only": args_for(tiny_root, tmp_path / "eval", flags=["--eval-only", "--model-dir", str(victim)]),
+            "rerun_into_dir": args_for(tiny_root, victim),
+        }[how]
     code, _, err = cli(argv, capsys)
     line = one_error_line(err)
     assert code == 2 and "refusing to load" in line and str(victim / "checkpoint.pth.tar") in line
@@ -242,8 +306,9 @@ def test_eval_only_writes_its_own_record_with_the_checkpoints_epoch(tmp_path, ti
     out = tmp_path / "run"
     assert cli(args_for(tiny_root, out, epochs=2), capsys)[0] == 0
     before = (out / "results.json").read_text()
-    code, _, _ = cli(args_for(tiny_root, out, epochs=15, flags=["--eval-only", "--model-dir", str(out),
-                                                                "--load-epoch", "2"]), capsys)
+    code, _, _ = cli(
+        args_for(tiny_root, out, epochs=15, flags=["--eval-only", "--model-dir", str(out), "--load-epoch", "2"]), capsys
+    )
     assert code == 0
     assert (out / "results.json").read_text() == before
     rec = json.loads((out / "results_eval.json").read_text())
@@ -262,7 +327,9 @@ def test_divergence_stops_with_nan_line_and_keeps_the_last_good_checkpoint(tmp_p
     assert not (out / "results.json").exists()
     assert json.loads((out / "failed.json").read_text())["failed"] is True
     state = torch.load(out / "checkpoint.pth.tar", weights_only=True)
-    assert state["epoch"] == 1 and all(torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point())
+    assert state["epoch"] == 1 and all(
+        torch.isfinite(v).all() for v in state["model"].values() if v.is_floating_point()
+    )
     # MultiStepLR keeps its milestones in a Counter, which torch < 2.4 refuses in a weights-only load:
     # the checkpoint holds a dict instead (and the scheduler gets its Counter back on resume).
     assert not _holds(state, collections.Counter)
@@ -339,8 +406,12 @@ def test_processes_racing_for_the_lock_never_hold_it_together(tmp_path):
     """Four processes acquiring at once, 150 rounds each: the old create-then-write lock let two
     hold it in about 10% of rounds."""
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    procs = [subprocess.Popen([sys.executable, "-c", RACER, str(tmp_path), "150"], stdout=subprocess.PIPE, text=True,
-                              env=env) for _ in range(4)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, "-c", RACER, str(tmp_path), "150"], stdout=subprocess.PIPE, text=True, env=env
+        )
+        for _ in range(4)
+    ]
     results = [tuple(int(v) for v in p.communicate(timeout=120)[0].split()) for p in procs]
     assert sum(h for h, _ in results) > 0 and sum(b for _, b in results) == 0, results
 
@@ -401,10 +472,13 @@ def test_check_data_passes_on_good_data(tiny_root, tmp_path, capsys):
     assert code == 0 and "--check-data: all" in stdout
 
 
-@pytest.mark.parametrize("damage,message", [
-    ("empty_class", "holds no images"),
-    ("missing_class", "classes differ between domains"),
-])
+@pytest.mark.parametrize(
+    "damage,message",
+    [
+        ("empty_class", "holds no images"),
+        ("missing_class", "classes differ between domains"),
+    ],
+)
 def test_layout_errors_before_training(tiny_root, tmp_path, capsys, damage, message):
     root = tmp_path / "layout"
     shutil.copytree(tiny_root, root)
@@ -489,7 +563,7 @@ def test_bad_files_and_folders_are_one_error_line(tmp_path, tiny_root, capsys, c
 def test_no_root_is_an_error_and_writes_nothing_into_the_cwd(tmp_path, capsys, monkeypatch):
     monkeypatch.chdir(tmp_path)
     argv = args_for("", tmp_path / "o")
-    argv = argv[: argv.index("--root")] + argv[argv.index("--root") + 2:]
+    argv = argv[: argv.index("--root")] + argv[argv.index("--root") + 2 :]
     code, _, err = cli(argv, capsys)
     assert code == 2 and "no dataset root given; pass --root DIR" in one_error_line(err)
     assert os.listdir(tmp_path) == []
@@ -524,8 +598,15 @@ def test_console_script_is_declared():
 # -- 8. scientific validity ----------------------------------------------------
 def test_daeldg_on_a_da_dataset_never_uses_target_data(tmp_path, tiny_root, capsys):
     out = tmp_path / "dg"
-    code, stdout, _ = cli(args_for(tiny_root, out, trainer="DAELDG",
-                                   cfg=os.path.join(ROOT, "configs/trainers/dg/daeldg/embedded_digits_dg.yaml")), capsys)
+    code, stdout, _ = cli(
+        args_for(
+            tiny_root,
+            out,
+            trainer="DAELDG",
+            cfg=os.path.join(ROOT, "configs/trainers/dg/daeldg/embedded_digits_dg.yaml"),
+        ),
+        capsys,
+    )
     assert code == 0
     assert "setting DG" in stdout and "DAELDG runs domain generalisation: the target train split is unused" in stdout
     assert "loss_u" not in (out / "log.txt").read_text()
@@ -593,8 +674,14 @@ def test_n_domain_below_the_number_of_sources_trains_every_expert(tmp_path, tiny
 
     monkeypatch.setattr(bt.DAEL, "losses", spy)
     monkeypatch.setattr(losses, "consistency_loss", spy_cr)
-    code, stdout, _ = cli(args_for(tiny_root, tmp_path / "nd", extra=["DATALOADER.TRAIN_X.N_DOMAIN", "2",
-                                                                       "DATALOADER.TRAIN_X.BATCH_SIZE", "16"]), capsys)
+    code, stdout, _ = cli(
+        args_for(
+            tiny_root,
+            tmp_path / "nd",
+            extra=["DATALOADER.TRAIN_X.N_DOMAIN", "2", "DATALOADER.TRAIN_X.BATCH_SIZE", "16"],
+        ),
+        capsys,
+    )
     assert code == 0
     assert seen and all(chunks == (8, 8) and len(experts) == 2 for chunks, experts in seen)
     assert {e for _, experts in seen for e in experts} == {0, 1, 2}  # every expert gets batches
@@ -606,11 +693,37 @@ def test_bench_without_dassl_times_the_plugin_alone(tmp_path):
     engine's epoch included (a trainer driven epoch by epoch, as the bench drives it), and says
     that the ratio needs Dassl's DAEL instead of failing."""
     env = dict(os.environ, DAEL_PLUGIN_HIDE_DASSL="1")
-    proc = subprocess.run([sys.executable, os.path.join(ROOT, "scripts", "bench.py"), "--repeats", "1", "--warmup", "0",
-                           "--steps", "1", "--per-domain", "4", "--device", "cpu", "--no-launches", "--epoch",
-                           "--epoch-data", "synthetic", "--epoch-images", "20", "--workers", "0"],
-                          capture_output=True, text=True, cwd=ROOT, env=env, timeout=400)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            os.path.join(ROOT, "scripts", "bench.py"),
+            "--repeats",
+            "1",
+            "--warmup",
+            "0",
+            "--steps",
+            "1",
+            "--per-domain",
+            "4",
+            "--device",
+            "cpu",
+            "--no-launches",
+            "--epoch",
+            "--epoch-data",
+            "synthetic",
+            "--epoch-images",
+            "20",
+            "--workers",
+            "0",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        env=env,
+        timeout=400,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "dael_plugin (built-in engine)" in proc.stdout and " images/s " in proc.stdout
-    assert proc.stdout.strip().splitlines()[-1] == ("speedup_vs_dassl_dael: needs Dassl's DAEL as the reference "
-                                                    "(install Dassl; see README)")
+    assert proc.stdout.strip().splitlines()[-1] == (
+        "speedup_vs_dassl_dael: needs Dassl's DAEL as the reference (install Dassl; see README)"
+    )

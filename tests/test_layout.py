@@ -1,6 +1,7 @@
 """The house rules of the package layout (README, "Layout"): imports run one way, with no cycle
 between modules (imports inside functions count), the core never imports anything above it,
 leaves import nothing of the plugin, and the one key table is what the docs list."""
+
 import ast
 import os
 import re
@@ -11,7 +12,8 @@ PKG = os.path.join(ROOT, "dael_plugin")
 # Each room may import only the rooms below it (and itself). Leaves import nothing of the plugin.
 BELOW = {
     "core": set(),
-    "about": set(), "errors": set(),
+    "about": set(),
+    "errors": set(),
     "transforms": {"errors"},
     "backbones": {"errors", "about"},
     "config": {"core", "errors", "transforms"},
@@ -19,8 +21,19 @@ BELOW = {
     "engine": {"core", "errors", "about", "config", "data", "transforms", "backbones"},
     "builtin": {"core", "errors", "about", "config", "data", "transforms", "backbones", "engine"},
     "dassl_adapter": {"core", "errors", "about", "config", "data", "transforms", "backbones", "engine", "builtin"},
-    "tools": {"core", "errors", "about", "config", "data", "transforms", "backbones", "engine", "builtin",
-              "dassl_adapter", "__init__"},
+    "tools": {
+        "core",
+        "errors",
+        "about",
+        "config",
+        "data",
+        "transforms",
+        "backbones",
+        "engine",
+        "builtin",
+        "dassl_adapter",
+        "__init__",
+    },
     "__init__": {"about", "config", "errors", "dassl_adapter"},
 }
 
@@ -32,7 +45,7 @@ def _modules():
             if f.endswith(".py"):
                 path = os.path.join(dirpath, f)
                 name = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
-                mods[name[:-len(".__init__")] if name.endswith(".__init__") else name] = path
+                mods[name[: -len(".__init__")] if name.endswith(".__init__") else name] = path
     return mods
 
 
@@ -61,8 +74,9 @@ def _room(module: str) -> str:
 def test_imports_run_one_way_with_no_cycle():
     mods = _modules()
     edges = _imports(mods)
-    wrong = sorted(f"{m} -> {t}" for m, ts in edges.items() for t in ts
-                   if _room(t) != _room(m) and _room(t) not in BELOW[_room(m)])
+    wrong = sorted(
+        f"{m} -> {t}" for m, ts in edges.items() for t in ts if _room(t) != _room(m) and _room(t) not in BELOW[_room(m)]
+    )
     assert not wrong, wrong
     # No cycle between modules: a depth-first search finds no back edge.
     state, cycle = {}, []

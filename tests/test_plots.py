@@ -1,4 +1,5 @@
 """scripts/plots.py on small fixtures: each figure's files, axes and labels."""
+
 import json
 import os
 
@@ -11,9 +12,15 @@ def _rec(root, target, seed, acc, losses="ce_cr_u", weight_u=0.5, experts=(60.0,
     d = os.path.join(root, "EmbeddedDigits", "DAEL", f"L={losses},W={weight_u}", target, f"seed{seed}")
     os.makedirs(d, exist_ok=True)
     config = f"TRAINER:\n  DAEL:\n    LOSSES: {losses}\n    WEIGHT_U: {weight_u}\n    CLASSIFIER: experts\n"
-    rec = {"dataset": "EmbeddedDigits", "trainer": "DAEL", "target_domains": [target], "seed": seed,
-           "accuracy": acc, "expert_accuracy": dict(zip(["hand", "street", "font"], experts)),
-           "provenance": {"config": config}}
+    rec = {
+        "dataset": "EmbeddedDigits",
+        "trainer": "DAEL",
+        "target_domains": [target],
+        "seed": seed,
+        "accuracy": acc,
+        "expert_accuracy": dict(zip(["hand", "street", "font"], experts)),
+        "provenance": {"config": config},
+    }
     with open(os.path.join(d, "results.json"), "w") as f:
         json.dump(rec, f)
     return d
@@ -97,14 +104,26 @@ def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys, seen):
     single = sweep / "EmbeddedDigits" / "DAEL" / "CLASSIFIER=single" / "street" / "seed3"
     assert cli(args_for(tiny_root, single, extra=["TRAINER.DAEL.CLASSIFIER", "single"]), capsys)[0] == 0
     assert cli(args_for(tiny_root, sweep / "EmbeddedDigits" / "DAEL" / "street" / "seed3"), capsys)[0] == 0
-    assert cli(args_for(tiny_root, sweep / "EmbeddedDigits" / "SourceOnly" / "street" / "seed3",
-                        trainer="SourceOnly", cfg=so_cfg), capsys)[0] == 0
+    assert (
+        cli(
+            args_for(
+                tiny_root,
+                sweep / "EmbeddedDigits" / "SourceOnly" / "street" / "seed3",
+                trainer="SourceOnly",
+                cfg=so_cfg,
+            ),
+            capsys,
+        )[0]
+        == 0
+    )
     assert plots.main([str(sweep), "--out", str(tmp_path / "figs")]) == 0
     out = capsys.readouterr().out
     assert "top3: " in out and "tsne: " in out and "skipped (top3" not in out and "skipped (tsne" not in out
     assert (tmp_path / "figs" / "top3.png").exists() and (tmp_path / "figs" / "tsne.pdf").exists()
-    assert [t for _, _, t in seen["tsne"]] == ["SourceOnly (defaults), target street, seed 3",
-                                               "DAEL (defaults), target street, seed 3"]
+    assert [t for _, _, t in seen["tsne"]] == [
+        "SourceOnly (defaults), target street, seed 3",
+        "DAEL (defaults), target street, seed 3",
+    ]
     assert seen["tsne"][0][:2] == ("t-SNE 1", "t-SNE 2")
     ylabels = [y for _, y, _ in seen["top3"] if y]
     assert ylabels == ["E[hand]", "E[blend]", "E[font]", "ensemble"]  # one row per expert, then the ensemble

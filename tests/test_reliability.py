@@ -4,6 +4,7 @@ the lock is the kernel's, every write survives a full disk, SIGTERM stops a run 
 a sweep owns its runs, and the tools that read records survive bad ones.
 
 Built-in engine unless marked ``dassl``."""
+
 import json
 import os
 import signal
@@ -24,8 +25,18 @@ from test_hardening import (
     wait_for_checkpoint,
 )
 
-SWEEP_FAST = ["OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False",
-              "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8"]
+SWEEP_FAST = [
+    "OPTIM.MAX_EPOCH",
+    "1",
+    "DATALOADER.NUM_WORKERS",
+    "0",
+    "USE_CUDA",
+    "False",
+    "DATALOADER.TRAIN_X.BATCH_SIZE",
+    "24",
+    "DATALOADER.TRAIN_U.BATCH_SIZE",
+    "8",
+]
 
 
 def sweep(argv, capsys):
@@ -37,8 +48,22 @@ def sweep(argv, capsys):
 
 
 def sweep_args(root, out, *extra, opts=SWEEP_FAST):
-    return ["--root", root, "--dataset-config-file", DS_DA, "--output-dir", str(out), "--engine", "builtin",
-            "--trainers", "SourceOnly", "--targets", "street", *extra, *opts]
+    return [
+        "--root",
+        root,
+        "--dataset-config-file",
+        DS_DA,
+        "--output-dir",
+        str(out),
+        "--engine",
+        "builtin",
+        "--trainers",
+        "SourceOnly",
+        "--targets",
+        "street",
+        *extra,
+        *opts,
+    ]
 
 
 # -- sweeps that never pass old results off as new -----------------------------------------
@@ -48,9 +73,11 @@ def test_a_relaunch_with_other_settings_is_refused_and_the_old_result_stays(tmp_
     record = tmp_path / "EmbeddedDigits" / "SourceOnly" / "street" / "seed1" / "results.json"
     first = record.read_bytes()
     longer = SWEEP_FAST[:1] + ["2"] + SWEEP_FAST[2:] + ["OPTIM.LR", "0.2"]
-    for argv, changed in ((sweep_args(tiny_root, tmp_path, opts=longer), "options: OPTIM.MAX_EPOCH=1"),
-                          (sweep_args(tiny_root, tmp_path, "--sources", "hand", "blend"), "sources: hand blend font"),
-                          (sweep_args(tiny_root, tmp_path, "--seeds", "1", "--dry-run"), None)):
+    for argv, changed in (
+        (sweep_args(tiny_root, tmp_path, opts=longer), "options: OPTIM.MAX_EPOCH=1"),
+        (sweep_args(tiny_root, tmp_path, "--sources", "hand", "blend"), "sources: hand blend font"),
+        (sweep_args(tiny_root, tmp_path, "--seeds", "1", "--dry-run"), None),
+    ):
         code, out, err = sweep(argv, capsys)
         if changed is None:  # the same settings: done, nothing to run
             assert code == 0 and "(1 done, 0 to run)" in out
@@ -72,9 +99,20 @@ def test_collect_gives_each_setting_its_own_row_and_refuses_two_records_of_one_s
         d = tmp_path / folder
         d.mkdir(parents=True)
         config = f"OPTIM:\n  MAX_EPOCH: {epochs}\nSEED: {seed}\n"
-        (d / "results.json").write_text(json.dumps({
-            "dataset": "EmbeddedDigits", "trainer": "DAEL", "target_domains": ["blend"], "seed": seed,
-            "accuracy": acc, "engine": "builtin", "setting": setting, "provenance": {"config": config}}))
+        (d / "results.json").write_text(
+            json.dumps(
+                {
+                    "dataset": "EmbeddedDigits",
+                    "trainer": "DAEL",
+                    "target_domains": ["blend"],
+                    "seed": seed,
+                    "accuracy": acc,
+                    "engine": "builtin",
+                    "setting": setting,
+                    "provenance": {"config": config},
+                }
+            )
+        )
         return d
 
     record("EmbeddedDigits/DAEL/blend/seed1", 1, 70.0, 15)
@@ -97,8 +135,11 @@ def test_tables_and_figures_survive_bad_records(tmp_path, capsys):
 
     good = tmp_path / "EmbeddedDigits" / "DAEL" / "blend" / "seed1"
     good.mkdir(parents=True)
-    (good / "results.json").write_text(json.dumps({"dataset": "EmbeddedDigits", "trainer": "DAEL",
-                                                   "target_domains": ["blend"], "seed": 1, "accuracy": 70.0}))
+    (good / "results.json").write_text(
+        json.dumps(
+            {"dataset": "EmbeddedDigits", "trainer": "DAEL", "target_domains": ["blend"], "seed": 1, "accuracy": 70.0}
+        )
+    )
     truncated = tmp_path / "EmbeddedDigits" / "DAEL" / "street" / "seed1"
     truncated.mkdir(parents=True)
     (truncated / "results.json").write_text('{"dataset": "EmbeddedDigits", "accur')
@@ -135,13 +176,13 @@ def test_eval_only_maps_the_experts_by_domain_name(tmp_path, tiny_root, capsys):
     trained = json.loads((out / "results.json").read_text())["expert_accuracy"]
     argv = args_for(tiny_root, tmp_path / "eval", flags=["--eval-only", "--model-dir", str(out)])
     i = argv.index("--source-domains")
-    argv[i + 1:i + 4] = ["font", "blend", "hand"]  # the run's sources, in another order
+    argv[i + 1 : i + 4] = ["font", "blend", "hand"]  # the run's sources, in another order
     code, stdout, err = cli(argv, capsys)
     assert code == 0, err
     assert "mapped by domain name" in stdout
     evaluated = json.loads((tmp_path / "eval" / "results_eval.json").read_text())["expert_accuracy"]
     assert list(evaluated) == ["font", "blend", "hand"] and evaluated == {d: trained[d] for d in evaluated}
-    argv[i + 1:i + 4] = ["font", "blend", "street"]
+    argv[i + 1 : i + 4] = ["font", "blend", "street"]
     argv[argv.index("--target-domains") + 1] = "hand"
     code, _, err = cli(argv, capsys)
     assert code == 2 and "has experts for source domains ['hand', 'blend', 'font']" in one_error_line(err)
@@ -277,9 +318,14 @@ def test_sigterm_stops_a_run_like_ctrl_c(tmp_path, tiny_root):
 def _sweep_proc(root, out, epochs):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     opts = ["OPTIM.MAX_EPOCH", str(epochs)] + SWEEP_FAST[2:]
-    return subprocess.Popen([sys.executable, os.path.join(ROOT, "scripts", "sweep.py"),
-                             *sweep_args(root, out, opts=opts)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    return subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "scripts", "sweep.py"), *sweep_args(root, out, opts=opts)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
 
 
 def _run_pid(run_dir, timeout=120):
@@ -325,8 +371,9 @@ def test_two_sweeps_on_one_folder_share_the_work(tmp_path, tiny_root, capsys):
     first = _sweep_proc(tiny_root, tmp_path, epochs=300)
     try:
         _run_pid(run_dir)
-        code, out, err = sweep(sweep_args(tiny_root, tmp_path, opts=["OPTIM.MAX_EPOCH", "300"] + SWEEP_FAST[2:]),
-                               capsys)
+        code, out, err = sweep(
+            sweep_args(tiny_root, tmp_path, opts=["OPTIM.MAX_EPOCH", "300"] + SWEEP_FAST[2:]), capsys
+        )
         assert code == 0, out + err
         assert "running elsewhere SourceOnly -> street seed 1" in out and "1 running elsewhere" in out
         assert "FAILED" not in out

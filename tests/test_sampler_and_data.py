@@ -101,7 +101,12 @@ def test_embedded_domains_look_different(data_root):
 
     stats = {}
     for d in embedded.DOMAINS:
-        splits = load_splits("EmbeddedDigitsDG", data_root, [d, "hand" if d != "hand" else "font"], ["blend" if d != "blend" else "street"])
+        splits = load_splits(
+            "EmbeddedDigitsDG",
+            data_root,
+            [d, "hand" if d != "hand" else "font"],
+            ["blend" if d != "blend" else "street"],
+        )
         imgs = [np.asarray(Image.open(i.impath), dtype=np.float32) for i in splits["train_x"][:200] if i.domain == 0]
         arr = np.stack(imgs)
         stats[d] = (arr.mean(), arr.std(axis=3).mean())  # brightness, colourfulness
@@ -155,10 +160,18 @@ def _fake_dassl_dg_layout(root, dataset_dir, domains, classes, per_split=2):
                     Image.new("RGB", (8, 8)).save(os.path.join(p, f"{k}.jpg"))  # Dassl globs *.jpg
 
 
-@pytest.mark.parametrize("name,dataset_dir,domains,classes", [
-    ("DigitsDG", "digits_dg", ("mnist", "mnist_m", "svhn", "syn"), [str(i) for i in range(10)]),
-    ("OfficeHomeDG", "office_home_dg", ("art", "clipart", "product", "real_world"), ["Alarm_Clock", "Backpack", "Bike"]),
-])
+@pytest.mark.parametrize(
+    "name,dataset_dir,domains,classes",
+    [
+        ("DigitsDG", "digits_dg", ("mnist", "mnist_m", "svhn", "syn"), [str(i) for i in range(10)]),
+        (
+            "OfficeHomeDG",
+            "office_home_dg",
+            ("art", "clipart", "product", "real_world"),
+            ["Alarm_Clock", "Backpack", "Bike"],
+        ),
+    ],
+)
 def test_dassl_dg_folder_layouts(tmp_path, name, dataset_dir, domains, classes):
     _fake_dassl_dg_layout(str(tmp_path), dataset_dir, domains, classes)
     s = load_splits(name, str(tmp_path), list(domains[:3]), [domains[3]])
@@ -207,7 +220,7 @@ def test_dassl_domain_sampler_has_dassls_epochs_drawn_per_position():
     assert len(flat) == len(set(flat))  # without replacement within the epoch
     left = {d: domains.count(d) for d in (0, 1, 2)}
     for n, b in enumerate(batches, 1):
-        chunks = [b[j:j + per] for j in range(0, len(b), per)]
+        chunks = [b[j : j + per] for j in range(0, len(b), per)]
         assert all(len({domains[i] for i in c}) == 1 for c in chunks)
         chosen = [domains[c[0]] for c in chunks]
         assert len(set(chosen)) == 2

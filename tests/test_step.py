@@ -1,5 +1,6 @@
 """The shared training step and its execution options, on CPU: each option
 against the plain fp32 step, hand-worked meters and tallies."""
+
 import copy
 
 import pytest
@@ -13,19 +14,29 @@ from dael_plugin.engine.evaluate import ExpertTally
 from dael_plugin.engine.step import DAELStep, DeviceMeters
 
 # What the installed torch lacks is skipped with the reason, not failed (README: which torch runs what).
-needs_cpu_fp16 = pytest.mark.skipif(not hasattr(torch.amp, "GradScaler"),
-                                    reason=f"fp16 loss scaling on CPU needs torch >= 2.3 (this is {torch.__version__})")
-needs_compiled_fused = pytest.mark.skipif(torch.__version__ < ex.COMPILE_FUSED_MIN_TORCH,
-                                         reason=f"a compiled fused pass needs torch >= {ex.COMPILE_FUSED_MIN_TORCH}")
-needs_cpu_fused = pytest.mark.skipif(not ex.supports_fused(torch.optim.SGD, "cpu"),
-                                     reason=f"fused optimisers on CPU need torch >= 2.4 (this is {torch.__version__})")
+needs_cpu_fp16 = pytest.mark.skipif(
+    not hasattr(torch.amp, "GradScaler"),
+    reason=f"fp16 loss scaling on CPU needs torch >= 2.3 (this is {torch.__version__})",
+)
+needs_compiled_fused = pytest.mark.skipif(
+    torch.__version__ < ex.COMPILE_FUSED_MIN_TORCH,
+    reason=f"a compiled fused pass needs torch >= {ex.COMPILE_FUSED_MIN_TORCH}",
+)
+needs_cpu_fused = pytest.mark.skipif(
+    not ex.supports_fused(torch.optim.SGD, "cpu"),
+    reason=f"fused optimisers on CPU need torch >= 2.4 (this is {torch.__version__})",
+)
 
 
 def _batch(seed=0, per=8, size=32):
     g = torch.Generator().manual_seed(seed)
     n = 3 * per
-    bx = {"img": torch.randn(n, 3, size, size, generator=g), "img2": torch.randn(n, 3, size, size, generator=g),
-          "label": torch.randint(0, 10, (n,), generator=g), "domain": torch.arange(3).repeat_interleave(per)}
+    bx = {
+        "img": torch.randn(n, 3, size, size, generator=g),
+        "img2": torch.randn(n, 3, size, size, generator=g),
+        "label": torch.randint(0, 10, (n,), generator=g),
+        "domain": torch.arange(3).repeat_interleave(per),
+    }
     bu = {"img": torch.randn(per, 3, size, size, generator=g), "img2": torch.randn(per, 3, size, size, generator=g)}
     return bx, bu
 
@@ -153,8 +164,10 @@ def test_channels_last_stops_before_a_view_of_the_feature_map_or_falls_back(caps
 @needs_cpu_fused
 def test_fused_optimizer_matches_and_leaves_others_alone():
     torch.manual_seed(0)
-    for cls, kw in ((torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True}),
-                    (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 1e-2})):
+    for cls, kw in (
+        (torch.optim.SGD, {"lr": 0.1, "momentum": 0.9, "weight_decay": 5e-4, "nesterov": True}),
+        (torch.optim.AdamW, {"lr": 1e-2, "weight_decay": 1e-2}),
+    ):
         m1 = nn.Linear(6, 4)
         m2 = copy.deepcopy(m1)
         o1, o2 = cls(m1.parameters(), **kw), ex.fused_optimizer(cls(m2.parameters(), **kw))
@@ -199,8 +212,7 @@ def test_pseudo_label_accuracy_is_over_all_kept_labels():
 def test_expert_tally_by_hand():
     t = ExpertTally()
     # Two samples, two experts, three classes; the ensemble is the probability mean.
-    probs = torch.tensor([[[0.6, 0.3, 0.1], [0.1, 0.2, 0.7]],
-                          [[0.2, 0.5, 0.3], [0.1, 0.8, 0.1]]])
+    probs = torch.tensor([[[0.6, 0.3, 0.1], [0.1, 0.2, 0.7]], [[0.2, 0.5, 0.3], [0.1, 0.8, 0.1]]])
     ens = t.update(probs, torch.tensor([2, 1]))
     torch.testing.assert_close(ens, torch.tensor([[0.35, 0.25, 0.4], [0.15, 0.65, 0.2]]))
     assert t.expert_accuracy() == [50.0, 100.0]
@@ -208,15 +220,21 @@ def test_expert_tally_by_hand():
     assert true.tolist() == [2, 1] and pred.tolist() == [2, 1]
     t.update(torch.tensor([[[0.1, 0.1, 0.8], [0.7, 0.2, 0.1]]]), torch.tensor([1]))  # ensemble says 2: wrong
     per = t.per_class(["zero", "one", "two"], ["a", "b"])
-    assert per == {"ensemble": {"one": 50.0, "two": 100.0}, "a": {"one": 50.0, "two": 0.0},
-                   "b": {"one": 50.0, "two": 100.0}}
+    assert per == {
+        "ensemble": {"one": 50.0, "two": 100.0},
+        "a": {"one": 50.0, "two": 0.0},
+        "b": {"one": 50.0, "two": 100.0},
+    }
 
 
-@pytest.mark.parametrize("key,value,msg", [
-    ("PREC", "fp8", "PREC='fp8' is invalid"),
-    ("COMPILE", "max", "COMPILE='max' is invalid"),
-    ("CHUNK_BN", "fast", "CHUNK_BN='fast' is invalid"),
-])
+@pytest.mark.parametrize(
+    "key,value,msg",
+    [
+        ("PREC", "fp8", "PREC='fp8' is invalid"),
+        ("COMPILE", "max", "COMPILE='max' is invalid"),
+        ("CHUNK_BN", "fast", "CHUNK_BN='fast' is invalid"),
+    ],
+)
 def test_bad_execution_keys_are_one_line(tmp_path, tiny_root, capsys, key, value, msg):
     from test_hardening import args_for, cli, one_error_line
 
@@ -286,8 +304,9 @@ def _paper_views():
 
     cfg = get_builtin_cfg()
     cfg.INPUT.SIZE = (32, 32)
-    return DeviceViews(PAPER_WEAK, PAPER_STRONG, 2, cfg.INPUT, CN({"STRONG_TRANSFORMS": PAPER_STRONG}),
-                       device="cpu", size=(32, 32))
+    return DeviceViews(
+        PAPER_WEAK, PAPER_STRONG, 2, cfg.INPUT, CN({"STRONG_TRANSFORMS": PAPER_STRONG}), device="cpu", size=(32, 32)
+    )
 
 
 def _u8_batch(seed, per=8):
@@ -342,8 +361,11 @@ def test_no_step_reads_the_device_or_copies_a_python_value(name):
             continue
         with HostTraffic(allow=[bx["domain"]]) as traffic:
             out = step(bx, bu)
-        expected = ["host read: aten._local_scalar_dense (item, bool, int or float)"] \
-            if name == "fp16, plain optimiser" else []
+        expected = (
+            ["host read: aten._local_scalar_dense (item, bool, int or float)"]
+            if name == "fp16, plain optimiser"
+            else []
+        )
         assert traffic.events == expected
     assert all(torch.isfinite(v).all() for v in out.values())
 

@@ -1,4 +1,5 @@
 """scripts/sweep.py and scripts/collect.py on a cut-down grid (built-in engine, 1 epoch)."""
+
 import csv
 import json
 import os
@@ -8,8 +9,20 @@ import pytest
 from conftest import ROOT
 
 DS = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
-FAST = ["OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False",
-        "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8", "TEST.NO_TEST", "False"]
+FAST = [
+    "OPTIM.MAX_EPOCH",
+    "1",
+    "DATALOADER.NUM_WORKERS",
+    "0",
+    "USE_CUDA",
+    "False",
+    "DATALOADER.TRAIN_X.BATCH_SIZE",
+    "24",
+    "DATALOADER.TRAIN_U.BATCH_SIZE",
+    "8",
+    "TEST.NO_TEST",
+    "False",
+]
 
 
 def sweep(argv, capsys):
@@ -25,8 +38,25 @@ def base(root, out, *extra):
 
 
 def test_the_plan(tmp_path, capsys):
-    code, out, _ = sweep(base("data", tmp_path, "--trainers", "DAEL", "SourceOnly", "--seeds", "1", "2",
-                              "--grid", "TRAINER.DAEL.WEIGHT_U", "0", "0.5", "--dry-run", *FAST), capsys)
+    code, out, _ = sweep(
+        base(
+            "data",
+            tmp_path,
+            "--trainers",
+            "DAEL",
+            "SourceOnly",
+            "--seeds",
+            "1",
+            "2",
+            "--grid",
+            "TRAINER.DAEL.WEIGHT_U",
+            "0",
+            "0.5",
+            "--dry-run",
+            *FAST,
+        ),
+        capsys,
+    )
     assert code == 0
     lines = [ln for ln in out.splitlines() if ln.startswith("  [")]
     # DAEL: 4 targets x 2 weights x 2 seeds; SourceOnly does not read TRAINER.DAEL.*: 4 x 2.
@@ -37,23 +67,33 @@ def test_the_plan(tmp_path, capsys):
 
     flags, opts = split_opts(base("data", tmp_path, "--trainers", "DAEL", "--targets", "blend", *FAST))
     assert opts == FAST
-    assert split_opts(["--grid", "OPTIM.LR", "0.1", "--", "SEED", "3"]) == (["--grid", "OPTIM.LR", "0.1"], ["SEED", "3"])
+    assert split_opts(["--grid", "OPTIM.LR", "0.1", "--", "SEED", "3"]) == (
+        ["--grid", "OPTIM.LR", "0.1"],
+        ["SEED", "3"],
+    )
     args = build_parser().parse_args(flags)
     args.opts = opts
     args.root, args.output_dir = os.path.abspath(args.root), os.path.abspath(args.output_dir)
     (run,) = plan(args)
     assert run.sources == ("hand", "street", "font") and run.config_file.endswith(
-        os.path.join("configs", "trainers", "da", "dael", "embedded_digits.yaml"))
-    assert list(run.argv[-len(FAST):]) == FAST
+        os.path.join("configs", "trainers", "da", "dael", "embedded_digits.yaml")
+    )
+    assert list(run.argv[-len(FAST) :]) == FAST
 
 
-@pytest.mark.parametrize("argv,msg", [
-    (["--trainers", "DAEL", "--targets", "mars"], "not domains of EmbeddedDigits"),
-    (["--trainers", "DAEL", "--grid", "OPTIM.LR"], "--grid OPTIM.LR has no values"),
-    (["--trainers", "Nope"], "no method config for Nope"),
-    (["--trainers", "DAEL", "OPTIM.LR", "0.1", "--workers", "2"], "--workers comes after the KEY VALUE options OPTIM.LR"),
-    (["--trainers", "DAEL", "--workers", "0"], "--workers 0: give at least 1"),
-])
+@pytest.mark.parametrize(
+    "argv,msg",
+    [
+        (["--trainers", "DAEL", "--targets", "mars"], "not domains of EmbeddedDigits"),
+        (["--trainers", "DAEL", "--grid", "OPTIM.LR"], "--grid OPTIM.LR has no values"),
+        (["--trainers", "Nope"], "no method config for Nope"),
+        (
+            ["--trainers", "DAEL", "OPTIM.LR", "0.1", "--workers", "2"],
+            "--workers comes after the KEY VALUE options OPTIM.LR",
+        ),
+        (["--trainers", "DAEL", "--workers", "0"], "--workers 0: give at least 1"),
+    ],
+)
 def test_bad_sweeps_are_one_line(tmp_path, capsys, argv, msg):
     code, _, err = sweep(base("data", tmp_path, *argv, "--dry-run"), capsys)
     assert code == 2 and msg in err and len(err.strip().splitlines()) == 1
@@ -78,8 +118,23 @@ def test_submitit_local_sweep_and_a_failed_run(tmp_path, tiny_root, capsys):
     which (-1) the run refuses. The good run finishes, the bad one is reported with its
     log, and the exit code is 1; relaunched, only the failed run is tried again."""
     pytest.importorskip("submitit")
-    argv = base(tiny_root, tmp_path, "--trainers", "SourceOnly", "--targets", "street", "--grid", "OPTIM.LR", "0.05",
-                "-1", "--launcher", "submitit-local", "--workers", "2", *FAST)
+    argv = base(
+        tiny_root,
+        tmp_path,
+        "--trainers",
+        "SourceOnly",
+        "--targets",
+        "street",
+        "--grid",
+        "OPTIM.LR",
+        "0.05",
+        "-1",
+        "--launcher",
+        "submitit-local",
+        "--workers",
+        "2",
+        *FAST,
+    )
     code, out, _ = sweep(argv, capsys)
     assert code == 1, out
     assert out.count("done   ") == 1 and "done   SourceOnly[LR=0.05] -> street seed 1: accuracy " in out, out
@@ -87,16 +142,17 @@ def test_submitit_local_sweep_and_a_failed_run(tmp_path, tiny_root, capsys):
     assert f"FAILED SourceOnly[LR=-1] -> street seed 1: exit 2; log {log}" in out, out
     assert "OPTIM.LR" in log.read_text()
     assert (tmp_path / ".submitit").is_dir()
-    code, out, _ = sweep(argv[:-len(FAST)] + ["--dry-run"] + FAST, capsys)
+    code, out, _ = sweep(argv[: -len(FAST)] + ["--dry-run"] + FAST, capsys)
     assert code == 0 and "(1 done, 1 to run)" in out, out
 
 
 def _record(root, dataset, trainer, target, seed, acc, setting=None):
-    d = os.path.join(root, dataset, trainer, *( [setting] if setting else []), target, f"seed{seed}")
+    d = os.path.join(root, dataset, trainer, *([setting] if setting else []), target, f"seed{seed}")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "results.json"), "w") as f:
-        json.dump({"dataset": dataset, "trainer": trainer, "target_domains": [target], "accuracy": acc,
-                   "seed": seed}, f)
+        json.dump(
+            {"dataset": dataset, "trainer": trainer, "target_domains": [target], "accuracy": acc, "seed": seed}, f
+        )
     return d
 
 
@@ -153,20 +209,48 @@ def test_slurm_array_is_submitted_with_the_flags_and_no_wait(tmp_path, capsys, m
     (bin_dir / "srun").write_text("#!/bin/sh\nexit 0\n")
     (bin_dir / "srun").chmod(0o755)
     monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{path}")
-    argv = base("data", out_dir, "--trainers", "DAEL", "--targets", "blend", "street", "--seeds", "1", "2",
-                "--launcher", "slurm", "--partition", "gpu-a100", "--time", "90", "--gpus", "1", "--cpus", "6",
-                "--workers", "3", "--no-wait", *FAST)
+    argv = base(
+        "data",
+        out_dir,
+        "--trainers",
+        "DAEL",
+        "--targets",
+        "blend",
+        "street",
+        "--seeds",
+        "1",
+        "2",
+        "--launcher",
+        "slurm",
+        "--partition",
+        "gpu-a100",
+        "--time",
+        "90",
+        "--gpus",
+        "1",
+        "--cpus",
+        "6",
+        "--workers",
+        "3",
+        "--no-wait",
+        *FAST,
+    )
     code, out, err = sweep(argv, capsys)
     assert code == 0, out + err
     text = record.read_text()
-    for line in ("#SBATCH --partition=gpu-a100", "#SBATCH --time=90", "#SBATCH --gpus-per-node=1",
-                 "#SBATCH --cpus-per-task=6", "#SBATCH --array=0-3%3"):
+    for line in (
+        "#SBATCH --partition=gpu-a100",
+        "#SBATCH --time=90",
+        "#SBATCH --gpus-per-node=1",
+        "#SBATCH --cpus-per-task=6",
+        "#SBATCH --array=0-3%3",
+    ):
         assert line in text, text
     run = out_dir / "EmbeddedDigits" / "DAEL" / "street" / "seed2"
     assert out.count("submitted DAEL -> ") == 4 and f"Slurm job 4242_3; log {run / 'sweep_log.txt'}" in out, out
     assert "sweep: 4 runs submitted" in out
     assert (run / "sweep_job.txt").read_text() == "4242_3\n"
-    code, out, _ = sweep(argv[:-len(FAST) - 1] + ["--dry-run"] + FAST, capsys)
+    code, out, _ = sweep(argv[: -len(FAST) - 1] + ["--dry-run"] + FAST, capsys)
     assert code == 0 and f"[   new] DAEL -> street seed 2: {run} (submitted as Slurm job 4242_3)" in out, out
     code, _, err = sweep(base("data", out_dir, "--trainers", "DAEL", "--no-wait", "--dry-run"), capsys)
     assert code == 2 and "--no-wait is for --launcher slurm" in err
@@ -222,40 +306,103 @@ def test_a_sweep_from_a_wheel_installed_outside_the_checkout(tmp_path, tiny_root
     for name in ("dael_plugin", "setup.cfg", "pyproject.toml", "README.md"):
         (shutil.copytree if name == "dael_plugin" else shutil.copy)(os.path.join(ROOT, name), src / name)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
-    wheel = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", "--no-build-isolation",
-                            "-w", str(tmp_path / "dist"), str(src)], capture_output=True, text=True, env=env)
+    wheel = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "-q",
+            "--no-deps",
+            "--no-build-isolation",
+            "-w",
+            str(tmp_path / "dist"),
+            str(src),
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert wheel.returncode == 0, wheel.stderr[-2000:]
     site = tmp_path / "site"
     (whl,) = (tmp_path / "dist").glob("dael_plugin-*.whl")
-    install = subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site),
-                              str(whl)], capture_output=True, text=True, env=env)
+    install = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "-q", "--no-deps", "--target", str(site), str(whl)],
+        capture_output=True,
+        text=True,
+        env=env,
+    )
     assert install.returncode == 0, install.stderr[-2000:]
     tree = tmp_path / "my_configs"  # a user's own tree, in Dassl's datasets/ + trainers/ split
     (tree / "datasets" / "da").mkdir(parents=True)
     (tree / "trainers" / "da" / "dael").mkdir(parents=True)
     shutil.copy(DS, tree / "datasets" / "da" / "mine.yaml")
-    shutil.copy(os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml"),
-                tree / "trainers" / "da" / "dael" / "mine.yaml")
+    shutil.copy(
+        os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml"),
+        tree / "trainers" / "da" / "dael" / "mine.yaml",
+    )
     work = tmp_path / "elsewhere"
     work.mkdir()
     env.update(PYTHONPATH=str(site), DAEL_PLUGIN_HIDE_DASSL="1")
-    proc = subprocess.run([sys.executable, "-m", "dael_plugin.tools.sweep", "--root", tiny_root, "--dataset-config-file",
-                           str(tree / "datasets" / "da" / "mine.yaml"), "--output-dir", str(work / "sweep"),
-                           "--trainers", "DAEL", "--targets", "blend", *FAST],
-                          cwd=work, capture_output=True, text=True, env=env, timeout=300)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dael_plugin.tools.sweep",
+            "--root",
+            tiny_root,
+            "--dataset-config-file",
+            str(tree / "datasets" / "da" / "mine.yaml"),
+            "--output-dir",
+            str(work / "sweep"),
+            "--trainers",
+            "DAEL",
+            "--targets",
+            "blend",
+            *FAST,
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=300,
+    )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     (log,) = (work / "sweep").rglob("sweep_log.txt")
     first = log.read_text().splitlines()[0]
     assert first.startswith(f"$ {sys.executable} -m dael_plugin.tools.train ") and str(tree) in first
     (record,) = (work / "sweep").rglob("results.json")
     assert json.loads(record.read_text())["accuracy"] >= 0
-    where = subprocess.run([sys.executable, "-c", "import dael_plugin; print(dael_plugin.__file__)"], cwd=work,
-                           capture_output=True, text=True, env=env).stdout.strip()
+    where = subprocess.run(
+        [sys.executable, "-c", "import dael_plugin; print(dael_plugin.__file__)"],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=env,
+    ).stdout.strip()
     assert where.startswith(str(site)), where  # the wheel's code ran, not the checkout's
     # Without a trainers/ tree beside it, one line says how to give the method config.
     lone = tmp_path / "lone.yaml"
     shutil.copy(DS, lone)
-    proc = subprocess.run([sys.executable, "-m", "dael_plugin.tools.sweep", "--root", tiny_root, "--dataset-config-file",
-                           str(lone), "--output-dir", str(work / "s2"), "--trainers", "DAEL", "--dry-run"],
-                          cwd=work, capture_output=True, text=True, env=env, timeout=120)
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "dael_plugin.tools.sweep",
+            "--root",
+            tiny_root,
+            "--dataset-config-file",
+            str(lone),
+            "--output-dir",
+            str(work / "s2"),
+            "--trainers",
+            "DAEL",
+            "--dry-run",
+        ],
+        cwd=work,
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=120,
+    )
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("pass --config TRAINER=FILE")

@@ -1,4 +1,5 @@
 """Backbones usable by both engines: the plugin's own and any timm model."""
+
 from __future__ import annotations
 
 from torch import nn

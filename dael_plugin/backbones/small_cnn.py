@@ -1,4 +1,5 @@
 """A small CNN for 32x32 digit-style images, fast enough for 2 CPU cores."""
+
 from __future__ import annotations
 
 from torch import nn

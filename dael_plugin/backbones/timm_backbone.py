@@ -1,4 +1,5 @@
 """Any timm model as a feature extractor (``MODEL.BACKBONE.NAME: timm_<model>``)."""
+
 from __future__ import annotations
 
 import difflib
@@ -15,7 +16,7 @@ PREFIX = "timm_"
 
 
 def timm_model_name(backbone_name: str) -> str:
-    return backbone_name[len(PREFIX):] if backbone_name.startswith(PREFIX) else backbone_name
+    return backbone_name[len(PREFIX) :] if backbone_name.startswith(PREFIX) else backbone_name
 
 
 def check_timm_model(model_name: str) -> None:

@@ -8,6 +8,7 @@ replaced by a readable image of the same domain, chosen from the draw's
 seed; in evaluation it is left out of the counts. Each batch carries the
 paths it could not read (``bad_path``) so the trainer can log and count them.
 """
+
 from __future__ import annotations
 
 from typing import Callable, List, Optional, Sequence, Union
@@ -44,8 +45,7 @@ class ImageList(Dataset):
         idx, seed = key if isinstance(key, tuple) else (key, int(key))
         idx, img, bad_path = self.reader.read(int(idx), self.replace_bad, DrawPicker(int(seed)))
         item = self.items[idx]
-        out = {"label": item.label, "domain": item.domain, "index": idx, "bad_path": bad_path,
-               "valid": img is not None}
+        out = {"label": item.label, "domain": item.domain, "index": idx, "bad_path": bad_path, "valid": img is not None}
         if img is None:  # evaluation: a placeholder the test loop leaves out
             img = Image.new("RGB", (8, 8))
         with seeded_draw(int(seed)):
@@ -87,8 +87,21 @@ def train_loader(
     return _loader(ds, num_workers, pin, seed, batch_sampler=sampler)
 
 
-def test_loader(items: Sequence[Item], transform, batch_size: int, num_workers: int, pin: bool,
-                indices: Optional[Sequence[int]] = None) -> DataLoader:
+def test_loader(
+    items: Sequence[Item],
+    transform,
+    batch_size: int,
+    num_workers: int,
+    pin: bool,
+    indices: Optional[Sequence[int]] = None,
+) -> DataLoader:
     """The test set in order, or only the positions ``indices`` (a process's shard)."""
-    return _loader(ImageList(items, transform, replace_bad=False), num_workers, pin, 0,
-                   batch_size=batch_size, shuffle=False, sampler=indices)
+    return _loader(
+        ImageList(items, transform, replace_bad=False),
+        num_workers,
+        pin,
+        0,
+        batch_size=batch_size,
+        shuffle=False,
+        sampler=indices,
+    )

@@ -4,6 +4,7 @@ Values equal Dassl's defaults (dassl/config/defaults.py), so one YAML file
 gives the same run on both engines. A key outside this tree is refused by
 yacs when merged, and the CLI reports it as unsupported by this engine.
 """
+
 from __future__ import annotations
 
 from yacs.config import CfgNode as CN

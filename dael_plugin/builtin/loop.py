@@ -6,6 +6,7 @@ optimiser, scheduler, the RNG states and the config, and every data draw is
 seeded from (seed, epoch, position), so a killed and rerun job ends with the
 same weights as an uninterrupted one.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -116,8 +117,14 @@ class BuiltinTrainer:
     # -- shared machinery ------------------------------------------------
     def _test_loader(self, items):
         c = self.cfg.DATALOADER
-        return bdata.test_loader(items, build_test_transform(self.cfg), c.TEST.BATCH_SIZE, c.NUM_WORKERS, self.pin,
-                                 indices=distributed.test_indices(len(items)) if self.world.distributed else None)
+        return bdata.test_loader(
+            items,
+            build_test_transform(self.cfg),
+            c.TEST.BATCH_SIZE,
+            c.NUM_WORKERS,
+            self.pin,
+            indices=distributed.test_indices(len(items)) if self.world.distributed else None,
+        )
 
     def _shard_loaders(self) -> None:
         """In a distributed run each process takes its share of every chunk of every batch."""
@@ -128,20 +135,29 @@ class BuiltinTrainer:
     def _u_loader(self, transforms):
         c = self.cfg.DATALOADER
         bs = c.TRAIN_X.BATCH_SIZE if c.TRAIN_U.SAME_AS_X else c.TRAIN_U.BATCH_SIZE
-        return bdata.train_loader(self.splits["train_u"], transforms, bs, c.NUM_WORKERS, self.pin,
-                                  self.seed, domain_balanced=False, stream=1)
+        return bdata.train_loader(
+            self.splits["train_u"], transforms, bs, c.NUM_WORKERS, self.pin, self.seed, domain_balanced=False, stream=1
+        )
 
     def _warn_small_domains(self, loader) -> None:
         sampler = loader.batch_sampler
         for d, n in getattr(sampler, "small_domains", lambda: [])():
-            print(f"warning: source domain {self.sources[d]!r} has {n} training images, fewer than its "
-                  f"per-batch share of {sampler.per_domain}; its images repeat within each batch")
+            print(
+                f"warning: source domain {self.sources[d]!r} has {n} training images, fewer than its "
+                f"per-batch share of {sampler.per_domain}; its images repeat within each batch"
+            )
 
     def _build_optim(self, params, fused: bool = False, loss_scaling: bool = False):
         o = self.cfg.OPTIM
         if o.NAME == "sgd":
-            opt = torch.optim.SGD(params, lr=o.LR, momentum=o.MOMENTUM, weight_decay=o.WEIGHT_DECAY,
-                                  dampening=o.SGD_DAMPNING, nesterov=o.SGD_NESTEROV)
+            opt = torch.optim.SGD(
+                params,
+                lr=o.LR,
+                momentum=o.MOMENTUM,
+                weight_decay=o.WEIGHT_DECAY,
+                dampening=o.SGD_DAMPNING,
+                nesterov=o.SGD_NESTEROV,
+            )
         else:
             cls = torch.optim.Adam if o.NAME == "adam" else torch.optim.AdamW
             opt = cls(params, lr=o.LR, weight_decay=o.WEIGHT_DECAY, betas=(o.ADAM_BETA1, o.ADAM_BETA2))
@@ -160,10 +176,14 @@ class BuiltinTrainer:
     def _summary(self) -> None:
         s = self.splits
         setting = "DA" if self.is_da else "DG"
-        print(f"Dataset: {self.cfg.DATASET.NAME} | source {self.sources} | target {list(self.cfg.DATASET.TARGET_DOMAINS)}")
-        print(f"# classes {self.num_classes} | # train_x {len(s['train_x']):,} | "
-              f"# train_u {len(s['train_u']) if s['train_u'] else 0:,} | # val {len(s['val']) if s['val'] else 0:,} | "
-              f"# test {len(s['test']):,} | setting {setting} | device {self.device}")
+        print(
+            f"Dataset: {self.cfg.DATASET.NAME} | source {self.sources} | target {list(self.cfg.DATASET.TARGET_DOMAINS)}"
+        )
+        print(
+            f"# classes {self.num_classes} | # train_x {len(s['train_x']):,} | "
+            f"# train_u {len(s['train_u']) if s['train_u'] else 0:,} | # val {len(s['val']) if s['val'] else 0:,} | "
+            f"# test {len(s['test']):,} | setting {setting} | device {self.device}"
+        )
         if self.has_target_train and not self.is_da:
             print(f"{self.cfg.TRAINER.NAME} runs domain generalisation: the target train split is unused")
         n_params = sum(p.numel() for p in self.modules.parameters())
@@ -171,9 +191,19 @@ class BuiltinTrainer:
 
     # -- checkpoints -----------------------------------------------------
     def _state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
-        return ckpt.run_state("builtin", self.cfg, epochs_done, self.bad_images, self._data_state(epochs_done),
-                              self.classnames, self._scaler(), rng_ranks, model=self.modules.state_dict(),
-                              optim=self.optim.state_dict(), sched=ckpt.sched_state(self.sched))
+        return ckpt.run_state(
+            "builtin",
+            self.cfg,
+            epochs_done,
+            self.bad_images,
+            self._data_state(epochs_done),
+            self.classnames,
+            self._scaler(),
+            rng_ranks,
+            model=self.modules.state_dict(),
+            optim=self.optim.state_dict(),
+            sched=ckpt.sched_state(self.sched),
+        )
 
     def _scaler(self):
         step = getattr(self, "step", None)
@@ -185,8 +215,11 @@ class BuiltinTrainer:
     def _data_state(self, epochs_done: int) -> dict:
         """The samplers' (seed, next epoch) and the loaders' generators. Every draw is
         derived from these, so they are all the data pipeline's randomness."""
-        return {"sampler_seed": self.seed, "next_epoch": epochs_done,
-                "loader_generators": [ld.generator.get_state() for ld in self._loaders()]}
+        return {
+            "sampler_seed": self.seed,
+            "next_epoch": epochs_done,
+            "loader_generators": [ld.generator.get_state() for ld in self._loaders()],
+        }
 
     def save(self, epoch: int) -> None:
         rng_ranks = ckpt.gather_rng()  # every process takes part; rank 0 alone writes
@@ -223,8 +256,9 @@ class BuiltinTrainer:
             raise DAELConfigError(f"no checkpoint {path}; pass --model-dir <OUTPUT_DIR of a run> (and --load-epoch N)")
         state = ckpt.load_checkpoint(path, map_location=self.device)
         if "model" not in state:
-            raise ckpt.CheckpointError(f"{path} is not a checkpoint of dael-plugin's built-in engine; "
-                                       "evaluate it with --engine dassl")
+            raise ckpt.CheckpointError(
+                f"{path} is not a checkpoint of dael-plugin's built-in engine; evaluate it with --engine dassl"
+            )
         order = ckpt.check_loaded_run(state, self.cfg, path, "builtin", self.classnames)
         model = dict(state["model"])
         if order is not None:  # the experts of this run's sources, by name
@@ -234,8 +268,10 @@ class BuiltinTrainer:
             self.modules.load_state_dict(model)
         except (KeyError, RuntimeError) as exc:
             first = str(exc).strip().splitlines()[0][:200]
-            raise ckpt.CheckpointError(f"{path} does not fit this model ({first}); check --trainer and "
-                                       "MODEL.BACKBONE.NAME against the run that wrote it") from None
+            raise ckpt.CheckpointError(
+                f"{path} does not fit this model ({first}); check --trainer and "
+                "MODEL.BACKBONE.NAME against the run that wrote it"
+            ) from None
         self.loaded_epoch = int(state.get("epoch", 0))
         print(f"Loaded {path} (epoch {self.loaded_epoch})")
         return self.loaded_epoch
@@ -249,15 +285,18 @@ class BuiltinTrainer:
         self.start_epoch = self.resume_if_exists()
         self.writer = SummaryWriter(os.path.join(cfg.OUTPUT_DIR, "tensorboard")) if self.world.is_main else None
         if self.eval_each_epoch and self.eval_split_each_epoch() == "test":
-            print("Note: there is no validation split, so --eval-each-epoch reads the target *test* split; "
-                  "do not choose an epoch on it")
+            print(
+                "Note: there is no validation split, so --eval-each-epoch reads the target *test* split; "
+                "do not choose an epoch on it"
+            )
         self._run_start, self._batches_run = time.time(), 0
         for self.epoch in range(self.start_epoch, cfg.OPTIM.MAX_EPOCH):
             self.run_epoch()
             self.sched.step()
             if not weights_finite([self.modules]):
-                raise divergence_error(self.epoch + 1, None, cfg.OPTIM.LR, cfg.OUTPUT_DIR,
-                                       what="model's weights or batch-norm statistics")
+                raise divergence_error(
+                    self.epoch + 1, None, cfg.OPTIM.LR, cfg.OUTPUT_DIR, what="model's weights or batch-norm statistics"
+                )
             if self.eval_each_epoch and not cfg.TEST.NO_TEST:
                 self.test(split=self.eval_split_each_epoch())
             self.save(self.epoch)  # last: the saved RNG state is the next epoch's starting state
@@ -299,8 +338,13 @@ class BuiltinTrainer:
         self.guard.reset()
         tty = show_progress()
         # No bar graphics: the count, the meters under short names and the run's eta fit 100 columns.
-        bar = tqdm(total=n, desc=f"epoch {self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}", leave=False, disable=not tty,
-                   bar_format="{desc} {n_fmt}/{total_fmt}{postfix}")
+        bar = tqdm(
+            total=n,
+            desc=f"epoch {self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}",
+            leave=False,
+            disable=not tty,
+            bar_format="{desc} {n_fmt}/{total_fmt}{postfix}",
+        )
         for i, (batch_x, batch_u) in enumerate(self._batches()):
             self._note_bad(batch_x, batch_u)
             out = self.forward_backward(batch_x, batch_u)
@@ -323,13 +367,17 @@ class BuiltinTrainer:
                 if tty:
                     bar.set_postfix_str(f"{short_meters(means)} eta {eta}", refresh=False)
                 elif i + 1 < n:
-                    print(f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batch [{i + 1}/{n}] {format_meters(means)} "
-                          f"lr {lr:.4e} eta {eta}")
+                    print(
+                        f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batch [{i + 1}/{n}] {format_meters(means)} "
+                        f"lr {lr:.4e} eta {eta}"
+                    )
         bar.close()
         means = meters.means()
         eta = self._eta((cfg.OPTIM.MAX_EPOCH - self.epoch - 1) * n)
-        print(f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batches {n} {format_meters(means)} eta {eta} "
-              f"lr {self.optim.param_groups[0]['lr']:.4e}")
+        print(
+            f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batches {n} {format_meters(means)} eta {eta} "
+            f"lr {self.optim.param_groups[0]['lr']:.4e}"
+        )
 
     def _eta(self, batches_left: int) -> datetime.timedelta:
         """Time left in the whole run, at this process's pace so far (Dassl's eta is the run's too)."""
@@ -356,19 +404,24 @@ class BuiltinTrainer:
         print(f"Evaluate on the *{split}* set")
         tally, skipped = evaluate_experts(self.predict_experts, loader, self.device, self.bad_images, show_progress())
         if tally.total == 0:
-            raise DAELConfigError(f"no readable image in the {split} split; run with --check-data to list the bad files")
+            raise DAELConfigError(
+                f"no readable image in the {split} split; run with --check-data to list the bad files"
+            )
         yt, yp = (t.numpy() for t in tally.labels())
         total = len(yt)
         n_correct = int((yt == yp).sum())
         acc = 100.0 * n_correct / total
         f1 = 100.0 * f1_score(yt, yp, average="macro", labels=np.unique(yt))
-        print(f"=> result\n* total: {total:,}\n* correct: {n_correct:,}\n* accuracy: {acc:.1f}%\n"
-              f"* error: {100 - acc:.1f}%\n* macro_f1: {f1:.1f}%")
+        print(
+            f"=> result\n* total: {total:,}\n* correct: {n_correct:,}\n* accuracy: {acc:.1f}%\n"
+            f"* error: {100 - acc:.1f}%\n* macro_f1: {f1:.1f}%"
+        )
         if skipped:
             print(f"* unreadable images left out: {skipped}")
         names = self.sources if len(tally.expert_accuracy()) > 1 else []
         self.per_class_accuracy, self.expert_accuracy = report_experts(
-            tally, self.classnames, names, lambda tag, v: self._write(tag, v), split)
+            tally, self.classnames, names, lambda tag, v: self._write(tag, v), split
+        )
         self._write(f"{split}/accuracy", acc)
         self.last_accuracy = acc
         self.last_split = split

@@ -1,4 +1,5 @@
 """log.txt for the built-in engine: everything printed also goes to the file."""
+
 from __future__ import annotations
 
 import os

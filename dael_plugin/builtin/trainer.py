@@ -6,6 +6,7 @@ data come from ``dael_plugin.data.folders``, the model from
 ``dael_plugin.backbones``, the losses from ``dael_plugin.core``, and the loop,
 evaluation and checkpoints from ``dael_plugin.builtin.loop``.
 """
+
 from __future__ import annotations
 
 from typing import Dict
@@ -41,14 +42,24 @@ class DAELBuiltin(BuiltinTrainer):
         node = trainer_node(cfg)
         views = build_train_views(cfg, node, self.hparams.num_views, False, self.execution.aug_on_device)
         c = cfg.DATALOADER
-        self.train_loader_x = bdata.train_loader(self.splits["train_x"], views, c.TRAIN_X.BATCH_SIZE, c.NUM_WORKERS,
-                                                 self.pin, self.seed, domain_balanced=True, n_domain=c.TRAIN_X.N_DOMAIN)
+        self.train_loader_x = bdata.train_loader(
+            self.splits["train_x"],
+            views,
+            c.TRAIN_X.BATCH_SIZE,
+            c.NUM_WORKERS,
+            self.pin,
+            self.seed,
+            domain_balanced=True,
+            n_domain=c.TRAIN_X.N_DOMAIN,
+        )
         # Images per domain chunk in this process's share of a batch (all of it in one process).
         self.per_domain = self.train_loader_x.batch_sampler.per_domain // self.world.size
         self.train_loader_u = self._u_loader(views) if self.is_da else None
         self.test_loader = self._test_loader(self.splits["test"])
-        print(f"Sampler: {len(self.train_loader_x)} batches per epoch = every image of the largest source "
-              f"domain once; {self.per_domain} images per domain per batch")
+        print(
+            f"Sampler: {len(self.train_loader_x)} batches per epoch = every image of the largest source "
+            f"domain once; {self.per_domain} images per domain per batch"
+        )
         self._warn_small_domains(self.train_loader_x)
 
     def build_model(self) -> Dict[str, nn.Module]:
@@ -63,12 +74,23 @@ class DAELBuiltin(BuiltinTrainer):
         self.channels_last = prepare_model(self.execution, self.modules["F"], self.cfg, self.device)
 
     def _build_optim(self, params, fused: bool = False, loss_scaling: bool = False):
-        return super()._build_optim(params, fused=self.execution.fused_optim,
-                                    loss_scaling=self.execution.prec == "fp16")
+        return super()._build_optim(
+            params, fused=self.execution.fused_optim, loss_scaling=self.execution.prec == "fp16"
+        )
 
     def build_step(self) -> None:
-        self.step = make_step(self.execution, self.algorithm, [self.optim], self.device, len(self.sources),
-                              self.per_domain, self.is_da, self.guard, self.channels_last, self.cfg)
+        self.step = make_step(
+            self.execution,
+            self.algorithm,
+            [self.optim],
+            self.device,
+            len(self.sources),
+            self.per_domain,
+            self.is_da,
+            self.guard,
+            self.channels_last,
+            self.cfg,
+        )
 
     def forward_backward(self, batch_x, batch_u):
         return self.step(batch_x, batch_u)
@@ -85,9 +107,16 @@ class SourceOnlyBuiltin(BuiltinTrainer):
         c = cfg.DATALOADER
         weak = build_train_transform(cfg, cfg.INPUT.TRANSFORMS)
         balanced = c.TRAIN_X.SAMPLER in ("RandomDomainSampler", "SeqDomainSampler")
-        self.train_loader_x = bdata.train_loader(self.splits["train_x"], weak, c.TRAIN_X.BATCH_SIZE, c.NUM_WORKERS,
-                                                 self.pin, self.seed, domain_balanced=balanced,
-                                                 n_domain=c.TRAIN_X.N_DOMAIN)
+        self.train_loader_x = bdata.train_loader(
+            self.splits["train_x"],
+            weak,
+            c.TRAIN_X.BATCH_SIZE,
+            c.NUM_WORKERS,
+            self.pin,
+            self.seed,
+            domain_balanced=balanced,
+            n_domain=c.TRAIN_X.N_DOMAIN,
+        )
         self.train_loader_u = None  # target data is never used
         self.test_loader = self._test_loader(self.splits["test"])
         if balanced:

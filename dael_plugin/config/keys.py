@@ -4,6 +4,7 @@
 building the default config and before merging any YAML file, the way
 detectron2 projects call ``add_<name>_config``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -108,7 +109,8 @@ def check_execution(prec: str, compile_mode: str, prefix: str, fuse_chunks: bool
         raise DAELConfigError(
             f"{prefix}.COMPILE with the fused pass needs torch >= {COMPILE_FUSED_MIN_TORCH} (this is "
             f"{torch.__version__}, whose compiled fused pass normalises the whole batch at once); "
-            f"set {prefix}.FUSE_CHUNKS False or {prefix}.COMPILE none, or upgrade torch")
+            f"set {prefix}.FUSE_CHUNKS False or {prefix}.COMPILE none, or upgrade torch"
+        )
 
 
 def execution_from_cfg(cfg: CN) -> Execution:
@@ -117,7 +119,9 @@ def execution_from_cfg(cfg: CN) -> Execution:
     prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}"
     check_execution(e.prec, e.compile, prefix, e.fuse_chunks)
     if e.chunk_bn not in BY_NAME["CHUNK_BN"].choices:
-        raise DAELConfigError(f"{prefix}.CHUNK_BN={e.chunk_bn!r} is invalid; use one of {list(BY_NAME['CHUNK_BN'].choices)}")
+        raise DAELConfigError(
+            f"{prefix}.CHUNK_BN={e.chunk_bn!r} is invalid; use one of {list(BY_NAME['CHUNK_BN'].choices)}"
+        )
     return e
 
 
@@ -184,9 +188,7 @@ def check_dael_cfg(cfg: CN) -> None:
     if n_domain <= 0:
         n_domain = len(sources)
     if n_domain > len(sources):
-        raise DAELConfigError(
-            f"DATALOADER.TRAIN_X.N_DOMAIN={n_domain} exceeds the {len(sources)} source domains"
-        )
+        raise DAELConfigError(f"DATALOADER.TRAIN_X.N_DOMAIN={n_domain} exceeds the {len(sources)} source domains")
     batch = cfg.DATALOADER.TRAIN_X.BATCH_SIZE
     if batch % n_domain != 0:
         raise DAELConfigError(

@@ -13,6 +13,7 @@ are all read from it:
 ``dassl`` marks the three keys Dassl itself defines (``dassl/config/defaults.py``): they
 keep Dassl's value when the node already holds one.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -58,18 +59,44 @@ KEYS: Tuple[Key, ...] = (
     _method("CR_LOSS", "squared error or KL divergence (footnote to Eq. 2)"),
     _method("VIEWS", "(target view, prediction view) of L_cr and L_u (Sec. 4.3, augmentation)"),
     _method("LOSSES", "which terms of Eq. 4 are on (Fig. 4)"),
-    Key("FUSE_CHUNKS", True, "execution",  # in every checkpoint this comparison reads
-        doc="one backbone call over every chunk, each normalised with its own batch-norm statistics"),
+    Key(
+        "FUSE_CHUNKS",
+        True,
+        "execution",  # in every checkpoint this comparison reads
+        doc="one backbone call over every chunk, each normalised with its own batch-norm statistics",
+    ),
     Key("CHUNK_BN", "auto", "execution", tuple(IMPLS), legacy="auto", doc="the per-chunk batch norm's form"),
-    Key("PREC", "fp32", "execution", ("fp32", "bf16", "fp16"), legacy="fp32",
-        doc="autocast precision; fp16 adds a GradScaler"),
+    Key(
+        "PREC",
+        "fp32",
+        "execution",
+        ("fp32", "bf16", "fp16"),
+        legacy="fp32",
+        doc="autocast precision; fp16 adds a GradScaler",
+    ),
     Key("CHANNELS_LAST", True, "execution", legacy=False, doc="the backbone in channels_last where it runs so"),
-    Key("COMPILE", "none", "execution", ("none", "default", "reduce-overhead"), legacy="none",
-        doc="torch.compile of the forward and losses as one graph"),
+    Key(
+        "COMPILE",
+        "none",
+        "execution",
+        ("none", "default", "reduce-overhead"),
+        legacy="none",
+        doc="torch.compile of the forward and losses as one graph",
+    ),
     Key("FUSED_OPTIM", True, "execution", legacy=False, doc="PyTorch's fused SGD/Adam/AdamW kernels"),
-    Key("AUG_ON_DEVICE", False, "execution", legacy=False,
-        doc="loaders decode only; the views are made on the training device in batch"),
-    Key("TV_RANDAUGMENT_N", TV_RANDAUGMENT_N, "views", doc="torchvision RandAugment's number of operations (tv_randaugment)"),
+    Key(
+        "AUG_ON_DEVICE",
+        False,
+        "execution",
+        legacy=False,
+        doc="loaders decode only; the views are made on the training device in batch",
+    ),
+    Key(
+        "TV_RANDAUGMENT_N",
+        TV_RANDAUGMENT_N,
+        "views",
+        doc="torchvision RandAugment's number of operations (tv_randaugment)",
+    ),
     Key("TV_RANDAUGMENT_M", TV_RANDAUGMENT_M, "views", doc="torchvision RandAugment's magnitude (tv_randaugment)"),
 )
 BY_NAME: Dict[str, Key] = {k.name: k for k in KEYS}
@@ -79,8 +106,13 @@ DEFAULTS: Dict[str, object] = {k.name: k.default for k in KEYS}
 
 # Top-level keys the plugin adds (not under a trainer node).
 TOP_KEYS: Tuple[Key, ...] = (
-    Key("USE_TF32", True, "execution", legacy=True,
-        doc="on CUDA, TF32 for fp32 matmuls and convolutions (before the key: torch's own CUDA defaults)"),
+    Key(
+        "USE_TF32",
+        True,
+        "execution",
+        legacy=True,
+        doc="on CUDA, TF32 for fp32 matmuls and convolutions (before the key: torch's own CUDA defaults)",
+    ),
 )
 
 assert {k.field for k in METHOD_KEYS} == {f.name for f in fields(DAELHparams)}, "a method key without a field"

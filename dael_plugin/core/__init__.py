@@ -1,4 +1,5 @@
 """Host-independent DAEL: plain PyTorch, never imports dassl."""
+
 from dael_plugin.core.algorithm import DAEL, build_heads
 from dael_plugin.core.heads import ExpertHeads
 from dael_plugin.core.hparams import CHOICES, DAELHparams

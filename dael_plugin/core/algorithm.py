@@ -5,6 +5,7 @@ Dassl trainer or the built-in engine) parses its batches, says which chunk of
 the batch comes from which source domain, calls :meth:`DAEL.losses` and runs
 the backward pass and optimiser step itself.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Optional, Sequence

@@ -51,6 +51,7 @@ parameters, buffers, hooks and state-dict keys are unchanged). Outside the
 context, or in evaluation mode (running statistics), a converted layer is the
 original layer.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -227,7 +228,7 @@ class _SyncedBatchNorm(torch.autograd.Function):
         buf = torch.cat([torch.stack(local).reshape(-1), counts])
         dist.all_reduce(buf, group=group)
         stats = buf[: k * 2 * c].view(k, 2, c)
-        total = buf[k * 2 * c:].view(k, 1)
+        total = buf[k * 2 * c :].view(k, 1)
         mean64 = stats[:, 0] / total
         var64 = (stats[:, 1] / total - mean64 * mean64).clamp_min(0)
         mean, var = mean64.float(), var64.float()
@@ -272,7 +273,9 @@ class _SyncedBatchNorm(torch.autograd.Function):
             b = a * mean - scale * mean_g
             for j, (xc, g, out) in enumerate(zip(xs, gs, dx.split(list(sizes)))):
                 xf, gf = (xc.float(), g.float()) if low else (xc, g)
-                out.copy_(torch.addcmul(b[j].view(shape), xf, a[j].view(shape), value=-1).addcmul_(gf, scale[j].view(shape)))
+                out.copy_(
+                    torch.addcmul(b[j].view(shape), xf, a[j].view(shape), value=-1).addcmul_(gf, scale[j].view(shape))
+                )
         # The parameters' gradients are this shard's (DDP averages them over the processes).
         dw = db = None
         local_g = torch.stack([s[0] for s in sums])
@@ -285,8 +288,7 @@ class _SyncedBatchNorm(torch.autograd.Function):
         return dx, dw, db, None, None, None
 
 
-def _update_weights(cache: Dict[Tuple[int, float], torch.Tensor], k: int, m: float,
-                    like: torch.Tensor) -> torch.Tensor:
+def _update_weights(cache: Dict[Tuple[int, float], torch.Tensor], k: int, m: float, like: torch.Tensor) -> torch.Tensor:
     """``(1 - m)^(k-1-j)`` for chunk j (``addmm_`` scales by m): one factory kernel, no copy;
     made once per fused call for each (chunks, momentum) its layers use."""
     if (k, m) not in cache:
@@ -295,15 +297,16 @@ def _update_weights(cache: Dict[Tuple[int, float], torch.Tensor], k: int, m: flo
 
 
 @torch.no_grad()
-def _update_running(bn: _BatchNorm, mean: torch.Tensor, var: torch.Tensor, runs: Runs, x: torch.Tensor,
-                    world: int = 1) -> None:
+def _update_running(
+    bn: _BatchNorm, mean: torch.Tensor, var: torch.Tensor, runs: Runs, x: torch.Tensor, world: int = 1
+) -> None:
     """The running statistics after one update per chunk, in chunk order, in closed form. The
     counter's increments are added for all layers at once at the end of the fused call. With
     ``world`` processes each chunk of ``x`` is one of ``world`` equal shards of the global chunk."""
     per_value = x[0].numel() // x.shape[1]  # values per channel in one sample
     start = 0
     for k, n in runs:
-        m_, v_ = mean[start:start + k], var[start:start + k]
+        m_, v_ = mean[start : start + k], var[start : start + k]
         start += k
         count = n * per_value * world
         bessel = count / (count - 1)
@@ -324,8 +327,10 @@ def _update_running(bn: _BatchNorm, mean: torch.Tensor, var: torch.Tensor, runs:
 def _check_counts(x: torch.Tensor, sizes: Sequence[int]) -> None:
     per_value = x[0].numel() // x.shape[1] if x.dim() > 1 else 1
     if min(sizes) * per_value <= 1:
-        raise ValueError(f"Expected more than 1 value per channel when training, got a chunk of {min(sizes)} "
-                         f"sample(s) of input size {list(x.shape[1:])}")
+        raise ValueError(
+            f"Expected more than 1 value per channel when training, got a chunk of {min(sizes)} "
+            f"sample(s) of input size {list(x.shape[1:])}"
+        )
 
 
 class _ChunkedMixin:
@@ -355,8 +360,9 @@ class _ChunkedMixin:
         self._check_input_dim(x)
         if x.shape[0] != sum(sizes):
             raise ValueError(f"per-chunk batch norm: a batch of {x.shape[0]} is not chunks of {list(sizes)}")
-        y, mean, var, total = _SyncedBatchNorm.apply(x, self.weight, self.bias, tuple(int(s) for s in sizes),
-                                                     self.eps, self._dael_sync)
+        y, mean, var, total = _SyncedBatchNorm.apply(
+            x, self.weight, self.bias, tuple(int(s) for s in sizes), self.eps, self._dael_sync
+        )
         if self.training and self.track_running_stats:
             if self._dael_chunks is None:  # a plain call: one update, counted now
                 self._dael_weights = {} if self._dael_weights is None else self._dael_weights
@@ -438,8 +444,9 @@ def _device_type(module: nn.Module) -> str:
     return "cpu"
 
 
-def _begin(module: nn.Module, chunks: Sequence[int], impl: str, layers: Optional[List[_BatchNorm]],
-           device_type: Optional[str]) -> List[_BatchNorm]:
+def _begin(
+    module: nn.Module, chunks: Sequence[int], impl: str, layers: Optional[List[_BatchNorm]], device_type: Optional[str]
+) -> List[_BatchNorm]:
     reason = unfusable_reason(module)
     if reason is not None:
         raise ValueError(f"per-chunk batch norm cannot fuse this module: {reason}")
@@ -461,8 +468,13 @@ def _end(bns: List[_BatchNorm], done: bool) -> None:
         m._dael_chunks, m._dael_pending, m._dael_weights = None, 0, None
 
 
-def fused_forward(module: nn.Module, x: torch.Tensor, chunks: Sequence[int], impl: str = "auto",
-                  layers: Optional[List[_BatchNorm]] = None) -> torch.Tensor:
+def fused_forward(
+    module: nn.Module,
+    x: torch.Tensor,
+    chunks: Sequence[int],
+    impl: str = "auto",
+    layers: Optional[List[_BatchNorm]] = None,
+) -> torch.Tensor:
     """``module(x)`` with each chunk of ``x`` (``chunks``: their sizes, in order) normalised with
     its own statistics, as separate calls would. ``layers``: the module's converted layers (from
     :func:`convert`), to skip the module walk on every call.
@@ -480,7 +492,10 @@ def fused_forward(module: nn.Module, x: torch.Tensor, chunks: Sequence[int], imp
 
 @contextlib.contextmanager
 def per_chunk_batch_norm(
-    module: nn.Module, chunks: Sequence[int], impl: str = "auto", layers: Optional[List[_BatchNorm]] = None,
+    module: nn.Module,
+    chunks: Sequence[int],
+    impl: str = "auto",
+    layers: Optional[List[_BatchNorm]] = None,
 ) -> Iterator[None]:
     """Within this block, ``module(x)`` normalises each chunk of ``x`` with its own statistics,
     as :func:`fused_forward` does (for tests and interactive use: one call in the block)."""
@@ -493,5 +508,14 @@ def per_chunk_batch_norm(
         _end(bns, done)
 
 
-__all__ = ["IMPLS", "convert", "fused_forward", "grouped_reason", "per_chunk_batch_norm", "resolve_impl", "runs_of",
-           "set_sync", "unfusable_reason"]
+__all__ = [
+    "IMPLS",
+    "convert",
+    "fused_forward",
+    "grouped_reason",
+    "per_chunk_batch_norm",
+    "resolve_impl",
+    "runs_of",
+    "set_sync",
+    "unfusable_reason",
+]

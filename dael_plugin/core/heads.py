@@ -1,4 +1,5 @@
 """Classifier heads over shared features (paper, Sec. 3 "Model")."""
+
 from __future__ import annotations
 
 import math
@@ -60,10 +61,7 @@ class ExpertHeads(nn.Module):
         return self
 
     def extra_repr(self) -> str:
-        return (
-            f"in_features={self.in_features}, num_classes={self.num_classes}, "
-            f"num_experts={self.num_experts}"
-        )
+        return f"in_features={self.in_features}, num_classes={self.num_classes}, num_experts={self.num_experts}"
 
 
 def _stack_linears(state_dict, prefix, *args) -> None:
@@ -76,7 +74,7 @@ def _stack_linears(state_dict, prefix, *args) -> None:
     keys = [k for k in state_dict if k.startswith(prefix + "linears.")]
     if not keys or (prefix + "weight") in state_dict:
         return
-    ks = sorted({int(k[len(prefix) + len("linears."):].split(".")[0]) for k in keys})
+    ks = sorted({int(k[len(prefix) + len("linears.") :].split(".")[0]) for k in keys})
     weights = [state_dict.pop(f"{prefix}linears.{k}.weight") for k in ks]
     biases = [state_dict.pop(f"{prefix}linears.{k}.bias") for k in ks]
     state_dict[prefix + "weight"] = torch.stack(weights)

@@ -3,6 +3,7 @@
 Every default is the paper's choice; the alternatives are the ablations of
 the paper's Analysis section (Sec. 4.3, Table 3 and the augmentation study).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
@@ -44,9 +45,7 @@ class DAELHparams:
             if f.name in CHOICES:
                 value = getattr(self, f.name)
                 if value not in CHOICES[f.name]:
-                    raise ValueError(
-                        f"{f.name.upper()} must be one of {list(CHOICES[f.name])}, got {value!r}"
-                    )
+                    raise ValueError(f"{f.name.upper()} must be one of {list(CHOICES[f.name])}, got {value!r}")
         if not 0.0 <= self.conf_thre <= 1.0:
             raise ValueError(f"CONF_THRE must be in [0, 1], got {self.conf_thre}")
         if self.weight_u < 0:

@@ -4,6 +4,7 @@ All functions take logits shaped ``(B, K, C)``: B samples, K experts, C
 classes. None of them moves data to the host, so they can run inside a
 training step without a device sync.
 """
+
 from __future__ import annotations
 
 from typing import Dict, Optional

@@ -2,6 +2,7 @@
 
 Importing ``dael_plugin`` calls :func:`register` when Dassl is importable.
 """
+
 from __future__ import annotations
 
 from dassl.engine import TRAINER_REGISTRY

@@ -1,5 +1,6 @@
 """Backbones in Dassl's ``BACKBONE_REGISTRY``: the plugin's own, and any timm model as
 ``timm_<model>`` (made on first use, so Dassl's ``build_backbone`` takes every name timm knows)."""
+
 from __future__ import annotations
 
 from dassl.modeling.backbone import BACKBONE_REGISTRY
@@ -64,8 +65,9 @@ def make_timm_names_lazy() -> None:
 def _timm_factory(name: str, weights_file: str):
     def factory(pretrained=True, **kwargs):
         kwargs.pop("verbose", None)
-        return TimmBackbone(timm_model_name(name), pretrained=pretrained,
-                            weights_file=kwargs.pop("weights_file", weights_file))
+        return TimmBackbone(
+            timm_model_name(name), pretrained=pretrained, weights_file=kwargs.pop("weights_file", weights_file)
+        )
 
     factory.__name__ = name
     return factory
@@ -88,5 +90,3 @@ def register_timm_backbone(name: str, weights_file: str = "") -> None:
     if not name.startswith(TIMM_PREFIX):
         return
     BACKBONE_REGISTRY._do_register(name, _timm_factory(name, weights_file), force=True)
-
-

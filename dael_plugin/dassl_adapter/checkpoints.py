@@ -1,6 +1,7 @@
 """Dassl's own checkpoint functions made safe, for every trainer Dassl runs (its baselines too):
 loads go through the plugin's ``weights_only=True`` loader whatever the installed torch, and saves
 are atomic. :func:`make_dassl_checkpoints_safe` swaps them in at registration."""
+
 from __future__ import annotations
 
 import os.path as osp
@@ -36,13 +37,15 @@ def load_dassl_checkpoint(fpath: str) -> dict:
     return state
 
 
-def save_dassl_checkpoint(state: dict, save_dir: str, is_best: bool = False, remove_module_from_keys: bool = True,
-                          model_name: str = "") -> None:
+def save_dassl_checkpoint(
+    state: dict, save_dir: str, is_best: bool = False, remove_module_from_keys: bool = True, model_name: str = ""
+) -> None:
     """Dassl's ``save_checkpoint``: ``model.pth.tar-N`` (or ``model_name``), the ``checkpoint``
     marker and ``model-best.pth.tar``, each written atomically."""
     if remove_module_from_keys:
-        state["state_dict"] = OrderedDict((k[7:] if k.startswith("module.") else k, v)
-                                          for k, v in state["state_dict"].items())
+        state["state_dict"] = OrderedDict(
+            (k[7:] if k.startswith("module.") else k, v) for k, v in state["state_dict"].items()
+        )
     if isinstance(state.get("scheduler"), dict):
         state["scheduler"] = ckpt.counters_to_dicts(state["scheduler"])
     fpath = osp.join(save_dir, model_name or f"model.pth.tar-{state['epoch']}")
@@ -53,5 +56,3 @@ def save_dassl_checkpoint(state: dict, save_dir: str, is_best: bool = False, rem
         best = osp.join(osp.dirname(fpath), "model-best.pth.tar")
         save_torch(best, state)
         print(f'Best checkpoint saved to "{best}"')
-
-

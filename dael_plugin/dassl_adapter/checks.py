@@ -1,4 +1,5 @@
 """Dataset checks against Dassl's registry, with one-line errors."""
+
 from __future__ import annotations
 
 import difflib
@@ -45,8 +46,10 @@ def check_backbone_cfg(cfg) -> None:
     if name not in names:
         close = difflib.get_close_matches(str(name), [n for n in list(names)], n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
-        raise DAELConfigError(f"MODEL.BACKBONE.NAME={name!r} is not a backbone Dassl has{hint}; use one of its "
-                              "backbones or timm_<any timm model>")
+        raise DAELConfigError(
+            f"MODEL.BACKBONE.NAME={name!r} is not a backbone Dassl has{hint}; use one of its "
+            "backbones or timm_<any timm model>"
+        )
 
 
 def check_run_names(cfg) -> None:

@@ -1,4 +1,5 @@
 """The plugin's folder datasets as Dassl datasets (same files as the built-in engine)."""
+
 from __future__ import annotations
 
 from dassl.data.datasets import DATASET_REGISTRY, DatasetBase, Datum
@@ -7,7 +8,11 @@ from dael_plugin.data import folders
 
 
 def _datums(items):
-    return None if items is None else [Datum(impath=i.impath, label=i.label, domain=i.domain, classname=i.classname) for i in items]
+    return (
+        None
+        if items is None
+        else [Datum(impath=i.impath, label=i.label, domain=i.domain, classname=i.classname) for i in items]
+    )
 
 
 def _make(name: str):
@@ -24,8 +29,7 @@ def _make(name: str):
         )
 
     doc = f"{name}: read by dael_plugin.data.folders ({'DA' if spec.unlabeled_target else 'DG'})."
-    attrs = {"__init__": __init__, "__doc__": doc, "dataset_dir": spec.dataset_dir,
-             "domains": list(spec.domains or [])}
+    attrs = {"__init__": __init__, "__doc__": doc, "dataset_dir": spec.dataset_dir, "domains": list(spec.domains or [])}
     return type(name, (DatasetBase,), attrs)
 
 

@@ -11,6 +11,7 @@ are seeded from ``draw_seed`` alone, so long-lived workers need no reseeding
 and resume is exact. A plain index (evaluation, or Dassl's own samplers) reads
 as Dassl does.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -36,8 +37,14 @@ class RobustDatasetWrapper(DatasetWrapper):
             idx, pick, draw = int(key), (lambda m: m[random.randrange(len(m))]), contextlib.nullcontext()
         idx, img0, bad_path = self.reader.read(idx, self.is_train, pick)
         item = self.data_source[idx]
-        out = {"label": item.label, "domain": item.domain, "impath": item.impath, "index": idx,
-               "bad_path": bad_path, "valid": img0 is not None}
+        out = {
+            "label": item.label,
+            "domain": item.domain,
+            "impath": item.impath,
+            "index": idx,
+            "bad_path": bad_path,
+            "valid": img0 is not None,
+        }
         if img0 is None:
             img0 = Image.new("RGB", (8, 8))
         tfms = self.transform if isinstance(self.transform, (list, tuple)) else [self.transform]

@@ -10,6 +10,7 @@ after every epoch with the RNG states and the config (exact resume), loads
 with ``weights_only=True``, a divergence check read only at ``PRINT_FREQ``
 and at the end of an epoch, and unreadable images replaced by path.
 """
+
 from __future__ import annotations
 
 import datetime
@@ -58,8 +59,10 @@ class DAELTrainer(TrainerXU):
 
     def __init__(self, cfg):
         if self.replaced_builtins:
-            print(f"dael_plugin: this run uses dael_plugin's DAELTrainer, which replaced Dassl's built-in "
-                  f"trainer(s) {list(self.replaced_builtins)}")
+            print(
+                f"dael_plugin: this run uses dael_plugin's DAELTrainer, which replaced Dassl's built-in "
+                f"trainer(s) {list(self.replaced_builtins)}"
+            )
         self.hparams = hparams_from_cfg(cfg)
         self.execution = execution_from_cfg(cfg)
         self.guard = FiniteGuard()
@@ -84,11 +87,12 @@ class DAELTrainer(TrainerXU):
         # Training loaders with Dassl's epochs but per-draw seeding and long-lived workers.
         has_target = dm.train_loader_u is not None
         self.is_da = has_target and uses_target_data(cfg)
-        self.data_seed = int(cfg.SEED) if cfg.SEED >= 0 else int(torch.randint(2 ** 62, (1,)))
+        self.data_seed = int(cfg.SEED) if cfg.SEED >= 0 else int(torch.randint(2**62, (1,)))
         self.train_loader_x = self._train_loader(dm.dataset.train_x, views, domains=True)
         # DG on a DA dataset keeps Dassl's target loader, which it never iterates.
-        self.train_loader_u = self._train_loader(dm.dataset.train_u, views, domains=False) if self.is_da \
-            else dm.train_loader_u
+        self.train_loader_u = (
+            self._train_loader(dm.dataset.train_u, views, domains=False) if self.is_da else dm.train_loader_u
+        )
         self.val_loader = _shard_test(dm.val_loader)
         self.test_loader = _shard_test(dm.test_loader)
         w = distributed.world()
@@ -111,17 +115,24 @@ class DAELTrainer(TrainerXU):
         run draws exactly what the uninterrupted one would have."""
         c = self.cfg.DATALOADER
         if domains:
-            sampler = DasslDomainBatchSampler([d.domain for d in data_source], c.TRAIN_X.BATCH_SIZE,
-                                              c.TRAIN_X.N_DOMAIN, self.data_seed,
-                                              sequential=c.TRAIN_X.SAMPLER == "SeqDomainSampler")
+            sampler = DasslDomainBatchSampler(
+                [d.domain for d in data_source],
+                c.TRAIN_X.BATCH_SIZE,
+                c.TRAIN_X.N_DOMAIN,
+                self.data_seed,
+                sequential=c.TRAIN_X.SAMPLER == "SeqDomainSampler",
+            )
         else:
             batch = c.TRAIN_X.BATCH_SIZE if c.TRAIN_U.SAME_AS_X else c.TRAIN_U.BATCH_SIZE
             sampler = SeededRandomBatchSampler(len(data_source), batch, self.data_seed, stream=1)
         workers = c.NUM_WORKERS
         return DataLoader(
             RobustDatasetWrapper(self.cfg, data_source, transform=views, is_train=True),
-            batch_sampler=sampler, num_workers=workers, pin_memory=torch.cuda.is_available() and self.cfg.USE_CUDA,
-            persistent_workers=workers > 0, prefetch_factor=4 if workers > 0 else None,
+            batch_sampler=sampler,
+            num_workers=workers,
+            pin_memory=torch.cuda.is_available() and self.cfg.USE_CUDA,
+            persistent_workers=workers > 0,
+            prefetch_factor=4 if workers > 0 else None,
             generator=torch.Generator().manual_seed(self.data_seed),  # iterators never touch the global RNG
         )
 
@@ -162,9 +173,18 @@ class DAELTrainer(TrainerXU):
         self.register_model("E", self.E, self.optim_E, self.sched_E)
         e = self.execution
         self.algorithm = DAEL(self.F, self.E, self.hparams, fuse_chunks=e.fuse_chunks, chunk_bn=e.chunk_bn)
-        self.step = make_step(e, self.algorithm, [self.optim_F, self.optim_E], self.device,
-                              self.num_source_domains, self.split_batch_size(), self.is_da, self.guard,
-                              self.channels_last, cfg)
+        self.step = make_step(
+            e,
+            self.algorithm,
+            [self.optim_F, self.optim_E],
+            self.device,
+            self.num_source_domains,
+            self.split_batch_size(),
+            self.is_da,
+            self.guard,
+            self.channels_last,
+            cfg,
+        )
 
     def split_batch_size(self) -> int:
         """Images per domain chunk in this process's share of a batch (all of it in one process)."""
@@ -222,9 +242,11 @@ class DAELTrainer(TrainerXU):
                 remain = self.num_batches - self.batch_idx - 1 + (self.max_epoch - self.epoch - 1) * self.num_batches
                 eta = datetime.timedelta(seconds=int(batch_time.avg * remain))
                 info = format_meters(avg, last)
-                print(f"epoch [{self.epoch + 1}/{self.max_epoch}] batch [{self.batch_idx + 1}/{self.num_batches}] "
-                      f"time {batch_time.val:.3f} ({batch_time.avg:.3f}) data {data_time.val:.3f} "
-                      f"({data_time.avg:.3f}) {info} lr {self.get_current_lr():.4e} eta {eta}")
+                print(
+                    f"epoch [{self.epoch + 1}/{self.max_epoch}] batch [{self.batch_idx + 1}/{self.num_batches}] "
+                    f"time {batch_time.val:.3f} ({batch_time.avg:.3f}) data {data_time.val:.3f} "
+                    f"({data_time.avg:.3f}) {info} lr {self.get_current_lr():.4e} eta {eta}"
+                )
                 n_iter = self.epoch * self.num_batches + self.batch_idx
                 for k, v in avg.items():
                     self.write_scalar("train/" + k, v, n_iter)
@@ -249,8 +271,13 @@ class DAELTrainer(TrainerXU):
         if self.guard.tripped():
             raise divergence_error(self.epoch + 1, None, self.cfg.OPTIM.LR, self.output_dir)
         if not weights_finite(self._models.values()):
-            raise divergence_error(self.epoch + 1, None, self.cfg.OPTIM.LR, self.output_dir,
-                                   what="model's weights or batch-norm statistics")
+            raise divergence_error(
+                self.epoch + 1,
+                None,
+                self.cfg.OPTIM.LR,
+                self.output_dir,
+                what="model's weights or batch-norm statistics",
+            )
         # Step the schedulers once per epoch here rather than on a batch index
         # (Dassl's sampler length can differ from the real epoch length).
         self.update_lr()
@@ -264,11 +291,18 @@ class DAELTrainer(TrainerXU):
             return
         names = self.get_model_names()
         state = ckpt.run_state(
-            "dassl", self.cfg, epochs_done, self.bad_images, {"sampler_seed": self.data_seed, "next_epoch": epochs_done},
-            self._classnames(), self.step.scaler, rng_ranks,
+            "dassl",
+            self.cfg,
+            epochs_done,
+            self.bad_images,
+            {"sampler_seed": self.data_seed, "next_epoch": epochs_done},
+            self._classnames(),
+            self.step.scaler,
+            rng_ranks,
             models={n: self._models[n].state_dict() for n in names},
             optims={n: self._optims[n].state_dict() for n in names if self._optims[n] is not None},
-            scheds={n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None})
+            scheds={n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None},
+        )
         ckpt.save_checkpoint(state, osp.join(self.output_dir, ckpt.LAST))
 
     def resume_model_if_exist(self, directory):
@@ -289,8 +323,10 @@ class DAELTrainer(TrainerXU):
             return ckpt.restore_run_state(state, path, self.step.scaler, self.bad_images)
         if any(osp.isfile(osp.join(directory, n, "checkpoint")) for n in self.get_model_names()):
             epoch = load_dassl_checkpoints(self, directory, None, resume=True)
-            print(f"Resuming from Dassl-format checkpoints in {directory} (epoch {epoch}): they hold no RNG "
-                  "states, so this resume is not bitwise identical to an uninterrupted run")
+            print(
+                f"Resuming from Dassl-format checkpoints in {directory} (epoch {epoch}): they hold no RNG "
+                "states, so this resume is not bitwise identical to an uninterrupted run"
+            )
             return epoch
         return 0
 
@@ -303,8 +339,9 @@ class DAELTrainer(TrainerXU):
             state = ckpt.load_checkpoint(path, map_location=self.device)
             order = ckpt.check_loaded_run(state, self.cfg, path, "dassl", self._classnames())
             if "models" not in state:
-                raise ckpt.CheckpointError(f"{path} is not a Dassl-engine checkpoint of dael-plugin; "
-                                           "evaluate it with --engine builtin")
+                raise ckpt.CheckpointError(
+                    f"{path} is not a Dassl-engine checkpoint of dael-plugin; evaluate it with --engine builtin"
+                )
             for name in self.get_model_names():
                 weights = state["models"][name]
                 self._models[name].load_state_dict(ckpt.reorder_experts(weights, order) if name == "E" else weights)
@@ -330,15 +367,17 @@ class DAELTrainer(TrainerXU):
             split = "test"
             data_loader = self.test_loader
         print(f"Evaluate on the *{split}* set")
-        tally, _ = evaluate_experts(self.algorithm.predict_experts, data_loader, self.device, self.bad_images,
-                                    sys.stderr.isatty())
+        tally, _ = evaluate_experts(
+            self.algorithm.predict_experts, data_loader, self.device, self.bad_images, sys.stderr.isatty()
+        )
         if tally.total:  # Dassl's evaluator sees the whole (gathered) set once: its argmax is the ensemble's
             yt, yp = tally.labels()
             self.evaluator.process(torch.nn.functional.one_hot(yp, self.num_classes).float(), yt)
         results = self.evaluator.evaluate()
         names = list(self.cfg.DATASET.SOURCE_DOMAINS) if self.E.num_experts > 1 else ["single"]
         self.per_class_accuracy, self.expert_accuracy = report_experts(
-            tally, self._classnames(), names, lambda tag, v: self.write_scalar(tag, v, self.epoch), split)
+            tally, self._classnames(), names, lambda tag, v: self.write_scalar(tag, v, self.epoch), split
+        )
         for k, v in results.items():
             self.write_scalar(f"{split}/{k}", v, self.epoch)
         return list(results.values())[0]
@@ -381,8 +420,10 @@ def load_dassl_checkpoints(trainer, directory: str, epoch: Optional[int] = None,
             trainer._models[name].load_state_dict(state["state_dict"])
         except (KeyError, RuntimeError) as exc:
             first = str(exc).strip().splitlines()[0][:200]
-            raise ckpt.CheckpointError(f"{path} does not fit model {name} ({first}); check --trainer and "
-                                       "MODEL.BACKBONE.NAME against the run that wrote it") from None
+            raise ckpt.CheckpointError(
+                f"{path} does not fit model {name} ({first}); check --trainer and "
+                "MODEL.BACKBONE.NAME against the run that wrote it"
+            ) from None
         if resume:
             if state.get("optimizer") is not None and trainer._optims[name] is not None:
                 trainer._optims[name].load_state_dict(state["optimizer"])
@@ -399,8 +440,14 @@ def _shard_test(loader: Optional[DataLoader]) -> Optional[DataLoader]:
     w = distributed.world()
     if loader is None or not w.distributed:
         return loader
-    return DataLoader(loader.dataset, batch_size=loader.batch_size, sampler=distributed.test_indices(len(loader.dataset)),
-                      num_workers=loader.num_workers, pin_memory=loader.pin_memory, drop_last=False)
+    return DataLoader(
+        loader.dataset,
+        batch_size=loader.batch_size,
+        sampler=distributed.test_indices(len(loader.dataset)),
+        num_workers=loader.num_workers,
+        pin_memory=loader.pin_memory,
+        drop_last=False,
+    )
 
 
 def _next(it, loader):

@@ -1,4 +1,5 @@
 """Batch layout shared by both engines: which chunk of a batch is which domain."""
+
 from __future__ import annotations
 
 from typing import List, Tuple

@@ -4,6 +4,7 @@ Works on both engines: the built-in trainer's item lists and Dassl's
 ``Datum`` lists both carry ``impath``. Decoding runs in a thread pool (PIL
 releases the GIL while decoding) with a progress bar on a terminal.
 """
+
 from __future__ import annotations
 
 import sys
@@ -31,8 +32,9 @@ def check_images(paths: Sequence[str], workers: int = 2) -> List[Tuple[str, str]
     bad = []
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         results = pool.map(_try_decode, paths, chunksize=64)
-        for path, reason in tqdm(zip(paths, results), total=len(paths), desc="check-data",
-                                 disable=not sys.stderr.isatty(), leave=False):
+        for path, reason in tqdm(
+            zip(paths, results), total=len(paths), desc="check-data", disable=not sys.stderr.isatty(), leave=False
+        ):
             if reason is not None:
                 bad.append((path, reason))
     return bad
@@ -63,6 +65,8 @@ def check_trainer_data(trainer, engine: str, workers: int) -> None:
     if bad:
         for path, reason in bad:
             print(f"bad image: {path} ({reason})", file=sys.stderr)
-        raise DAELConfigError(f"--check-data: {len(bad)} of {n} images cannot be decoded (listed above); "
-                              "replace or delete them, then rerun")
+        raise DAELConfigError(
+            f"--check-data: {len(bad)} of {n} images cannot be decoded (listed above); "
+            "replace or delete them, then rerun"
+        )
     print(f"--check-data: all {n:,} images decode")

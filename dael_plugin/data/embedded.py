@@ -15,6 +15,7 @@ re-styled training image. The output is deterministic and cached under
 ``<root>/embedded_digits`` in Dassl's folder layout
 ``<domain>/<split>/<class>/<n>.png``.
 """
+
 from __future__ import annotations
 
 import os
@@ -75,7 +76,7 @@ def _blend(img8, rng, photos, **_) -> Image.Image:
     photo = photos[int(rng.integers(len(photos)))]
     crop = int(rng.integers(32, 96))
     y, x = int(rng.integers(0, photo.shape[0] - crop)), int(rng.integers(0, photo.shape[1] - crop))
-    patch = Image.fromarray(photo[y:y + crop, x:x + crop].astype(np.uint8)).resize((SIZE, SIZE), Image.BILINEAR)
+    patch = Image.fromarray(photo[y : y + crop, x : x + crop].astype(np.uint8)).resize((SIZE, SIZE), Image.BILINEAR)
     bg = np.asarray(patch, dtype=np.float32)
     return _to_image(np.abs(bg - ink[..., None] * 255.0))
 

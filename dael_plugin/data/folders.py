@@ -5,6 +5,7 @@ Every dataset here is ``<root>/<dataset_dir>/<domain>/<split>/<class>/<image>``
 data with ``dataset_dir`` empty). A ``DatasetSpec`` says which splits make
 train_x, train_u, val and test.
 """
+
 from __future__ import annotations
 
 import difflib
@@ -39,13 +40,22 @@ class DatasetSpec:
 SPECS: Dict[str, DatasetSpec] = {
     "EmbeddedDigits": DatasetSpec(embedded.DATASET_DIR, embedded.DOMAINS, prepare=embedded.ensure_embedded),
     "EmbeddedDigitsDG": DatasetSpec(
-        embedded.DATASET_DIR, embedded.DOMAINS, val=("test",), unlabeled_target=False,
+        embedded.DATASET_DIR,
+        embedded.DOMAINS,
+        val=("test",),
+        unlabeled_target=False,
         prepare=embedded.ensure_embedded,
     ),
-    "DigitsDG": DatasetSpec("digits_dg", ("mnist", "mnist_m", "svhn", "syn"), val=("val",),
-                            test=("train", "val"), unlabeled_target=False),
-    "OfficeHomeDG": DatasetSpec("office_home_dg", ("art", "clipart", "product", "real_world"), val=("val",),
-                                test=("train", "val"), unlabeled_target=False),
+    "DigitsDG": DatasetSpec(
+        "digits_dg", ("mnist", "mnist_m", "svhn", "syn"), val=("val",), test=("train", "val"), unlabeled_target=False
+    ),
+    "OfficeHomeDG": DatasetSpec(
+        "office_home_dg",
+        ("art", "clipart", "product", "real_world"),
+        val=("val",),
+        test=("train", "val"),
+        unlabeled_target=False,
+    ),
     "DomainFolders": DatasetSpec("", None, val=("val",)),
     "DomainFoldersDG": DatasetSpec("", None, val=("val",), unlabeled_target=False),
 }
@@ -82,8 +92,10 @@ def check_dataset_names(name: str, sources: Sequence[str], targets: Sequence[str
     """What can be checked before any folder is made or read: the built-in engine reads this
     dataset, and (where its domains are fixed) the run's domains are among them."""
     if name not in SPECS:
-        raise DAELConfigError(f"dataset {name!r} needs Dassl (see README, 'Which datasets run where'): install it "
-                              f"and use --engine dassl; the built-in engine reads {sorted(SPECS)}")
+        raise DAELConfigError(
+            f"dataset {name!r} needs Dassl (see README, 'Which datasets run where'): install it "
+            f"and use --engine dassl; the built-in engine reads {sorted(SPECS)}"
+        )
     if SPECS[name].domains is not None:
         _check_domain_names(name, SPECS[name].domains, sources, targets)
 
@@ -138,8 +150,15 @@ def load_splits(name: str, root: str, sources: Sequence[str], targets: Sequence[
     spec = SPECS[name]
     path = dataset_dir(name, root)
     check_domains(name, root, sources, targets)
-    classnames = sorted({c for dom in list(sources) + list(targets) for s in spec.train + spec.test
-                         if os.path.isdir(os.path.join(path, dom, s)) for c in _listdirs(os.path.join(path, dom, s))})
+    classnames = sorted(
+        {
+            c
+            for dom in list(sources) + list(targets)
+            for s in spec.train + spec.test
+            if os.path.isdir(os.path.join(path, dom, s))
+            for c in _listdirs(os.path.join(path, dom, s))
+        }
+    )
     val_splits = tuple(s for s in spec.val if all(os.path.isdir(os.path.join(path, d, s)) for d in sources))
     test_splits = spec.test
     if spec.dataset_dir == "" and not all(os.path.isdir(os.path.join(path, d, "test")) for d in targets):

@@ -1,4 +1,5 @@
 """Image decoding shared by both engines and ``--check-data``."""
+
 from __future__ import annotations
 
 import numpy as np

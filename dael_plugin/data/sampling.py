@@ -25,6 +25,7 @@ uninterrupted run's would have drawn.
 Each batch is ``n_domain`` contiguous single-domain chunks of ``per_domain``
 draws, the layout DAEL's per-domain experts need.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,7 +43,7 @@ Draw = Tuple[int, int]
 
 def draw_seeds(seed: int, epoch: int, stream: int, count: int) -> np.ndarray:
     """``count`` seeds for one epoch of one sampler, a function of its arguments only."""
-    return np.random.default_rng([seed, epoch, stream, 0xDAE1]).integers(0, 2 ** 62, size=count, dtype=np.int64)
+    return np.random.default_rng([seed, epoch, stream, 0xDAE1]).integers(0, 2**62, size=count, dtype=np.int64)
 
 
 class Shard:
@@ -58,8 +59,10 @@ class Shard:
     def set_shard(self, rank: int, world: int) -> None:
         chunk = self.shard_chunk()
         if chunk % world:
-            raise DAELConfigError(f"{self.shard_what()} is {chunk}, which does not split over {world} processes; "
-                                  f"make it a multiple of {world}")
+            raise DAELConfigError(
+                f"{self.shard_what()} is {chunk}, which does not split over {world} processes; "
+                f"make it a multiple of {world}"
+            )
         self.rank, self.world = int(rank), int(world)
 
     def shard_chunk(self) -> int:
@@ -75,10 +78,15 @@ class Shard:
         if len(batch) % chunk:  # a short last batch: shards of equal size, or none at all
             chunk = len(batch)
             if chunk % self.world:
-                raise DAELConfigError(f"a last batch of {chunk} does not split over {self.world} processes; "
-                                      "use a batch size it divides")
+                raise DAELConfigError(
+                    f"a last batch of {chunk} does not split over {self.world} processes; use a batch size it divides"
+                )
         n = chunk // self.world
-        return [d for start in range(0, len(batch), chunk) for d in batch[start + self.rank * n:start + (self.rank + 1) * n]]
+        return [
+            d
+            for start in range(0, len(batch), chunk)
+            for d in batch[start + self.rank * n : start + (self.rank + 1) * n]
+        ]
 
 
 class DomainBalancedBatchSampler(Shard, Sampler[List[Draw]]):
@@ -166,24 +174,28 @@ class DasslDomainBatchSampler(Shard, Sampler[List[Draw]]):
     its length is that epoch's, and each pass over the loader within an epoch
     (the target loader restarts when it runs out) draws afresh."""
 
-    def __init__(self, domains: Sequence[int], batch_size: int, n_domain: int = 0, seed: int = 0,
-                 sequential: bool = False) -> None:
+    def __init__(
+        self, domains: Sequence[int], batch_size: int, n_domain: int = 0, seed: int = 0, sequential: bool = False
+    ) -> None:
         self.domains = np.asarray(domains, dtype=np.int64)
         self.domain_ids = np.unique(self.domains)
         k = len(self.domain_ids)
         self.sequential = sequential  # Dassl's SeqDomainSampler: every domain, in order, in each batch
         self.n_domain = k if (n_domain <= 0 or sequential) else n_domain
         if batch_size <= 0 or self.n_domain > k or batch_size % self.n_domain:
-            raise DAELConfigError(f"DATALOADER.TRAIN_X.BATCH_SIZE={batch_size} does not split into "
-                                  f"{self.n_domain} of the {k} domains")
+            raise DAELConfigError(
+                f"DATALOADER.TRAIN_X.BATCH_SIZE={batch_size} does not split into {self.n_domain} of the {k} domains"
+            )
         self.per_domain = batch_size // self.n_domain
         self.members = [np.flatnonzero(self.domains == d) for d in self.domain_ids]
         small = [(int(d), len(m)) for d, m in zip(self.domain_ids, self.members) if len(m) < self.per_domain]
         if small:
             d, n = small[0]
-            raise DAELConfigError(f"source domain {d} has {n} training images, fewer than its per-batch share of "
-                                  f"{self.per_domain}: Dassl's sampler cannot fill one batch; lower "
-                                  "DATALOADER.TRAIN_X.BATCH_SIZE")
+            raise DAELConfigError(
+                f"source domain {d} has {n} training images, fewer than its per-batch share of "
+                f"{self.per_domain}: Dassl's sampler cannot fill one batch; lower "
+                "DATALOADER.TRAIN_X.BATCH_SIZE"
+            )
         self.seed, self.epoch, self.passes = seed, 0, 0
         self._plan = None
 
@@ -206,7 +218,7 @@ class DasslDomainBatchSampler(Shard, Sampler[List[Draw]]):
             chosen = np.arange(len(left)) if self.sequential else rng.permutation(len(left))[: self.n_domain]
             if any(len(left[d]) - used[d] < self.per_domain for d in chosen):
                 break  # Dassl checks after each domain; an epoch never holds a short chunk
-            batches.append(np.concatenate([left[d][used[d]:used[d] + self.per_domain] for d in chosen]))
+            batches.append(np.concatenate([left[d][used[d] : used[d] + self.per_domain] for d in chosen]))
             for d in chosen:
                 used[d] += self.per_domain
             if any(len(left[d]) - used[d] < self.per_domain for d in chosen):
@@ -274,7 +286,7 @@ class seeded_draw:
         if get_worker_info() is None:
             self.saved = (torch.get_rng_state(), np.random.get_state(), random.getstate())
         torch.default_generator.manual_seed(self.seed)  # the CPU generator only: augmentations run there
-        np.random.seed(self.seed % (2 ** 32))
+        np.random.seed(self.seed % (2**32))
         random.seed(self.seed)
 
     def __exit__(self, *exc):

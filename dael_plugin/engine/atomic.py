@@ -13,6 +13,7 @@ A writer killed mid-write (``kill -9``) leaves its temporary file behind;
 :func:`remove_stale_temps` deletes those of processes that are gone, at the
 start of the next run in the folder.
 """
+
 from __future__ import annotations
 
 import errno
@@ -55,10 +56,13 @@ def write_bytes(path: str, data: bytes) -> str:
         _remove(tmp)
         free = _free_bytes(folder)
         if exc.errno in (errno.ENOSPC, errno.EDQUOT):
-            raise WriteError(f"cannot write {path}: no space left on the device (it needs {len(data):,} bytes, "
-                             f"{max(free, 0):,} are free); free some space and rerun to resume") from None
-        raise WriteError(f"cannot write {path} ({exc.strerror or exc}); the previous file, if any, is unchanged") \
-            from None
+            raise WriteError(
+                f"cannot write {path}: no space left on the device (it needs {len(data):,} bytes, "
+                f"{max(free, 0):,} are free); free some space and rerun to resume"
+            ) from None
+        raise WriteError(
+            f"cannot write {path} ({exc.strerror or exc}); the previous file, if any, is unchanged"
+        ) from None
     except BaseException:  # Ctrl-C or SIGTERM mid-write: no half file, no leftover
         _remove(tmp)
         raise

@@ -11,6 +11,7 @@
 - :func:`config_diff` lists the keys, between a checkpoint's config and the
   current one, that change training; resume refuses when there are any.
 """
+
 from __future__ import annotations
 
 import collections
@@ -35,15 +36,27 @@ FORMAT = "dael_plugin/2"
 # evaluated, and how many loader processes there are (each draw is seeded
 # from (seed, epoch, position), so the worker count does not change a run).
 RESUME_FREE_KEYS = (
-    "OUTPUT_DIR", "RESUME", "DATASET.ROOT", "VERBOSE", "USE_CUDA",
-    "DATALOADER.NUM_WORKERS", "DATALOADER.TEST.", "TRAIN.PRINT_FREQ", "TRAIN.CHECKPOINT_FREQ", "TEST.",
+    "OUTPUT_DIR",
+    "RESUME",
+    "DATASET.ROOT",
+    "VERBOSE",
+    "USE_CUDA",
+    "DATALOADER.NUM_WORKERS",
+    "DATALOADER.TEST.",
+    "TRAIN.PRINT_FREQ",
+    "TRAIN.CHECKPOINT_FREQ",
+    "TEST.",
 )
 
 
 # Keys added after a checkpoint was written: what the code that wrote it did without them
 # (``legacy`` in config/table.py). A checkpoint without the key is compared with this value.
-LEGACY_VALUES = {f"TRAINER.{node}.{key.name}": key.legacy for node in TRAINER_NODES for key in KEYS
-                 if key.legacy is not IN_EVERY_CHECKPOINT}
+LEGACY_VALUES = {
+    f"TRAINER.{node}.{key.name}": key.legacy
+    for node in TRAINER_NODES
+    for key in KEYS
+    if key.legacy is not IN_EVERY_CHECKPOINT
+}
 LEGACY_VALUES.update({key.name: key.legacy for key in TOP_KEYS})
 
 
@@ -71,12 +84,13 @@ def load_checkpoint(path: str, map_location="cpu") -> dict:
                 "containers, which could run code; load only checkpoints written by dael-plugin or "
                 "Dassl, or re-save its tensors with torch.save(state_dict)"
             ) from None
-        raise CheckpointError(f"{path} is not a readable checkpoint ({first}); delete it or restore it from a backup") from None
+        raise CheckpointError(
+            f"{path} is not a readable checkpoint ({first}); delete it or restore it from a backup"
+        ) from None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
         raise CheckpointError(
-            f"{path} is truncated or corrupt ({first}); delete it to start this run fresh, "
-            "or restore it from a backup"
+            f"{path} is truncated or corrupt ({first}); delete it to start this run fresh, or restore it from a backup"
         ) from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}, not a checkpoint dict")
@@ -90,10 +104,14 @@ def rng_state() -> Dict[str, object]:
     version, internal, py_gauss = random.getstate()
     state: Dict[str, object] = {
         "torch": torch.get_rng_state(),
-        "numpy": {"kind": str(kind), "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
-                  "pos": int(pos), "has_gauss": int(has_gauss), "gauss": float(gauss)},
-        "python": {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64),
-                   "gauss": py_gauss},
+        "numpy": {
+            "kind": str(kind),
+            "keys": torch.from_numpy(np.asarray(keys, dtype=np.int64)),
+            "pos": int(pos),
+            "has_gauss": int(has_gauss),
+            "gauss": float(gauss),
+        },
+        "python": {"version": int(version), "state": torch.tensor(internal, dtype=torch.int64), "gauss": py_gauss},
     }
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         state["cuda"] = torch.cuda.get_rng_state_all()
@@ -223,20 +241,26 @@ def check_loaded_run(state: dict, cfg, path: str, engine: str, classnames=None) 
         return None  # written before checkpoints held their config: nothing to compare
     checks = [
         ("trainer", _family(saved.get("TRAINER", {}).get("NAME", "")), _family(cfg.TRAINER.NAME)),
-        ("backbone (MODEL.BACKBONE.NAME)", saved.get("MODEL", {}).get("BACKBONE", {}).get("NAME"),
-         cfg.MODEL.BACKBONE.NAME),
+        (
+            "backbone (MODEL.BACKBONE.NAME)",
+            saved.get("MODEL", {}).get("BACKBONE", {}).get("NAME"),
+            cfg.MODEL.BACKBONE.NAME,
+        ),
     ]
     if classnames is not None and state.get("classnames") is not None:
         checks.append(("classes", list(state["classnames"]), list(classnames)))
     for what, was, now in checks:
         if was != now:
-            raise CheckpointError(f"{path} holds a run with another {what} ({was!r}, this run {now!r}); "
-                                  "evaluate it with the settings of the run that wrote it")
+            raise CheckpointError(
+                f"{path} holds a run with another {what} ({was!r}, this run {now!r}); "
+                "evaluate it with the settings of the run that wrote it"
+            )
     was = list(saved.get("DATASET", {}).get("SOURCE_DOMAINS", []))
     now = list(cfg.DATASET.SOURCE_DOMAINS)
     if sorted(was) != sorted(now):
-        raise CheckpointError(f"{path} has experts for source domains {was}, not {now}; pass "
-                              f"--source-domains {' '.join(was)}")
+        raise CheckpointError(
+            f"{path} has experts for source domains {was}, not {now}; pass --source-domains {' '.join(was)}"
+        )
     if was == now:
         return None
     print(f"dael_plugin: {path} has its experts in the order {was}; mapped by domain name to {now}")
@@ -248,8 +272,10 @@ def reorder_experts(head_state: dict, order: Optional[List[int]]) -> dict:
     if order is None:
         return head_state
     index = torch.tensor(order)
-    return {k: (v.index_select(0, index) if k in ("weight", "bias") and v.dim() >= 2 and v.shape[0] == len(order)
-                else v) for k, v in head_state.items()}
+    return {
+        k: (v.index_select(0, index) if k in ("weight", "bias") and v.dim() >= 2 and v.shape[0] == len(order) else v)
+        for k, v in head_state.items()
+    }
 
 
 # -- the run state both engines save and resume ---------------------------------------
@@ -260,17 +286,36 @@ def gather_rng() -> list:
     return gather_objects(rng_state())
 
 
-def run_state(engine: str, cfg: Any, epochs_done: int, bad_images: Iterable[str], data: dict,
-              classnames: List[str], scaler: Any = None, rng_ranks: Optional[list] = None, **weights: Any) -> dict:
+def run_state(
+    engine: str,
+    cfg: Any,
+    epochs_done: int,
+    bad_images: Iterable[str],
+    data: dict,
+    classnames: List[str],
+    scaler: Any = None,
+    rng_ranks: Optional[list] = None,
+    **weights: Any,
+) -> dict:
     """A "last" checkpoint: the engine's ``weights`` (model, optimiser and scheduler states, by the
     engine's own keys) plus what exact resume needs, the same for both engines: the format, the
     RNG states, the config, the data pipeline's state, the unreadable images and fp16's scaler."""
     from dael_plugin.engine.distributed import world
 
     rng_ranks = rng_ranks if rng_ranks is not None else [rng_state()]
-    state = {"format": FORMAT, "engine": engine, "trainer": cfg.TRAINER.NAME, "epoch": epochs_done,
-             **weights, "rng": rng_ranks[0], "config": cfg.dump(), "data": data,
-             "bad_images": sorted(bad_images), "classnames": list(classnames), "world_size": world().size}
+    state = {
+        "format": FORMAT,
+        "engine": engine,
+        "trainer": cfg.TRAINER.NAME,
+        "epoch": epochs_done,
+        **weights,
+        "rng": rng_ranks[0],
+        "config": cfg.dump(),
+        "data": data,
+        "bad_images": sorted(bad_images),
+        "classnames": list(classnames),
+        "world_size": world().size,
+    }
     if len(rng_ranks) > 1:  # each process's own streams (device views, dropout) continue on resume
         state["rng_ranks"] = rng_ranks
     if scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
@@ -283,21 +328,28 @@ def read_resumable(path: str, engine: str, cfg: Any, map_location: Any, needs: S
     older format, one without ``needs``, or one whose config differs in a key that shapes the run."""
     state = load_checkpoint(path, map_location=map_location)
     if state.get("engine") not in (None, engine):
-        raise CheckpointError(f"{path} was written by the {state['engine']} engine; resume it with "
-                              f"--engine {state['engine']}, or pass a new --output-dir")
+        raise CheckpointError(
+            f"{path} was written by the {state['engine']} engine; resume it with "
+            f"--engine {state['engine']}, or pass a new --output-dir"
+        )
     missing = [k for k in ("rng", *needs) if k not in state]
     if state.get("format") != FORMAT or missing:
-        raise CheckpointError(f"{path} was written by an older dael-plugin or another engine and cannot be "
-                              "resumed exactly; pass a new --output-dir to start fresh (it still loads with "
-                              "--eval-only)")
+        raise CheckpointError(
+            f"{path} was written by an older dael-plugin or another engine and cannot be "
+            "resumed exactly; pass a new --output-dir to start fresh (it still loads with "
+            "--eval-only)"
+        )
     check_resume_config(state, cfg, path)
     from dael_plugin.engine.distributed import world
 
     saved, now = int(state.get("world_size", 1)), world().size
     if saved != now:
-        raise CheckpointError(f"{path} was written by a run on {saved} process(es) and this run has {now}; "
-                              f"resume it with torchrun --nproc_per_node {saved}"
-                              + (" (or without torchrun)" if saved == 1 else "") + ", or pass a new --output-dir")
+        raise CheckpointError(
+            f"{path} was written by a run on {saved} process(es) and this run has {now}; "
+            f"resume it with torchrun --nproc_per_node {saved}"
+            + (" (or without torchrun)" if saved == 1 else "")
+            + ", or pass a new --output-dir"
+        )
     return state
 
 

@@ -17,6 +17,7 @@ no-op and a run is exactly a single-process run.
 - Rank 0 alone writes (checkpoints, ``results.json``, logs, TensorBoard, the run lock); the other
   ranks print nothing on stdout.
 """
+
 from __future__ import annotations
 
 import builtins
@@ -74,8 +75,10 @@ def init(use_cuda: bool) -> World:
     cuda = use_cuda and torch.cuda.is_available()
     if cuda:
         if torch.cuda.device_count() <= w.local_rank:
-            raise DAELConfigError(f"LOCAL_RANK {w.local_rank} has no GPU (this machine has "
-                                  f"{torch.cuda.device_count()}); lower --nproc_per_node")
+            raise DAELConfigError(
+                f"LOCAL_RANK {w.local_rank} has no GPU (this machine has "
+                f"{torch.cuda.device_count()}); lower --nproc_per_node"
+            )
         torch.cuda.set_device(w.local_rank)
     timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "300")))
     dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
@@ -115,7 +118,7 @@ def seed_ranks(seed: int) -> None:
     views, dropout), so that the processes' shards are not augmented alike. Rank 0 keeps the
     single-process stream; a resumed run restores every rank's own streams."""
     if _WORLD.distributed and _WORLD.rank > 0:
-        torch.manual_seed((max(int(seed), 0) * 1_000_003 + _WORLD.rank) % (2 ** 63))
+        torch.manual_seed((max(int(seed), 0) * 1_000_003 + _WORLD.rank) % (2**63))
 
 
 def finish() -> None:

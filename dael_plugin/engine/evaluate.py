@@ -7,6 +7,7 @@ the device. Under several processes (:mod:`dael_plugin.engine.distributed`)
 each process evaluates its shard and :meth:`ExpertTally.gathered` joins them,
 so every figure is the whole test set's.
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, Iterable, List, Optional, Sequence, Set, Tuple
@@ -90,8 +91,13 @@ class ExpertTally:
         return out
 
 
-def evaluate_experts(predict_experts: Callable[[torch.Tensor], torch.Tensor], loader: Iterable[dict],
-                     device: torch.device, bad_images: Set[str], progress: bool = False) -> Tuple[ExpertTally, int]:
+def evaluate_experts(
+    predict_experts: Callable[[torch.Tensor], torch.Tensor],
+    loader: Iterable[dict],
+    device: torch.device,
+    bad_images: Set[str],
+    progress: bool = False,
+) -> Tuple[ExpertTally, int]:
     """Every expert's predictions over ``loader``, gathered over the processes of a distributed run.
 
     Returns the tally and the number of unreadable images left out (named once in ``bad_images``)."""
@@ -122,8 +128,13 @@ def _sum_over_processes(n: int) -> int:
     return int(sum(out))
 
 
-def report_experts(tally: ExpertTally, classnames: Sequence[str], expert_names: Sequence[str],
-                   write: Callable[[str, float], None], split: str) -> Tuple[Dict[str, Dict[str, float]], List[float]]:
+def report_experts(
+    tally: ExpertTally,
+    classnames: Sequence[str],
+    expert_names: Sequence[str],
+    write: Callable[[str, float], None],
+    split: str,
+) -> Tuple[Dict[str, Dict[str, float]], List[float]]:
     """Print the per-class and per-expert lines and write their scalars; returns
     ``(per-class accuracy, expert accuracy)`` (the experts' line only where ``expert_names`` is given)."""
     per_class = tally.per_class(classnames, expert_names)

@@ -3,6 +3,7 @@
 Plain PyTorch, shared by both engines. Each option leaves the method alone;
 what each changes numerically is stated where it is defined and in the README.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -45,12 +46,16 @@ def fused_optimizer(optim: torch.optim.Optimizer, loss_scaling: bool = False) ->
         return optim
     sgd_momentum = isinstance(optim, torch.optim.SGD) and any(g["momentum"] != 0 for g in optim.param_groups)
     if sgd_momentum and loss_scaling and any(g["dampening"] != 0 for g in optim.param_groups):
-        print("dael_plugin: FUSED_OPTIM is off for SGD with dampening under fp16 loss scaling (PyTorch's fused "
-              "SGD leaves its momentum uninitialised when the scaler skips the first step)")
+        print(
+            "dael_plugin: FUSED_OPTIM is off for SGD with dampening under fp16 loss scaling (PyTorch's fused "
+            "SGD leaves its momentum uninitialised when the scaler skips the first step)"
+        )
         return optim
     if not supports_fused(type(optim), params[0].device.type):
-        print(f"dael_plugin: FUSED_OPTIM is off: torch {torch.__version__} has no fused {type(optim).__name__} "
-              f"on {params[0].device.type}")
+        print(
+            f"dael_plugin: FUSED_OPTIM is off: torch {torch.__version__} has no fused {type(optim).__name__} "
+            f"on {params[0].device.type}"
+        )
         return optim
     # Every hyper-parameter travels in the groups (they hold all of them).
     groups = [{**g, "fused": True, "foreach": None} for g in optim.param_groups]
@@ -100,9 +105,11 @@ def _probe(module: nn.Module, sample_shape: Sequence[int], device: torch.device,
 def _last_4d_module(module: nn.Module, sample_shape: Sequence[int], device: torch.device) -> Optional[str]:
     """The name of the last module, in call order, that outputs a 4-D map."""
     order = []
-    hooks = [m.register_forward_hook(lambda m_, i, o, n=n: order.append(n) if torch.is_tensor(o) and o.dim() == 4
-                                     else None)
-             for n, m in module.named_modules() if n and not list(m.children())]
+    hooks = [
+        m.register_forward_hook(lambda m_, i, o, n=n: order.append(n) if torch.is_tensor(o) and o.dim() == 4 else None)
+        for n, m in module.named_modules()
+        if n and not list(m.children())
+    ]
     try:
         _probe(module, sample_shape, device, torch.contiguous_format)
     finally:
@@ -146,13 +153,17 @@ def use_channels_last(module: nn.Module, sample_shape: Sequence[int], device: to
     name = name or type(module).__name__
     reason = channels_last_reason(module, sample_shape, device)
     if reason is not None:
-        print(f"dael_plugin: CHANNELS_LAST is off for {name}: it fails in channels_last ({reason}); "
-              "running in the default layout")
+        print(
+            f"dael_plugin: CHANNELS_LAST is off for {name}: it fails in channels_last ({reason}); "
+            "running in the default layout"
+        )
         return False
     boundary = getattr(module, "_dael_channels_last_boundary", None)
     if boundary is not None:
-        print(f"dael_plugin: CHANNELS_LAST for {name} up to {boundary!r}, whose output is made contiguous "
-              "(the backbone flattens its feature map with .view after it)")
+        print(
+            f"dael_plugin: CHANNELS_LAST for {name} up to {boundary!r}, whose output is made contiguous "
+            "(the backbone flattens its feature map with .view after it)"
+        )
     return True
 
 
@@ -166,8 +177,10 @@ def cuda_settings(cfg) -> None:
     torch.backends.cudnn.benchmark = True
     torch.backends.cudnn.allow_tf32 = tf32
     torch.set_float32_matmul_precision("high" if tf32 else "highest")
-    print(f"dael_plugin: CUDA: cudnn.benchmark on; TF32 {'on' if tf32 else 'off'} for fp32 matmuls and "
-          "convolutions (USE_TF32)")
+    print(
+        f"dael_plugin: CUDA: cudnn.benchmark on; TF32 {'on' if tf32 else 'off'} for fp32 matmuls and "
+        "convolutions (USE_TF32)"
+    )
 
 
 def autocast(prec: str, device: torch.device) -> contextlib.AbstractContextManager:
@@ -192,5 +205,7 @@ def grad_scaler(prec: str, device: torch.device) -> Optional[torch.amp.GradScale
         return torch.cuda.amp.GradScaler()
     from dael_plugin.errors import DAELConfigError
 
-    raise DAELConfigError(f"PREC fp16 on {device.type} needs torch >= 2.3 (loss scaling there); "
-                          f"this is torch {torch.__version__}: use PREC bf16 or fp32")
+    raise DAELConfigError(
+        f"PREC fp16 on {device.type} needs torch >= 2.3 (loss scaling there); "
+        f"this is torch {torch.__version__}: use PREC bf16 or fp32"
+    )

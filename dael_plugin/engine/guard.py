@@ -4,6 +4,7 @@
 loss was non-finite, and the host reads the flag only when it already reads
 the meters (every ``PRINT_FREQ`` steps and at the end of an epoch).
 """
+
 from __future__ import annotations
 
 import os
@@ -38,18 +39,26 @@ def weights_finite(modules: Iterable[torch.nn.Module]) -> bool:
     """Whether every parameter and floating-point buffer (batch-norm statistics) is finite: one
     host read for all of them, once per epoch before the checkpoint is written, so a "last good
     checkpoint" is good in its buffers too."""
-    flags = [torch.isfinite(t.detach()).all() for m in modules
-             for t in list(m.parameters()) + [b for b in m.buffers() if b.is_floating_point()]]
+    flags = [
+        torch.isfinite(t.detach()).all()
+        for m in modules
+        for t in list(m.parameters()) + [b for b in m.buffers() if b.is_floating_point()]
+    ]
     return bool(torch.stack(flags).all()) if flags else True
 
 
-def divergence_error(epoch: int, batch: Optional[int], lr: float, output_dir: str, what: str = "loss") -> NonFiniteLossError:
+def divergence_error(
+    epoch: int, batch: Optional[int], lr: float, output_dir: str, what: str = "loss"
+) -> NonFiniteLossError:
     """The one-line message: NaN/inf, where, the likely cause, and the last good checkpoint."""
     where = f"epoch {epoch}" + (f" (by batch {batch})" if batch is not None else "")
     path = os.path.join(output_dir, LAST)
     done = checkpoint_epoch(path) if os.path.isfile(path) else None
-    keep = (f"the last good checkpoint is {path} (epoch {done})" if done is not None
-            else "no checkpoint was saved before it")
+    keep = (
+        f"the last good checkpoint is {path} (epoch {done})"
+        if done is not None
+        else "no checkpoint was saved before it"
+    )
     return NonFiniteLossError(
         f"the {what} became NaN/inf at {where}; likely cause: the learning rate is too high "
         f"(OPTIM.LR={lr:g}) or the inputs hold NaN/inf; {keep}; no results.json was written"

@@ -27,6 +27,7 @@ value turned into a tensor (``torch.tensor(3)``, ``torch.as_tensor(x)``), which
 on a GPU is a blocking host-to-device copy. Tensors the caller names as host
 data (the loader's CPU batch) may be read.
 """
+
 from __future__ import annotations
 
 import collections
@@ -39,20 +40,79 @@ from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 
 # Operators that launch no kernel: views, metadata and allocation.
-FREE_OPS = frozenset(f"aten::{n}" for n in (
-    "view", "_unsafe_view", "as_strided", "as_strided_", "reshape", "_reshape_alias", "expand", "expand_as",
-    "permute", "transpose", "t", "numpy_T", "unsqueeze", "squeeze", "unsqueeze_", "squeeze_", "select", "slice",
-    "narrow", "split", "split_with_sizes", "unbind", "chunk", "alias", "detach", "detach_", "lift_fresh",
-    "empty", "empty_like", "empty_strided", "new_empty", "new_empty_strided", "resize_", "set_", "contiguous",
-    "to", "view_as", "result_type", "size", "stride", "dim", "is_same_size", "resolve_conj", "resolve_neg",
-    "_has_compatible_shallow_copy_type", "flatten", "unflatten", "type_as", "real", "_local_scalar_dense_view",
-    "is_nonzero", "item", "_nested_tensor_from_mask",
-))
+FREE_OPS = frozenset(
+    f"aten::{n}"
+    for n in (
+        "view",
+        "_unsafe_view",
+        "as_strided",
+        "as_strided_",
+        "reshape",
+        "_reshape_alias",
+        "expand",
+        "expand_as",
+        "permute",
+        "transpose",
+        "t",
+        "numpy_T",
+        "unsqueeze",
+        "squeeze",
+        "unsqueeze_",
+        "squeeze_",
+        "select",
+        "slice",
+        "narrow",
+        "split",
+        "split_with_sizes",
+        "unbind",
+        "chunk",
+        "alias",
+        "detach",
+        "detach_",
+        "lift_fresh",
+        "empty",
+        "empty_like",
+        "empty_strided",
+        "new_empty",
+        "new_empty_strided",
+        "resize_",
+        "set_",
+        "contiguous",
+        "to",
+        "view_as",
+        "result_type",
+        "size",
+        "stride",
+        "dim",
+        "is_same_size",
+        "resolve_conj",
+        "resolve_neg",
+        "_has_compatible_shallow_copy_type",
+        "flatten",
+        "unflatten",
+        "type_as",
+        "real",
+        "_local_scalar_dense_view",
+        "is_nonzero",
+        "item",
+        "_nested_tensor_from_mask",
+    )
+)
 MULTI_TENSOR = ("aten::_foreach", "aten::_fused")
 HOST_READ = "aten::_local_scalar_dense"
 COPY_OPS = ("aten::copy_", "aten::cat")
-_ITEMSIZE = {"float": 4, "double": 8, "c10::Half": 2, "c10::BFloat16": 2, "long int": 8, "int": 4, "bool": 1,
-             "unsigned char": 1, "signed char": 1, "short int": 2}
+_ITEMSIZE = {
+    "float": 4,
+    "double": 8,
+    "c10::Half": 2,
+    "c10::BFloat16": 2,
+    "long int": 8,
+    "int": 4,
+    "bool": 1,
+    "unsigned char": 1,
+    "signed char": 1,
+    "short int": 2,
+}
 
 
 @functools.lru_cache(maxsize=None)

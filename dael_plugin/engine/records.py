@@ -8,6 +8,7 @@ silently dropped either. :func:`setting_key` says which runs share a
 setting: everything in the merged config that changes a result, except the
 seed and the target (and the sources that go with it).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -20,9 +21,20 @@ RESULTS = "results.json"
 FAILED = "failed.json"
 
 # Config keys that never change a run's result, or that tell runs of one setting apart.
-NOT_SETTING = ("SEED", "OUTPUT_DIR", "RESUME", "DATASET.ROOT", "DATASET.SOURCE_DOMAINS", "DATASET.TARGET_DOMAINS",
-               "VERBOSE", "USE_CUDA", "DATALOADER.NUM_WORKERS", "DATALOADER.TEST.", "TRAIN.PRINT_FREQ",
-               "TRAIN.CHECKPOINT_FREQ")
+NOT_SETTING = (
+    "SEED",
+    "OUTPUT_DIR",
+    "RESUME",
+    "DATASET.ROOT",
+    "DATASET.SOURCE_DOMAINS",
+    "DATASET.TARGET_DOMAINS",
+    "VERBOSE",
+    "USE_CUDA",
+    "DATALOADER.NUM_WORKERS",
+    "DATALOADER.TEST.",
+    "TRAIN.PRINT_FREQ",
+    "TRAIN.CHECKPOINT_FREQ",
+)
 
 
 @dataclass
@@ -116,8 +128,11 @@ def _flatten(d, prefix: str = "") -> Dict[str, object]:
 
 def setting_items(rec: Record) -> Dict[str, object]:
     """The config keys and values that make the run's setting (engine included)."""
-    flat = {k: v for k, v in _flatten(rec.config).items()
-            if not any(k == n or (n.endswith(".") and k.startswith(n)) for n in NOT_SETTING)}
+    flat = {
+        k: v
+        for k, v in _flatten(rec.config).items()
+        if not any(k == n or (n.endswith(".") and k.startswith(n)) for n in NOT_SETTING)
+    }
     flat["engine"] = rec.data.get("engine")
     return flat
 
@@ -138,4 +153,3 @@ def differing(records: List[Record]) -> List[str]:
 
 
 __all__ = ["Problem", "Record", "Walk", "differing", "read_records", "setting_items", "setting_key"]
-

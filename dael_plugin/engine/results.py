@@ -8,6 +8,7 @@ Sweeps aggregate these records instead of regex-parsing ``log.txt``.
 - A diverged run writes ``failed.json`` instead, which no aggregation reads
   as a result; a later successful run into the folder removes it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -28,8 +29,9 @@ def code_version() -> str:
 
     here = os.path.dirname(os.path.abspath(__file__))
     try:
-        out = subprocess.run(["git", "-C", here, "describe", "--always", "--dirty", "--tags"],
-                             capture_output=True, text=True, timeout=5)
+        out = subprocess.run(
+            ["git", "-C", here, "describe", "--always", "--dirty", "--tags"], capture_output=True, text=True, timeout=5
+        )
         if out.returncode == 0 and out.stdout.strip():
             return f"{__version__} ({out.stdout.strip()})"
     except (OSError, subprocess.SubprocessError):
@@ -60,8 +62,14 @@ def provenance(cfg) -> Dict[str, object]:
     # The thread count changes float sums, so a run's trajectory: a sweep pins it, a hand-run
     # command follows the core count.
     threads = {"torch": torch.get_num_threads(), "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS")}
-    return {"code_version": code_version(), "versions": versions, "device": device, "threads": threads,
-            "config_sha256": hashlib.sha256(text.encode()).hexdigest(), "config": text}
+    return {
+        "code_version": code_version(),
+        "versions": versions,
+        "device": device,
+        "threads": threads,
+        "config_sha256": hashlib.sha256(text.encode()).hexdigest(),
+        "config": text,
+    }
 
 
 def results_record(
@@ -78,7 +86,9 @@ def results_record(
     setting: Optional[str] = None,
 ) -> Dict[str, object]:
     sources = list(cfg.DATASET.SOURCE_DOMAINS)
-    names: List[str] = sources if len(expert_accuracy) == len(sources) else [f"expert{i}" for i in range(len(expert_accuracy))]
+    names: List[str] = (
+        sources if len(expert_accuracy) == len(sources) else [f"expert{i}" for i in range(len(expert_accuracy))]
+    )
     if len(expert_accuracy) == 1:
         names = ["single"]
     return {
@@ -121,9 +131,17 @@ FAILED = "failed.json"
 
 def write_failure(output_dir: str, message: str) -> str:
     """Record why a run stopped, where a sweep will look, without a result in it."""
-    return write_results(output_dir, {"schema": SCHEMA_VERSION, "failed": True, "error": message,
-                                      "host": socket.gethostname(),
-                                      "when": time.strftime("%Y-%m-%dT%H:%M:%S")}, name=FAILED)
+    return write_results(
+        output_dir,
+        {
+            "schema": SCHEMA_VERSION,
+            "failed": True,
+            "error": message,
+            "host": socket.gethostname(),
+            "when": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        },
+        name=FAILED,
+    )
 
 
 def remove_failure(output_dir: str) -> None:

@@ -8,6 +8,7 @@ time) for the message a second run gets. On a shared file system where
 ``flock`` does not reach across hosts (some NFS setups), run one process per
 output directory yourself.
 """
+
 from __future__ import annotations
 
 import inspect
@@ -59,15 +60,20 @@ class RunLock:
         except filelock.Timeout:
             raise BusyError(self._busy_message()) from None
         except OSError as exc:
-            raise DAELConfigError(f"cannot take the lock {self.path} ({exc.strerror or exc}); "
-                                  "pass a writable --output-dir") from None
+            raise DAELConfigError(
+                f"cannot take the lock {self.path} ({exc.strerror or exc}); pass a writable --output-dir"
+            ) from None
         self._lock = lock
         previous = self._owner()
         if previous and previous.get("pid") != os.getpid():
-            print(f"dael_plugin: removing a stale lock of pid {previous.get('pid')} on {previous.get('host')} "
-                  "(that run ended without releasing it; the kernel did)")
-        write_json(self.owner_path, {"pid": os.getpid(), "host": socket.gethostname(),
-                                     "since": time.strftime("%Y-%m-%dT%H:%M:%S")})
+            print(
+                f"dael_plugin: removing a stale lock of pid {previous.get('pid')} on {previous.get('host')} "
+                "(that run ended without releasing it; the kernel did)"
+            )
+        write_json(
+            self.owner_path,
+            {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")},
+        )
         return self
 
     def _owner(self) -> dict:
@@ -80,10 +86,15 @@ class RunLock:
 
     def _busy_message(self) -> str:
         owner = self._owner()
-        who = (f"pid {owner.get('pid')} on {owner.get('host')}, since {owner.get('since', '?')}" if owner
-               else "another process")
-        return (f"output directory {self.dir} is in use by a live run ({who}); wait for it to finish, "
-                "or pass another --output-dir")
+        who = (
+            f"pid {owner.get('pid')} on {owner.get('host')}, since {owner.get('since', '?')}"
+            if owner
+            else "another process"
+        )
+        return (
+            f"output directory {self.dir} is in use by a live run ({who}); wait for it to finish, "
+            "or pass another --output-dir"
+        )
 
     def release(self) -> None:
         if self._lock is not None:

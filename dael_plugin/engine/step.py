@@ -17,6 +17,7 @@ with ``FUSED_OPTIM False``, once per optimiser.
 :class:`DeviceMeters` keeps running sums on the device for the log, read at
 ``PRINT_FREQ`` (evaluation is :mod:`dael_plugin.engine.evaluate`).
 """
+
 from __future__ import annotations
 
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -89,11 +90,13 @@ class DAELStep:
             # silent slowdown); static shapes, as the loaders drop last batches.
             # The views made on the device are compiled too: static shapes, and
             # inductor fuses their element-wise work.
-            self._losses = torch.compile(self._forward, mode=compile_mode, fullgraph=True, dynamic=False,
-                                         backend=compile_backend)
+            self._losses = torch.compile(
+                self._forward, mode=compile_mode, fullgraph=True, dynamic=False, backend=compile_backend
+            )
             if device_views is not None:
-                self.device_views = torch.compile(device_views, mode=compile_mode, fullgraph=True, dynamic=False,
-                                                  backend=compile_backend)
+                self.device_views = torch.compile(
+                    device_views, mode=compile_mode, fullgraph=True, dynamic=False, backend=compile_backend
+                )
         if world().distributed:
             # One DDP forward per step: DDP averages the gradients over the processes in the
             # backward pass (engine/distributed.py says why that is the single-process gradient).
@@ -113,8 +116,13 @@ class DAELStep:
             made = [v.contiguous(memory_format=layout) for v in made]
             per_batch = [list(parts) for parts in zip(*(v.split(sizes) for v in made))]
         else:
-            per_batch = [[b[k].to(self.device, non_blocking=True).contiguous(memory_format=layout)
-                          for k in VIEW_KEYS[: self.num_views]] for b in batches]
+            per_batch = [
+                [
+                    b[k].to(self.device, non_blocking=True).contiguous(memory_format=layout)
+                    for k in VIEW_KEYS[: self.num_views]
+                ]
+                for b in batches
+            ]
         return per_batch[0], (per_batch[1] if batch_u is not None else None)
 
     def _forward(self, x_views, labels, expert_idx, chunk_sizes, u_views):
@@ -213,8 +221,15 @@ def format_meters(means: Dict[str, float], last: Optional[Dict[str, float]] = No
     return " ".join(f"{k} {format_meter(k, last[k])} ({format_meter(k, v)})" for k, v in means.items())
 
 
-_SHORT = {"loss_x": "x", "acc_x": "acc", "loss_cr": "cr", "loss_u": "u", "mask_u": "mask", "pl_acc_u": "pl",
-          "loss": "loss"}
+_SHORT = {
+    "loss_x": "x",
+    "acc_x": "acc",
+    "loss_cr": "cr",
+    "loss_u": "u",
+    "mask_u": "mask",
+    "pl_acc_u": "pl",
+    "loss": "loss",
+}
 
 
 def short_meters(means: Dict[str, float]) -> str:
@@ -231,15 +246,35 @@ def prepare_model(execution, backbone: torch.nn.Module, cfg, device: torch.devic
     return ex.use_channels_last(backbone, shape, device, name=str(cfg.MODEL.BACKBONE.NAME))
 
 
-def make_step(execution, algorithm: DAEL, optimizers, device, num_domains: int, per_domain: int, is_da: bool,
-              guard: FiniteGuard, channels_last: bool, cfg) -> DAELStep:
+def make_step(
+    execution,
+    algorithm: DAEL,
+    optimizers,
+    device,
+    num_domains: int,
+    per_domain: int,
+    is_da: bool,
+    guard: FiniteGuard,
+    channels_last: bool,
+    cfg,
+) -> DAELStep:
     """The step for an engine, from the ``Execution`` options (``TRAINER.<NAME>.*``)."""
     device_views = None
     if execution.aug_on_device:
         device_views = build_device_views(cfg, algorithm.hparams.num_views, device)
-    return DAELStep(algorithm, optimizers, device, num_domains, per_domain, is_da, prec=execution.prec,
-                    channels_last=channels_last, compile_mode=execution.compile, device_views=device_views,
-                    guard=guard)
+    return DAELStep(
+        algorithm,
+        optimizers,
+        device,
+        num_domains,
+        per_domain,
+        is_da,
+        prec=execution.prec,
+        channels_last=channels_last,
+        compile_mode=execution.compile,
+        device_views=device_views,
+        guard=guard,
+    )
 
 
 def build_device_views(cfg, num_views: int, device: torch.device) -> DeviceViews:
@@ -248,5 +283,12 @@ def build_device_views(cfg, num_views: int, device: torch.device) -> DeviceViews
     prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}"
     check_device_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS")
     check_device_names(node.STRONG_TRANSFORMS, f"{prefix}.STRONG_TRANSFORMS")
-    return DeviceViews(cfg.INPUT.TRANSFORMS, node.STRONG_TRANSFORMS, num_views, cfg.INPUT, node, device=device,
-                       size=tuple(cfg.INPUT.SIZE))
+    return DeviceViews(
+        cfg.INPUT.TRANSFORMS,
+        node.STRONG_TRANSFORMS,
+        num_views,
+        cfg.INPUT,
+        node,
+        device=device,
+        size=tuple(cfg.INPUT.SIZE),
+    )

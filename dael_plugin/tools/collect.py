@@ -16,6 +16,7 @@ The tables are printed and written to ``DIR/results.md`` and
 published numbers of the DAEL paper (``dael_plugin/tools/paper_results.json``,
 each with its table cited).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -46,8 +47,9 @@ class CollectError(ValueError):
 
 
 class Cell:
-    def __init__(self, values: List[float], missing: int = 0, failed: int = 0, paper: Optional[Tuple] = None,
-                 corrupt: int = 0):
+    def __init__(
+        self, values: List[float], missing: int = 0, failed: int = 0, paper: Optional[Tuple] = None, corrupt: int = 0
+    ):
         self.values, self.missing, self.failed, self.paper, self.corrupt = values, missing, failed, paper, corrupt
 
     @property
@@ -105,8 +107,11 @@ def read_runs(root: str, warn=print):
         table = (rec.data.get("dataset"), _setting(rec.data))
         label = _row_label(rec.dir, root, str(rec.data.get("trainer")))
         groups[(table, label)][setting_key(rec)].append(rec)
-    tables: Dict[Tuple[str, str], Dict[str, Dict[str, dict]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(
-        lambda: {"values": [], "failed": 0, "missing": 0, "corrupt": 0, "seeds": {}})))
+    tables: Dict[Tuple[str, str], Dict[str, Dict[str, dict]]] = defaultdict(
+        lambda: defaultdict(
+            lambda: defaultdict(lambda: {"values": [], "failed": 0, "missing": 0, "corrupt": 0, "seeds": {}})
+        )
+    )
     for (table, label), by_setting in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
         names = _setting_names(label, by_setting)
         for key, recs in by_setting.items():
@@ -114,12 +119,17 @@ def read_runs(root: str, warn=print):
                 slot = tables[table][names[key]][rec.target]
                 seed = rec.data.get("seed")
                 if seed in slot["seeds"]:
-                    raise CollectError(f"two records for {names[key]} -> {rec.target} seed {seed}: "
-                                       f"{slot['seeds'][seed]} and {rec.path}; keep one (move the other out of {root})")
+                    raise CollectError(
+                        f"two records for {names[key]} -> {rec.target} seed {seed}: "
+                        f"{slot['seeds'][seed]} and {rec.path}; keep one (move the other out of {root})"
+                    )
                 slot["seeds"][seed] = rec.path
                 slot["values"].append(float(rec.data["accuracy"]))
-    for kind, paths in (("failed", walk.failed), ("missing", walk.pending),
-                        ("corrupt", [os.path.dirname(p.path) for p in walk.problems])):
+    for kind, paths in (
+        ("failed", walk.failed),
+        ("missing", walk.pending),
+        ("corrupt", [os.path.dirname(p.path) for p in walk.problems]),
+    ):
         for path in paths:
             place = _layout(path, root)
             if place is None:
@@ -152,20 +162,30 @@ def build(root: str, paper: bool, warn=print):
     for key in sorted(raw):
         rows = raw[key]
         targets = sorted({t for r in rows.values() for t in r})
-        cells = {row: {t: Cell(**{k: v for k, v in rows[row][t].items() if k != "seeds"}) if t in rows[row]
-                       else Cell([], missing=1) for t in targets} for row in sorted(rows)}
+        cells = {
+            row: {
+                t: Cell(**{k: v for k, v in rows[row][t].items() if k != "seeds"})
+                if t in rows[row]
+                else Cell([], missing=1)
+                for t in targets
+            }
+            for row in sorted(rows)
+        }
         counts = Counter(len(c.values) for r in cells.values() for c in r.values() if c.values)
         usual = counts.most_common(1)[0][0] if counts else 0
         cite = None
         if paper and not any(t["dataset"] == key[0] and t["setting"] == key[1] for t in published["tables"]):
-            warn(f"--paper: the paper has no table for {key[0]} ({key[1]}); no paper rows there "
-                 f"(it has {sorted({t['dataset'] for t in published['tables']})})")
+            warn(
+                f"--paper: the paper has no table for {key[0]} ({key[1]}); no paper rows there "
+                f"(it has {sorted({t['dataset'] for t in published['tables']})})"
+            )
         for tab in published["tables"]:
             if tab["dataset"] == key[0] and tab["setting"] == key[1]:
                 cite = tab["cite"]
                 for name, vals in tab["rows"].items():
-                    cells[f"{name} (paper)"] = {t: Cell([], paper=tuple(vals[t])) if t in vals else Cell([], missing=1)
-                                                for t in targets}
+                    cells[f"{name} (paper)"] = {
+                        t: Cell([], paper=tuple(vals[t])) if t in vals else Cell([], missing=1) for t in targets
+                    }
         out.append((key, targets, cells, usual, cite))
     return out
 
@@ -178,25 +198,51 @@ def _avg(row: Dict[str, Cell]) -> Optional[float]:
 def render(tables, latex: bool = False) -> Tuple[str, List[List[str]], str]:
     md, rows_csv, tex = [], [["dataset", "setting", "row", "target", "mean", "std", "n", "state"]], []
     for (dataset, setting), targets, cells, usual, cite in tables:
-        seeds = (f"n={usual} seeds per cell, another n marked in its cell" if usual > 1 else
-                 "n=1 seed per cell, so ± 0.00 is no estimate of the spread")
-        md.append(f"### {dataset} ({setting}), target test accuracy (%), mean ± std over seeds ({seeds})"
-                  + (f"; paper rows: {cite}" if cite else ""))
+        seeds = (
+            f"n={usual} seeds per cell, another n marked in its cell"
+            if usual > 1
+            else "n=1 seed per cell, so ± 0.00 is no estimate of the spread"
+        )
+        md.append(
+            f"### {dataset} ({setting}), target test accuracy (%), mean ± std over seeds ({seeds})"
+            + (f"; paper rows: {cite}" if cite else "")
+        )
         md.append("")
         md.append("| | " + " | ".join(targets) + " | Avg |")
         md.append("|---" * (len(targets) + 2) + "|")
         for name, row in cells.items():
             avg = _avg(row)
-            md.append(f"| {name} | " + " | ".join(row[t].text(usual) for t in targets)
-                      + f" | {'—' if avg is None else f'{avg:.2f}'} |")
+            md.append(
+                f"| {name} | "
+                + " | ".join(row[t].text(usual) for t in targets)
+                + f" | {'—' if avg is None else f'{avg:.2f}'} |"
+            )
             for t in targets:
                 c = row[t]
-                std = (c.paper[1] if c.paper else (statistics.stdev(c.values) if len(c.values) > 1 else 0.0)
-                       if c.values or c.paper else None)
-                state = "paper" if c.paper else ("done" if c.values else
-                                                 ("corrupt" if c.corrupt else "failed" if c.failed else "missing"))
-                rows_csv.append([dataset, setting, name, t, "" if c.mean is None else f"{c.mean:.4f}",
-                                 "" if std is None else f"{std:.4f}", str(len(c.values)), state])
+                std = (
+                    c.paper[1]
+                    if c.paper
+                    else (statistics.stdev(c.values) if len(c.values) > 1 else 0.0)
+                    if c.values or c.paper
+                    else None
+                )
+                state = (
+                    "paper"
+                    if c.paper
+                    else ("done" if c.values else ("corrupt" if c.corrupt else "failed" if c.failed else "missing"))
+                )
+                rows_csv.append(
+                    [
+                        dataset,
+                        setting,
+                        name,
+                        t,
+                        "" if c.mean is None else f"{c.mean:.4f}",
+                        "" if std is None else f"{std:.4f}",
+                        str(len(c.values)),
+                        state,
+                    ]
+                )
         md.append("")
         if latex:
             tex.append("\\begin{tabular}{l|" + "c" * len(targets) + "|c}\n\\toprule")

@@ -11,6 +11,7 @@ Accuracy depends on the machine: the same seed and code repeat exactly on one
 CPU, but another CPU (or a GPU) draws other numbers, so the table names the
 machine it was measured on.
 """
+
 import argparse
 import json
 import os
@@ -22,7 +23,9 @@ from typing import List, Optional
 
 from dael_plugin.about import ENGINES
 
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))  # the repository: configs/, scripts/
+ROOT = os.path.dirname(
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+)  # the repository: configs/, scripts/
 DOMAINS = ("hand", "blend", "street", "font")
 
 
@@ -30,12 +33,30 @@ def run(trainer, cfg, target, seed, args):
     sources = [d for d in DOMAINS if d != target]
     out = os.path.join(args.output, f"{trainer}_{target}_seed{seed}")
     shutil.rmtree(out, ignore_errors=True)  # a fresh run, not a resume
-    cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--engine", args.engine,
-           "--trainer", trainer, "--root", args.root,
-           "--dataset-config-file", os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml"),
-           "--config-file", os.path.join(ROOT, cfg), "--source-domains", *sources,
-           "--target-domains", target, "--output-dir", out, "--seed", str(seed),
-           "OPTIM.MAX_EPOCH", str(args.epochs)]
+    cmd = [
+        sys.executable,
+        os.path.join(ROOT, "scripts", "train.py"),
+        "--engine",
+        args.engine,
+        "--trainer",
+        trainer,
+        "--root",
+        args.root,
+        "--dataset-config-file",
+        os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml"),
+        "--config-file",
+        os.path.join(ROOT, cfg),
+        "--source-domains",
+        *sources,
+        "--target-domains",
+        target,
+        "--output-dir",
+        out,
+        "--seed",
+        str(seed),
+        "OPTIM.MAX_EPOCH",
+        str(args.epochs),
+    ]
     if trainer == "DAEL":
         cmd += [str(v) for v in args.set]
     print(f"[demo] {trainer} seed {seed}: {' '.join(cmd[1:])}", flush=True)
@@ -70,8 +91,13 @@ def main(argv: Optional[List[str]] = None) -> None:
     p.add_argument("--root", default=os.path.join(ROOT, "data"))
     p.add_argument("--output", default=os.path.join(ROOT, "output", "demo"))
     p.add_argument("--engine", default="auto", choices=ENGINES)
-    p.add_argument("--set", nargs="+", default=[], metavar="KEY VALUE",
-                   help="extra config options for the DAEL runs, e.g. --set TRAINER.DAEL.FUSE_CHUNKS False")
+    p.add_argument(
+        "--set",
+        nargs="+",
+        default=[],
+        metavar="KEY VALUE",
+        help="extra config options for the DAEL runs, e.g. --set TRAINER.DAEL.FUSE_CHUNKS False",
+    )
     args = p.parse_args(argv)
     if len(args.set) % 2:
         p.error("--set takes KEY VALUE pairs")
@@ -84,8 +110,10 @@ def main(argv: Optional[List[str]] = None) -> None:
 
     experts = list(rows[0][1]["expert_accuracy"])
     print()
-    print(f"Target domain: {args.target} (sources: {', '.join(rows[0][1]['source_domains'])}); "
-          f"{args.epochs} epochs; engine {rows[0][1]['engine']}; machine: {machine()}")
+    print(
+        f"Target domain: {args.target} (sources: {', '.join(rows[0][1]['source_domains'])}); "
+        f"{args.epochs} epochs; engine {rows[0][1]['engine']}; machine: {machine()}"
+    )
     header = ["seed", "SourceOnly", "DAEL", "gain"] + [f"E[{e}]" for e in experts]
     print(" | ".join(f"{h:>10}" for h in header))
     gains = []
@@ -97,10 +125,14 @@ def main(argv: Optional[List[str]] = None) -> None:
         print(" | ".join(f"{c:>10}" for c in cells))
     if len(rows) > 1:
         mean = lambda xs: sum(xs) / len(xs)  # noqa: E731
-        print(f"mean: SourceOnly {mean([r[2]['accuracy'] for r in rows]):.1f}, "
-              f"DAEL {mean([r[1]['accuracy'] for r in rows]):.1f}, gain {mean(gains):+.1f}")
-    print("(target test accuracy in %; E[d] = DAEL's expert for source domain d alone; "
-          "other machines give other numbers from the same seed)")
+        print(
+            f"mean: SourceOnly {mean([r[2]['accuracy'] for r in rows]):.1f}, "
+            f"DAEL {mean([r[1]['accuracy'] for r in rows]):.1f}, gain {mean(gains):+.1f}"
+        )
+    print(
+        "(target test accuracy in %; E[d] = DAEL's expert for source domain d alone; "
+        "other machines give other numbers from the same seed)"
+    )
 
 
 if __name__ == "__main__":

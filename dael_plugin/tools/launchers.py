@@ -1,6 +1,7 @@
 """Where a sweep's runs execute: here (``local``, N at a time, each on its GPUs or its share of
 the cores) or as submitit jobs (``submitit-local``, ``slurm``), each run a training command
 whose output goes to its folder's log. A run stops with the sweep, however the sweep stops."""
+
 from __future__ import annotations
 
 import argparse
@@ -21,6 +22,7 @@ from dael_plugin.tools.sweep_plan import DIST_ENV, EXIT_BUSY, JOB, LOG, PACKAGE_
 def _die_with_parent(parent: int):
     """In the child, before exec: the kernel sends it SIGTERM when the sweep dies, however it
     dies (kill -9 included). train.py stops at SIGTERM as at Ctrl-C, releasing its lock."""
+
     def setup() -> None:
         try:
             import ctypes
@@ -31,6 +33,7 @@ def _die_with_parent(parent: int):
             return
         if os.getppid() != parent:  # the sweep died before the line above
             os._exit(143)
+
     return setup
 
 
@@ -40,8 +43,9 @@ def _start(argv: Sequence[str], env: Optional[Dict[str, str]], log) -> "subproce
     full_env.update(env or {})
     log.write(f"$ {' '.join(argv)}\n")
     log.flush()
-    return subprocess.Popen(list(argv), stdout=log, stderr=subprocess.STDOUT, env=full_env,
-                            preexec_fn=_die_with_parent(os.getpid()))
+    return subprocess.Popen(
+        list(argv), stdout=log, stderr=subprocess.STDOUT, env=full_env, preexec_fn=_die_with_parent(os.getpid())
+    )
 
 
 try:  # submitit is optional: only its launchers need it
@@ -131,8 +135,10 @@ def _report(run: Run, code: int, n_done: int, total: int, seconds: float) -> str
             acc = "?"
         return f"[{n_done}/{total}] done   {run.name}: accuracy {acc} ({seconds:.0f} s) {run.output_dir}"
     if outcome == "busy":
-        return (f"[{n_done}/{total}] running elsewhere {run.name}: another live process holds {run.output_dir} "
-                "(another sweep on this folder, or a run left from a sweep that was killed); not started here")
+        return (
+            f"[{n_done}/{total}] running elsewhere {run.name}: another live process holds {run.output_dir} "
+            "(another sweep on this folder, or a run left from a sweep that was killed); not started here"
+        )
     return f"[{n_done}/{total}] FAILED {run.name}: exit {code}; log {run.log_path()}"
 
 
@@ -194,25 +200,36 @@ def launch_submitit(runs: List[Run], args: argparse.Namespace, bar) -> int:
         try:
             ex = submitit.AutoExecutor(folder=folder, cluster="slurm")
         except RuntimeError as exc:  # submitit: no srun here
-            raise DAELConfigError(f"--launcher slurm needs a Slurm cluster: {exc} "
-                                  f"(use --launcher local or submitit-local here)") from None
+            raise DAELConfigError(
+                f"--launcher slurm needs a Slurm cluster: {exc} (use --launcher local or submitit-local here)"
+            ) from None
         per_run = args.gpus_per_run
         # One task per process and one GPU per task (submitit's distributed recipe); each
         # task exports torch.distributed's environment (RunJob).
         gpus = max(args.gpus, per_run) if (args.gpus or per_run > 1) else 0
-        ex.update_parameters(timeout_min=args.time, slurm_partition=args.partition, gpus_per_node=gpus,
-                             tasks_per_node=per_run, cpus_per_task=args.cpus, slurm_array_parallelism=args.workers,
-                             name="dael_sweep")
+        ex.update_parameters(
+            timeout_min=args.time,
+            slurm_partition=args.partition,
+            gpus_per_node=gpus,
+            tasks_per_node=per_run,
+            cpus_per_task=args.cpus,
+            slurm_array_parallelism=args.workers,
+            name="dael_sweep",
+        )
     else:
         ex = submitit.LocalExecutor(folder=folder)
-        ex.update_parameters(timeout_min=args.time, visible_gpus=tuple(range(args.gpus)) if args.gpus else (),
-                             tasks_per_node=args.gpus_per_run)
+        ex.update_parameters(
+            timeout_min=args.time,
+            visible_gpus=tuple(range(args.gpus)) if args.gpus else (),
+            tasks_per_node=args.gpus_per_run,
+        )
     for run in runs:
         run.claim()
     if args.launcher == "slurm":  # one job array; Slurm keeps --workers of them running
         dist_env = {DIST_ENV: "1"} if args.gpus_per_run > 1 else {}
-        jobs = ex.map_array(RunJob(), [list(r.argv) for r in runs], [r.output_dir for r in runs],
-                            [dist_env] * len(runs))
+        jobs = ex.map_array(
+            RunJob(), [list(r.argv) for r in runs], [r.output_dir for r in runs], [dist_env] * len(runs)
+        )
         for job, run in zip(jobs, runs):
             write_text(os.path.join(run.output_dir, JOB), f"{job.job_id}\n")
             if args.no_wait:

@@ -1,6 +1,7 @@
 """Figures that load a trained model: each expert's top-3 predictions (the paper's Fig. 7)
 and the t-SNE of features, SourceOnly against DAEL (Fig. 8), from the runs' checkpoints
 (:mod:`dael_plugin.tools.plots` draws the record-based figures and runs both)."""
+
 from __future__ import annotations
 
 import os
@@ -63,8 +64,9 @@ class LoadedRun:
         from dael_plugin.transforms.host import build_test_transform
 
         inp = self.cfg["INPUT"]
-        tfm = build_test_transform(CN({"INPUT": CN({k: inp[k] for k in ("SIZE", "INTERPOLATION", "TRANSFORMS",
-                                                                           "PIXEL_MEAN", "PIXEL_STD")})}))
+        tfm = build_test_transform(
+            CN({"INPUT": CN({k: inp[k] for k in ("SIZE", "INTERPOLATION", "TRANSFORMS", "PIXEL_MEAN", "PIXEL_STD")})})
+        )
         return torch.stack([tfm(decode(i.impath)) for i in items])
 
     def features_and_probs(self, items):
@@ -89,27 +91,38 @@ def describe(rec: dict) -> str:
     defaults = DAELHparams()
     keys = []
     if str(rec.get("trainer", "")).upper() in ("DAEL", "DAELDG"):
-        keys = [f"{k}={_key(rec, k)}" for k, attr in DESIGN_KEYS.items()
-                if _key(rec, k) is not None and _key(rec, k) != str(getattr(defaults, attr))]
+        keys = [
+            f"{k}={_key(rec, k)}"
+            for k, attr in DESIGN_KEYS.items()
+            if _key(rec, k) is not None and _key(rec, k) != str(getattr(defaults, attr))
+        ]
     setting = ", ".join(keys) if keys else "defaults"
-    return (f"{rec.get('trainer')} ({setting}), target {','.join(rec.get('target_domains', []))}, "
-            f"seed {rec.get('seed')}")
+    return f"{rec.get('trainer')} ({setting}), target {','.join(rec.get('target_domains', []))}, seed {rec.get('seed')}"
 
 
 def _pick(recs, trainer: str, run_dir: Optional[str] = None, like: Optional[dict] = None):
     """The run a one-run figure draws: the one named with ``--run``, else the first (in path order)
     at the paper's defaults, preferring the target and seed of ``like``; (run or None, why not)."""
     if run_dir is not None:
-        chosen = [r for r in recs if os.path.abspath(r["_dir"]) == os.path.abspath(run_dir)
-                  and str(r.get("trainer")).upper() == trainer.upper()]
+        chosen = [
+            r
+            for r in recs
+            if os.path.abspath(r["_dir"]) == os.path.abspath(run_dir)
+            and str(r.get("trainer")).upper() == trainer.upper()
+        ]
         if not chosen:
             return None, f"--run {run_dir} is not a {trainer} run with a results.json under the sweep folder"
     else:
-        chosen = [r for r in recs if str(r.get("trainer")).upper() == trainer.upper()
-                  and (trainer.upper() not in ("DAEL", "DAELDG") or _at_defaults(r))]
+        chosen = [
+            r
+            for r in recs
+            if str(r.get("trainer")).upper() == trainer.upper()
+            and (trainer.upper() not in ("DAEL", "DAELDG") or _at_defaults(r))
+        ]
         if like is not None:
-            chosen.sort(key=lambda r: (r.get("target_domains") != like.get("target_domains"),
-                                       r.get("seed") != like.get("seed")))
+            chosen.sort(
+                key=lambda r: (r.get("target_domains") != like.get("target_domains"), r.get("seed") != like.get("seed"))
+            )
     why = ""
     for r in chosen:
         if not (r.get("provenance") or {}).get("config"):
@@ -118,8 +131,11 @@ def _pick(recs, trainer: str, run_dir: Optional[str] = None, like: Optional[dict
             return LoadedRun(r), None
         except Exception as exc:  # a run whose checkpoint or data is gone or foreign
             why = f" (last tried: {str(exc).splitlines()[0][:120]})"
-    return None, f"needs a {trainer} run{' at the defaults' if run_dir is None else ''} with its " \
-                 f"checkpoint.pth.tar and data{why}"
+    return (
+        None,
+        f"needs a {trainer} run{' at the defaults' if run_dir is None else ''} with its "
+        f"checkpoint.pth.tar and data{why}",
+    )
 
 
 def _pick_items(items, n, seed=0):
@@ -129,8 +145,9 @@ def _pick_items(items, n, seed=0):
     return rng.sample(list(items), min(n, len(items)))
 
 
-def top3(recs: List[dict], out: str, n_images: int = 4,
-         run_dir: Optional[str] = None) -> Tuple[Optional[List[str]], Optional[str]]:
+def top3(
+    recs: List[dict], out: str, n_images: int = 4, run_dir: Optional[str] = None
+) -> Tuple[Optional[List[str]], Optional[str]]:
     import matplotlib.pyplot as plt
 
     run, why = _pick(recs, "DAEL", run_dir)
@@ -148,8 +165,9 @@ def top3(recs: List[dict], out: str, n_images: int = 4,
 
     mean = torch.tensor(run.cfg["INPUT"]["PIXEL_MEAN"]).view(3, 1, 1)
     std = torch.tensor(run.cfg["INPUT"]["PIXEL_STD"]).view(3, 1, 1)
-    fig, axes = plt.subplots(len(rows) + 1, len(items), figsize=(2.3 * len(items), 1.2 * (len(rows) + 1) + 1.2),
-                             squeeze=False)
+    fig, axes = plt.subplots(
+        len(rows) + 1, len(items), figsize=(2.3 * len(items), 1.2 * (len(rows) + 1) + 1.2), squeeze=False
+    )
     for j, item in enumerate(items):
         ax = axes[0][j]
         ax.imshow((images[j] * std + mean).clamp(0, 1).permute(1, 2, 0).numpy())
@@ -159,8 +177,11 @@ def top3(recs: List[dict], out: str, n_images: int = 4,
             top = p[j].topk(min(3, p.shape[-1]))
             ax = axes[i][j]
             labels = [run.classnames[c] for c in top.indices.tolist()]
-            ax.barh(range(len(labels))[::-1], top.values.tolist(),
-                    color=["tab:green" if c == item.label else "tab:gray" for c in top.indices.tolist()])
+            ax.barh(
+                range(len(labels))[::-1],
+                top.values.tolist(),
+                color=["tab:green" if c == item.label else "tab:gray" for c in top.indices.tolist()],
+            )
             ax.set_yticks(range(len(labels))[::-1], labels, fontsize=7)
             ax.set_xlim(0, 1)
             ax.tick_params(axis="x", labelsize=6)
@@ -173,8 +194,9 @@ def top3(recs: List[dict], out: str, n_images: int = 4,
     return _save(fig, out, "top3"), None
 
 
-def tsne(recs: List[dict], out: str, per_domain: int = 150,
-         run_dir: Optional[str] = None) -> Tuple[Optional[List[str]], Optional[str]]:
+def tsne(
+    recs: List[dict], out: str, per_domain: int = 150, run_dir: Optional[str] = None
+) -> Tuple[Optional[List[str]], Optional[str]]:
     import matplotlib.pyplot as plt
     import torch
     from sklearn.manifold import TSNE
@@ -202,10 +224,30 @@ def tsne(recs: List[dict], out: str, per_domain: int = 150,
         ax.scatter(emb[n:, 0], emb[n:, 1], s=6, c="tab:red", alpha=0.6, label="target")
         labels = [it.label for it in list(src) + list(tgt)]
         cmap = plt.get_cmap("tab10" if max(labels) < 10 else "tab20")
-        ax_c.scatter(emb[:n, 0], emb[:n, 1], s=6, c=labels[:n], cmap=cmap, vmin=0, vmax=cmap.N - 1, alpha=0.6,
-                     marker="o", label="source (o)")
-        ax_c.scatter(emb[n:, 0], emb[n:, 1], s=12, c=labels[n:], cmap=cmap, vmin=0, vmax=cmap.N - 1, alpha=0.8,
-                     marker="x", label="target (x)")
+        ax_c.scatter(
+            emb[:n, 0],
+            emb[:n, 1],
+            s=6,
+            c=labels[:n],
+            cmap=cmap,
+            vmin=0,
+            vmax=cmap.N - 1,
+            alpha=0.6,
+            marker="o",
+            label="source (o)",
+        )
+        ax_c.scatter(
+            emb[n:, 0],
+            emb[n:, 1],
+            s=12,
+            c=labels[n:],
+            cmap=cmap,
+            vmin=0,
+            vmax=cmap.N - 1,
+            alpha=0.8,
+            marker="x",
+            label="target (x)",
+        )
         for a in (ax, ax_c):
             a.set_title(describe(run.rec), fontsize=8)
             a.set_xlabel("t-SNE 1")

@@ -21,6 +21,7 @@ it needs. Each is written as PNG and PDF. The last two read checkpoints of the
 built-in engine and of the plugin's DAEL trainer on Dassl (``checkpoint.pth.tar``),
 with the dataset under the run's ``DATASET.ROOT``.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -101,8 +102,13 @@ def weight_u(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[
 def experts(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[str]]:
     import matplotlib.pyplot as plt
 
-    rows = [r for r in recs if str(r.get("trainer")).upper() == "DAEL" and len(r.get("expert_accuracy") or {}) > 1
-            and _others_default(r, "")]
+    rows = [
+        r
+        for r in recs
+        if str(r.get("trainer")).upper() == "DAEL"
+        and len(r.get("expert_accuracy") or {}) > 1
+        and _others_default(r, "")
+    ]
     if not rows:
         return None, "experts needs DAEL runs (K experts, every loss term) with expert_accuracy in results.json"
     groups: Dict[str, List[dict]] = defaultdict(list)
@@ -161,12 +167,21 @@ def curves(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[st
             steps = sorted(set.intersection(*(set(x) for x in series)))
             vals = [[x[t] for x in series] for t in steps]
             # Each target its own colour, line style and marker, so a line on top of another still shows.
-            ax.plot(steps, [statistics.fmean(v) for v in vals], color=color, label=label, alpha=0.85,
-                    linestyle=("-", "--", "-.", ":")[i % 4], marker="osD^v"[i % 5], markevery=max(1, len(steps) // 8),
-                    markersize=4)
+            ax.plot(
+                steps,
+                [statistics.fmean(v) for v in vals],
+                color=color,
+                label=label,
+                alpha=0.85,
+                linestyle=("-", "--", "-.", ":")[i % 4],
+                marker="osD^v"[i % 5],
+                markevery=max(1, len(steps) // 8),
+                markersize=4,
+            )
             if len(series) > 1:
-                ax.fill_between(steps, [min(v) for v in vals], [max(v) for v in vals], color=color, alpha=0.2,
-                                linewidth=0)
+                ax.fill_between(
+                    steps, [min(v) for v in vals], [max(v) for v in vals], color=color, alpha=0.2, linewidth=0
+                )
     a1.set_xlabel("training step")
     a1.set_ylabel("pseudo-labels kept (%)")
     a1.set_title("Mask rate (confidence >= CONF_THRE)")
@@ -179,16 +194,26 @@ def curves(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[st
     return _save(fig, out, "curves"), None
 
 
-FIGURES = {"loss_ablation": loss_ablation, "weight_u": weight_u, "experts": experts, "curves": curves,
-           "top3": top3, "tsne": tsne}
+FIGURES = {
+    "loss_ablation": loss_ablation,
+    "weight_u": weight_u,
+    "experts": experts,
+    "curves": curves,
+    "top3": top3,
+    "tsne": tsne,
+}
 
 
 def main(argv: Optional[List[str]] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("sweep_dir")
     p.add_argument("--out", required=True, help="folder for the PNG and PDF files")
-    p.add_argument("--run", default=None, metavar="DIR",
-                   help="the DAEL run that Fig. 7 and Fig. 8 draw (default: the first at the paper's defaults)")
+    p.add_argument(
+        "--run",
+        default=None,
+        metavar="DIR",
+        help="the DAEL run that Fig. 7 and Fig. 8 draw (default: the first at the paper's defaults)",
+    )
     p.add_argument("--only", nargs="+", choices=sorted(FIGURES), default=None, help="draw only these figures")
     args = p.parse_args(argv)
     try:

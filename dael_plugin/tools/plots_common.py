@@ -1,6 +1,7 @@
 """What the figure tools share: the run records (one reader with collect), a run's DAEL keys
 from its recorded config, "every other design key at the paper's default", and the one
 atomic writer of a figure (PNG and PDF)."""
+
 from __future__ import annotations
 
 import os
@@ -45,8 +46,16 @@ def save_figure(fig, out: str, name: str) -> List[str]:
     return paths
 
 
-DESIGN_KEYS = {"LOSSES": "losses", "WEIGHT_U": "weight_u", "CR_MODE": "cr_mode", "CLASSIFIER": "classifier",
-               "CR_TARGET": "cr_target", "PSEUDO_LABEL": "pseudo_label", "CR_LOSS": "cr_loss", "VIEWS": "views"}
+DESIGN_KEYS = {
+    "LOSSES": "losses",
+    "WEIGHT_U": "weight_u",
+    "CR_MODE": "cr_mode",
+    "CLASSIFIER": "classifier",
+    "CR_TARGET": "cr_target",
+    "PSEUDO_LABEL": "pseudo_label",
+    "CR_LOSS": "cr_loss",
+    "VIEWS": "views",
+}
 
 
 def others_at_default(rec: dict, key: str) -> bool:

@@ -34,6 +34,7 @@
 - A failed run is reported with its log and the others go on; the exit code
   is 1 when any run failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,15 +66,19 @@ class _DefaultsHelp(argparse.ArgumentDefaultsHelpFormatter):
     """Shows each default that says something (not None, [], False, nor a required flag's)."""
 
     def _get_help_string(self, action):
-        if action.required or action.default is None or action.default is False or action.default == [] \
-                or "default" in (action.help or ""):
+        if (
+            action.required
+            or action.default is None
+            or action.default is False
+            or action.default == []
+            or "default" in (action.help or "")
+        ):
             return action.help
         return super()._get_help_string(action)
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                formatter_class=_DefaultsHelp)
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=_DefaultsHelp)
     p.add_argument("--root", required=True, help="DATASET.ROOT of every run")
     p.add_argument("--dataset-config-file", required=True, help="the dataset config of every run")
     p.add_argument("--trainers", nargs="+", required=True, help="trainer names, e.g. DAEL SourceOnly")
@@ -81,25 +86,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--targets", nargs="+", help="default: every domain, each against the rest")
     p.add_argument("--sources", nargs="+", help="default: every domain but the target")
     p.add_argument("--output-dir", required=True, help="the sweep's folder: one subfolder per run")
-    p.add_argument("--grid", nargs="+", action="append", default=[], metavar="KEY V",
-                   help="a config key and its values (repeatable): one run per combination")
-    p.add_argument("--config", action="append", default=[], metavar="TRAINER=FILE",
-                   help="the method config of a trainer (default: <tree>/trainers/<da|dg>/<trainer>/<dataset>.yaml, beside the "
-                        "dataset config's <tree>/datasets/)")
+    p.add_argument(
+        "--grid",
+        nargs="+",
+        action="append",
+        default=[],
+        metavar="KEY V",
+        help="a config key and its values (repeatable): one run per combination",
+    )
+    p.add_argument(
+        "--config",
+        action="append",
+        default=[],
+        metavar="TRAINER=FILE",
+        help="the method config of a trainer (default: <tree>/trainers/<da|dg>/<trainer>/<dataset>.yaml, beside the "
+        "dataset config's <tree>/datasets/)",
+    )
     p.add_argument("--engine", default="auto", choices=ENGINES, help="as train.py's --engine")
-    p.add_argument("--launcher", default="local", choices=("local", "submitit-local", "slurm"),
-                   help="where the runs go: this machine, submitit's local executor, or Slurm")
-    p.add_argument("--workers", type=int, default=None,
-                   help="runs at a time (default 1; slurm: the array's parallelism, default every run)")
+    p.add_argument(
+        "--launcher",
+        default="local",
+        choices=("local", "submitit-local", "slurm"),
+        help="where the runs go: this machine, submitit's local executor, or Slurm",
+    )
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=None,
+        help="runs at a time (default 1; slurm: the array's parallelism, default every run)",
+    )
     p.add_argument("--partition", default=None, help="slurm partition")
     p.add_argument("--time", type=int, default=24 * 60, help="minutes per job (submitit launchers)")
     p.add_argument("--gpus", type=int, default=0, help="GPUs per job (submitit launchers)")
     p.add_argument("--cpus", type=int, default=4, help="CPUs per job (slurm; per task with --gpus-per-run)")
-    p.add_argument("--gpus-per-run", type=int, default=1,
-                   help="processes (GPUs) per run: torchrun --nproc_per_node N on the local launcher; "
-                        "N tasks of one GPU each per job on the submitit launchers")
-    p.add_argument("--no-wait", action="store_true",
-                   help="slurm: submit the job array and exit; relaunch the sweep or run collect.py later")
+    p.add_argument(
+        "--gpus-per-run",
+        type=int,
+        default=1,
+        help="processes (GPUs) per run: torchrun --nproc_per_node N on the local launcher; "
+        "N tasks of one GPU each per job on the submitit launchers",
+    )
+    p.add_argument(
+        "--no-wait",
+        action="store_true",
+        help="slurm: submit the job array and exit; relaunch the sweep or run collect.py later",
+    )
     p.add_argument("--dry-run", action="store_true", help="print the plan and exit")
     p.add_argument("opts", nargs="*", help="KEY VALUE options for every run, after every flag")
     return p
@@ -114,7 +145,7 @@ def split_opts(argv: List[str]) -> Tuple[List[str], List[str]]:
     dotted upper-case key that does not follow ``--grid``."""
     if "--" in argv:
         i = argv.index("--")
-        return argv[:i], argv[i + 1:]
+        return argv[:i], argv[i + 1 :]
     for i, tok in enumerate(argv):
         if _KEY.match(tok) and (i == 0 or argv[i - 1] != "--grid"):
             return argv[:i], argv[i:]
@@ -134,8 +165,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise DAELConfigError(f"--grid {bad[0][0]} has no values; use --grid KEY V1 [V2 ...]")
         flags_late = [o for o in args.opts if o.startswith("--") and not _NUMBER.match(o)]
         if flags_late:
-            raise DAELConfigError(f"{flags_late[0]} comes after the KEY VALUE options {args.opts[0]} ...; "
-                                  f"put every flag before them (or the options after --)")
+            raise DAELConfigError(
+                f"{flags_late[0]} comes after the KEY VALUE options {args.opts[0]} ...; "
+                f"put every flag before them (or the options after --)"
+            )
         if len(args.opts) % 2:
             raise DAELConfigError(f"the trailing options {args.opts} are not KEY VALUE pairs")
         if any("=" not in c for c in args.config):
@@ -156,9 +189,11 @@ def main(argv: Optional[List[str]] = None) -> int:
         if changed:
             run, what = changed[0]
             more = f" (and {len(changed) - 1} more run(s))" if len(changed) > 1 else ""
-            raise DAELConfigError(f"{run.output_dir} was launched with other settings than {run.name} has now: "
-                                  f"{'; '.join(what)}{more}; its result stays as it is: pass another --output-dir "
-                                  "for these settings")
+            raise DAELConfigError(
+                f"{run.output_dir} was launched with other settings than {run.name} has now: "
+                f"{'; '.join(what)}{more}; its result stays as it is: pass another --output-dir "
+                "for these settings"
+            )
     except DAELConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
@@ -168,8 +203,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     print(f"sweep: {len(runs)} runs ({len(runs) - len(todo)} done, {len(todo)} to run) in {args.output_dir}")
     if args.dry_run:
         for r in runs:
-            state = "done" if r.done() else ("resume" if os.path.isfile(os.path.join(r.output_dir, "checkpoint.pth.tar"))
-                                              else "new")
+            state = (
+                "done"
+                if r.done()
+                else ("resume" if os.path.isfile(os.path.join(r.output_dir, "checkpoint.pth.tar")) else "new")
+            )
             job = os.path.join(r.output_dir, JOB)
             submitted = ""
             if state != "done" and os.path.isfile(job):
@@ -198,12 +236,17 @@ def main(argv: Optional[List[str]] = None) -> int:
         signal.signal(signal.SIGTERM, previous)
         bar.close()
     if args.no_wait:
-        print(f"sweep: {len(todo)} runs submitted; relaunch this command (add --dry-run to only look) "
-              f"or run collect.py when they are done")
+        print(
+            f"sweep: {len(todo)} runs submitted; relaunch this command (add --dry-run to only look) "
+            f"or run collect.py when they are done"
+        )
         return 0
     done, busy, failed = tally["done"], tally["busy"], tally["failed"]
-    print(f"sweep: {done} of {len(todo)} runs finished" + (f", {busy} running elsewhere" if busy else "")
-          + (f", {failed} failed" if failed else ""))
+    print(
+        f"sweep: {done} of {len(todo)} runs finished"
+        + (f", {busy} running elsewhere" if busy else "")
+        + (f", {failed} failed" if failed else "")
+    )
     return 1 if failed else 0
 
 

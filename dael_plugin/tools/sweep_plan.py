@@ -1,6 +1,7 @@
 """A sweep's plan: every run (trainer x target x seed x grid setting), its command, its folder
 and the settings it is launched with (its identity). Nothing here starts a process
 (:mod:`dael_plugin.tools.launchers` does; :mod:`dael_plugin.tools.sweep` is the CLI)."""
+
 from __future__ import annotations
 
 import argparse
@@ -62,8 +63,11 @@ class Run:
                 return ["the folder holds a record of a run whose settings were not written down"]
             return []
         now = dict(self.identity)
-        return [f"{k}: {had.get(k, '<absent>')} -> {now.get(k, '<absent>')}"
-                for k in sorted(set(had) | set(now)) if had.get(k) != now.get(k)]
+        return [
+            f"{k}: {had.get(k, '<absent>')} -> {now.get(k, '<absent>')}"
+            for k in sorted(set(had) | set(now))
+            if had.get(k) != now.get(k)
+        ]
 
     def done(self) -> bool:
         """Finished, with exactly these settings: a record, and the identity it was launched with."""
@@ -130,7 +134,8 @@ def method_config(trainer: str, setting: str, dataset_cfg: str) -> str:
         if parent == here:
             raise DAELConfigError(
                 f"cannot find the method config of {trainer}: the dataset config {dataset_cfg} is not under a "
-                "'datasets/' folder with a 'trainers/' folder beside it; pass --config TRAINER=FILE")
+                "'datasets/' folder with a 'trainers/' folder beside it; pass --config TRAINER=FILE"
+            )
         here = parent
     path = os.path.join(os.path.dirname(here), "trainers", setting, _snake(trainer), f"{base}.yaml")
     if not os.path.isfile(path):
@@ -154,8 +159,11 @@ def plan(args: argparse.Namespace) -> List[Run]:
     for trainer in args.trainers:
         # A grid key of another trainer's node (TRAINER.DAEL.* for SourceOnly) is not
         # this trainer's: its runs do not multiply by it.
-        grid = [(g[0], g[1:]) for g in args.grid
-                if not (g[0].startswith("TRAINER.") and g[0].split(".")[1].upper() != trainer.upper())]
+        grid = [
+            (g[0], g[1:])
+            for g in args.grid
+            if not (g[0].startswith("TRAINER.") and g[0].split(".")[1].upper() != trainer.upper())
+        ]
         cfg_file = overrides.get(trainer) or method_config(trainer, setting, args.dataset_config_file)
         for target, combo, seed in itertools.product(targets, itertools.product(*[v for _, v in grid]), args.seeds):
             sources = tuple(args.sources or [d for d in domains if d != target])
@@ -168,21 +176,58 @@ def plan(args: argparse.Namespace) -> List[Run]:
             out = os.path.join(*parts, _slug(target), f"seed{seed}")
             per_run = int(getattr(args, "gpus_per_run", 1) or 1)
             launch = (*TORCHRUN, str(per_run)) if per_run > 1 and args.launcher == "local" else ()
-            argv = [sys.executable, *launch, *TRAIN, "--engine", args.engine, "--trainer", trainer, "--root", args.root,
-                    "--dataset-config-file", args.dataset_config_file, "--config-file", cfg_file,
-                    "--source-domains", *sources, "--target-domains", target, "--output-dir", out,
-                    "--seed", str(seed), *args.opts]
+            argv = [
+                sys.executable,
+                *launch,
+                *TRAIN,
+                "--engine",
+                args.engine,
+                "--trainer",
+                trainer,
+                "--root",
+                args.root,
+                "--dataset-config-file",
+                args.dataset_config_file,
+                "--config-file",
+                cfg_file,
+                "--source-domains",
+                *sources,
+                "--target-domains",
+                target,
+                "--output-dir",
+                out,
+                "--seed",
+                str(seed),
+                *args.opts,
+            ]
             for k, v in setting_kv:
                 argv += [k, str(v)]
-            identity = {"trainer": trainer, "target": target, "sources": " ".join(sources), "seed": str(seed),
-                        "engine": engine, "grid": " ".join(f"{k}={v}" for k, v in setting_kv),
-                        "options": " ".join(f"{k}={v}" for k, v in zip(args.opts[::2], args.opts[1::2])),
-                        "method config": f"{cfg_file} (sha256 {_sha256(cfg_file)[:12]})",
-                        "dataset config": f"{args.dataset_config_file} (sha256 {dataset_sha[:12]})"}
+            identity = {
+                "trainer": trainer,
+                "target": target,
+                "sources": " ".join(sources),
+                "seed": str(seed),
+                "engine": engine,
+                "grid": " ".join(f"{k}={v}" for k, v in setting_kv),
+                "options": " ".join(f"{k}={v}" for k, v in zip(args.opts[::2], args.opts[1::2])),
+                "method config": f"{cfg_file} (sha256 {_sha256(cfg_file)[:12]})",
+                "dataset config": f"{args.dataset_config_file} (sha256 {dataset_sha[:12]})",
+            }
             if per_run > 1:  # a run resumes only on as many processes as it started with
                 identity["processes"] = str(per_run)
-            runs.append(Run(trainer, target, sources, seed, setting_kv, cfg_file, out, tuple(argv),
-                            tuple(sorted(identity.items()))))
+            runs.append(
+                Run(
+                    trainer,
+                    target,
+                    sources,
+                    seed,
+                    setting_kv,
+                    cfg_file,
+                    out,
+                    tuple(argv),
+                    tuple(sorted(identity.items())),
+                )
+            )
     return runs
 
 

@@ -5,6 +5,7 @@ flow, as in Dassl: defaults -> ``add_dael_config`` -> dataset config file ->
 method config file -> command-line flags -> trailing ``KEY VALUE`` opts ->
 ``clean_cfg`` for the trainer actually run.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -50,23 +51,35 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--transforms", type=str, nargs="+", help="data augmentation methods (INPUT.TRANSFORMS)")
     p.add_argument("--config-file", type=str, default="", help="path to the method config file")
     p.add_argument("--dataset-config-file", type=str, default="", help="path to the dataset config file")
-    p.add_argument("--trainer", type=str, default="", help="name of trainer (required: DAEL, DAELDG, SourceOnly, M3SDA, ...)")
+    p.add_argument(
+        "--trainer", type=str, default="", help="name of trainer (required: DAEL, DAELDG, SourceOnly, M3SDA, ...)"
+    )
     p.add_argument("--backbone", type=str, default="", help="name of CNN backbone (e.g. timm_resnet18)")
     p.add_argument("--head", type=str, default="", help="name of head")
     p.add_argument("--eval-only", action="store_true", help="evaluation only")
     p.add_argument("--model-dir", type=str, default="", help="load model from this directory for eval-only mode")
     p.add_argument("--load-epoch", type=int, help="load model weights at this epoch for evaluation")
     p.add_argument("--no-train", action="store_true", help="do not call trainer.train()")
-    p.add_argument("--engine", choices=ENGINES, default="auto",
-                   help="auto: Dassl when importable, else the built-in engine")
-    p.add_argument("--eval-each-epoch", action="store_true",
-                   help="built-in engine: also evaluate after every epoch (on the validation split where "
-                        "the dataset has one, else on the target test split, which is then said in the log)")
-    p.add_argument("--check-data", action="store_true",
-                   help="decode every image of the run's splits before training; stop with the list of bad files")
-    p.add_argument("--retrain", action="store_true",
-                   help="train again into an OUTPUT_DIR whose run finished (its files move to "
-                        "OUTPUT_DIR/replaced-<time>/); without it, rerunning a finished run does nothing")
+    p.add_argument(
+        "--engine", choices=ENGINES, default="auto", help="auto: Dassl when importable, else the built-in engine"
+    )
+    p.add_argument(
+        "--eval-each-epoch",
+        action="store_true",
+        help="built-in engine: also evaluate after every epoch (on the validation split where "
+        "the dataset has one, else on the target test split, which is then said in the log)",
+    )
+    p.add_argument(
+        "--check-data",
+        action="store_true",
+        help="decode every image of the run's splits before training; stop with the list of bad files",
+    )
+    p.add_argument(
+        "--retrain",
+        action="store_true",
+        help="train again into an OUTPUT_DIR whose run finished (its files move to "
+        "OUTPUT_DIR/replaced-<time>/); without it, rerunning a finished run does nothing",
+    )
     p.add_argument("opts", default=None, nargs=argparse.REMAINDER, help="modify config options using the command-line")
     return p
 
@@ -92,8 +105,10 @@ def _merge_file(cfg: CN, path: str, engine: str) -> dict:
     if not os.path.isfile(path):
         raise DAELConfigError(f"config file {path!r} not found")
     if path.endswith(".py"):
-        raise DAELConfigError(f"config file {path} is a Python file; config files are YAML, read as data and "
-                              "never run: write its KEY: value pairs to a .yaml file")
+        raise DAELConfigError(
+            f"config file {path} is a Python file; config files are YAML, read as data and "
+            "never run: write its KEY: value pairs to a .yaml file"
+        )
     try:
         with open(path) as f:
             loaded = yaml.safe_load(f)
@@ -115,7 +130,9 @@ def _merge_file(cfg: CN, path: str, engine: str) -> dict:
     except KeyError as exc:
         raise DAELConfigError(_key_error(exc, engine, f"config file {path}", cfg)) from None
     except (ValueError, AssertionError, TypeError) as exc:
-        raise DAELConfigError(f"config file {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+        raise DAELConfigError(
+            f"config file {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
     return loaded
 
 
@@ -125,8 +142,10 @@ def _key_error(exc: Exception, engine: str, where: str, cfg: Optional[CN] = None
     close = difflib.get_close_matches(key, _full_keys(cfg), n=1, cutoff=0.8) if cfg is not None else []
     if engine == "builtin":  # the key may be one of Dassl's, which this engine lacks: say both
         hint = f" (did you mean {close[0]}?)" if close else ""
-        return (f"{where} sets {key}, which the built-in engine does not support{hint}; "
-                "remove it, or install Dassl and use --engine dassl")
+        return (
+            f"{where} sets {key}, which the built-in engine does not support{hint}; "
+            "remove it, or install Dassl and use --engine dassl"
+        )
     if close:
         return f"{where} sets {key}, which is not a config key; did you mean {close[0]}?"
     return f"{where} sets {key}, which is not a config key (keys are upper case, e.g. OPTIM.LR)"
@@ -231,13 +250,18 @@ def _check_method_file_fits(method: dict, path: str, trainer: str) -> None:
     """A DAEL method config given to the other DAEL trainer (a DA ``TRAINER.DAEL`` file with
     ``--trainer DAELDG``, or the reverse) would be dropped by ``clean_cfg``: the run would train
     on the defaults without a word."""
-    nodes = [k for k in (method.get("TRAINER") or {}) if k in TRAINER_NODES] if isinstance(method.get("TRAINER"), dict) else []
+    nodes = (
+        [k for k in (method.get("TRAINER") or {}) if k in TRAINER_NODES]
+        if isinstance(method.get("TRAINER"), dict)
+        else []
+    )
     if not nodes or trainer.upper() not in TRAINER_NODES or trainer.upper() in nodes:
         return  # (another trainer's own node, e.g. M3SDA's, is that trainer's business)
     setting = "dg" if trainer.upper() == "DAELDG" else "da"
     raise DAELConfigError(
         f"config file {path} configures TRAINER.{nodes[0]}, but --trainer {trainer} reads TRAINER.{trainer.upper()}: "
-        f"pass the {trainer} method config (configs/trainers/{setting}/{trainer.lower()}/<dataset>.yaml)")
+        f"pass the {trainer} method config (configs/trainers/{setting}/{trainer.lower()}/<dataset>.yaml)"
+    )
 
 
 def _clean_cfg(cfg: CN, trainer: str) -> None:
@@ -294,7 +318,8 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
 
 _BEST_VAL_WITHOUT_VAL = (
     "TEST.FINAL_MODEL best_val: dataset {dataset} has no validation split, so 'best' would be chosen on the "
-    "target test set (test leakage); set TEST.FINAL_MODEL last_step")
+    "target test set (test leakage); set TEST.FINAL_MODEL last_step"
+)
 
 
 def _setting(trainer) -> str:
@@ -331,8 +356,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     distributed.quiet_unless_main()  # under torchrun, one process speaks on stdout
     state: dict = {}
     # SIGTERM (scancel, preemption, most schedulers, a sweep that ends) stops the run as Ctrl-C does.
-    previous = signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() \
-        else None
+    previous = (
+        signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
+    )
     try:
         return _main(args, state)
     except Terminated:
@@ -385,8 +411,10 @@ def _finished(cfg: CN, args: argparse.Namespace) -> bool:
     last = os.path.join(out, LAST)
     if os.path.isfile(last):
         check_resume_config(load_checkpoint(last), cfg, last)  # another config: refused, listing the keys
-    print(f"dael_plugin: {out} holds a finished run ({record}); nothing to do. Pass --retrain to train it "
-          "again (its files move aside), or another --output-dir")
+    print(
+        f"dael_plugin: {out} holds a finished run ({record}); nothing to do. Pass --retrain to train it "
+        "again (its files move aside), or another --output-dir"
+    )
     return True
 
 
@@ -404,8 +432,10 @@ def _say_threads() -> None:
     """The thread count changes float sums, so the run: said in the log (and the provenance)."""
     import torch
 
-    print(f"dael_plugin: {torch.get_num_threads()} CPU threads "
-          f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})")
+    print(
+        f"dael_plugin: {torch.get_num_threads()} CPU threads "
+        f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})"
+    )
 
 
 def _check_names(cfg: CN, engine: str) -> None:
@@ -420,8 +450,10 @@ def _check_names(cfg: CN, engine: str) -> None:
     if cfg.TRAINER.NAME not in TRAINERS:
         close = difflib.get_close_matches(str(cfg.TRAINER.NAME), list(TRAINERS), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
-        raise DAELConfigError(f"trainer {cfg.TRAINER.NAME!r}{hint} is not available on the built-in engine (it has "
-                              f"{sorted(TRAINERS)}); install Dassl and use --engine dassl for Dassl's baselines")
+        raise DAELConfigError(
+            f"trainer {cfg.TRAINER.NAME!r}{hint} is not available on the built-in engine (it has "
+            f"{sorted(TRAINERS)}); install Dassl and use --engine dassl for Dassl's baselines"
+        )
     check_dataset_names(cfg.DATASET.NAME, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS)
 
 
@@ -431,7 +463,9 @@ def _prepare_output_dir(path: str) -> None:
     try:
         os.makedirs(path, exist_ok=True)
     except OSError as exc:
-        raise DAELConfigError(f"--output-dir {path} cannot be created ({exc.strerror or exc}); pass a writable folder") from None
+        raise DAELConfigError(
+            f"--output-dir {path} cannot be created ({exc.strerror or exc}); pass a writable folder"
+        ) from None
     if not os.access(path, os.W_OK):
         raise DAELConfigError(f"--output-dir {path} is not writable; pass a writable folder")
 
@@ -441,15 +475,19 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     if args.eval_each_epoch and engine != "builtin":
         raise DAELConfigError("--eval-each-epoch is a built-in engine flag; with Dassl, look at the final test")
     if args.eval_only and not args.model_dir:
-        raise DAELConfigError("--eval-only needs --model-dir <OUTPUT_DIR of a run>; it never reads the current directory")
+        raise DAELConfigError(
+            "--eval-only needs --model-dir <OUTPUT_DIR of a run>; it never reads the current directory"
+        )
     if engine == "dassl":
         import dael_plugin  # noqa: F401  (registers the trainer, datasets and backbones)
     cfg = setup_cfg(args, engine)
     _check_names(cfg, engine)  # before the output folder, the log and the config dump
     if distributed.from_env().distributed and engine == "dassl" and cfg.TRAINER.NAME not in ("DAEL", "DAELDG"):
-        raise DAELConfigError(f"Dassl's {cfg.TRAINER.NAME} trainer runs on one process only (Dassl has no "
-                              "multi-process training); run it without torchrun, or, for SourceOnly, with "
-                              "--engine builtin")
+        raise DAELConfigError(
+            f"Dassl's {cfg.TRAINER.NAME} trainer runs on one process only (Dassl has no "
+            "multi-process training); run it without torchrun, or, for SourceOnly, with "
+            "--engine builtin"
+        )
     w = distributed.init(cfg.USE_CUDA)  # under torchrun: join the run's processes (rank 0 writes)
     state["output_dir"] = cfg.OUTPUT_DIR
     finished = False
@@ -500,8 +538,14 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     if not w.is_main:
         return 0
     record = results_record(
-        cfg, engine, recorded.get("accuracy"), getattr(trainer, "expert_accuracy", []) or [], setting=_setting(trainer),
-        wall_seconds=time.time() - start, epochs=epochs, eval_only=args.eval_only,
+        cfg,
+        engine,
+        recorded.get("accuracy"),
+        getattr(trainer, "expert_accuracy", []) or [],
+        setting=_setting(trainer),
+        wall_seconds=time.time() - start,
+        epochs=epochs,
+        eval_only=args.eval_only,
         unreadable_images=sorted(getattr(trainer, "bad_images", ()) or ()),
         model_dir=os.path.abspath(args.model_dir) if args.eval_only else None,
         per_class_accuracy=getattr(trainer, "per_class_accuracy", None),

@@ -33,6 +33,7 @@ or torchvision's operation lists and magnitude rules. Other names are
 refused in one line. Pixel results differ slightly from PIL's (bilinear
 resampling of float images instead of PIL's integer arithmetic).
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, List, Optional, Sequence, Tuple
@@ -49,8 +50,10 @@ __all__ = ["DEVICE_NAMES", "DeviceViews", "check_device_names"]
 def check_device_names(choices: Sequence[str], key: str) -> None:
     bad = [c for c in choices if c not in DEVICE_NAMES]
     if bad:
-        raise DAELConfigError(f"{key} has {bad}, which AUG_ON_DEVICE cannot make on the device (it makes "
-                              f"{list(DEVICE_NAMES)}); drop them or set AUG_ON_DEVICE False")
+        raise DAELConfigError(
+            f"{key} has {bad}, which AUG_ON_DEVICE cannot make on the device (it makes "
+            f"{list(DEVICE_NAMES)}); drop them or set AUG_ON_DEVICE False"
+        )
 
 
 def device_pipeline(choices: Sequence[str], inp: Any, node: Any) -> List[Callable]:
@@ -80,8 +83,16 @@ class DeviceViews:
     ``device`` and ``size``: where and at which ``(H, W)`` the views are made; every constant
     is made there when the views are built."""
 
-    def __init__(self, weak: Sequence[str], strong: Sequence[str], num_views: int, inp, node,
-                 device=None, size: Optional[Tuple[int, int]] = None) -> None:
+    def __init__(
+        self,
+        weak: Sequence[str],
+        strong: Sequence[str],
+        num_views: int,
+        inp,
+        node,
+        device=None,
+        size: Optional[Tuple[int, int]] = None,
+    ) -> None:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
         self.size = tuple(int(s) for s in (size or getattr(inp, "SIZE", None) or ())) or None
         self.weak = self._pipeline(weak, inp, node)
@@ -90,7 +101,10 @@ class DeviceViews:
         mean = torch.tensor(inp.PIXEL_MEAN, dtype=torch.float32).view(1, -1, 1, 1)
         std = torch.tensor(inp.PIXEL_STD, dtype=torch.float32).view(1, -1, 1, 1)
         # (x / 255 - mean) / std in one multiply-add, from uint8 (scale255) or from [0, 1] (scale1)
-        self.scale255 = {True: (1 / (255 * std)).to(self.device), False: torch.full((1, 1, 1, 1), 1 / 255).to(self.device)}
+        self.scale255 = {
+            True: (1 / (255 * std)).to(self.device),
+            False: torch.full((1, 1, 1, 1), 1 / 255).to(self.device),
+        }
         self.scale1 = (1 / std).to(self.device)
         self.shift = {True: (-mean / std).to(self.device), False: torch.zeros(1, 1, 1, 1).to(self.device)}
         self.normalize = ("normalize" in weak, "normalize" in strong)

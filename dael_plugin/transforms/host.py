@@ -15,6 +15,7 @@ works with or without Dassl:
 
 The pipeline order is fixed (as in Dassl), whatever the order of the names.
 """
+
 from __future__ import annotations
 
 from typing import Any, Callable, List, Sequence
@@ -35,9 +36,21 @@ from dael_plugin.transforms.registry import (
     tv_randaugment_params,
 )
 
-__all__ = ["DASSL_NAMES", "EXTRA_NAMES", "INTERPOLATION", "TORCHVISION_EQUIVALENTS", "TV_RANDAUGMENT_M",
-           "TV_RANDAUGMENT_N", "build_loader_uint8", "build_test_transform", "build_train_transform",
-           "build_train_views", "build_views", "check_names", "tv_randaugment_params"]
+__all__ = [
+    "DASSL_NAMES",
+    "EXTRA_NAMES",
+    "INTERPOLATION",
+    "TORCHVISION_EQUIVALENTS",
+    "TV_RANDAUGMENT_M",
+    "TV_RANDAUGMENT_N",
+    "build_loader_uint8",
+    "build_test_transform",
+    "build_train_transform",
+    "build_train_views",
+    "build_views",
+    "check_names",
+    "tv_randaugment_params",
+]
 
 
 def check_names(choices: Sequence[str], key: str, dassl: bool) -> None:
@@ -49,7 +62,9 @@ def check_names(choices: Sequence[str], key: str, dassl: bool) -> None:
             raise DAELConfigError(f"{key}: transform {name!r} needs Dassl; remove it or run with --engine dassl")
 
 
-def build_train_transform(cfg: Any, choices: Sequence[str], dassl_node: Any = None, use_dassl: bool = False) -> Callable:
+def build_train_transform(
+    cfg: Any, choices: Sequence[str], dassl_node: Any = None, use_dassl: bool = False
+) -> Callable:
     """A training transform from names, in Dassl's fixed order (:data:`~dael_plugin.transforms.registry.REGISTRY`).
 
     Args:
@@ -94,7 +109,9 @@ def build_test_transform(cfg) -> Callable:
     return T.Compose(tfm)
 
 
-def build_views(cfg, strong_choices: Sequence[str], num_views: int, dassl_node=None, use_dassl: bool = False) -> List[Callable]:
+def build_views(
+    cfg, strong_choices: Sequence[str], num_views: int, dassl_node=None, use_dassl: bool = False
+) -> List[Callable]:
     """[weak, strong(, strong)] training transforms: weak is INPUT.TRANSFORMS."""
     weak = build_train_transform(cfg, cfg.INPUT.TRANSFORMS, dassl_node, use_dassl)
     strong = build_train_transform(cfg, strong_choices, dassl_node, use_dassl)

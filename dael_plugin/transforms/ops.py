@@ -17,6 +17,7 @@ Why plain PyTorch (``affine_grid``/``grid_sample``, ``conv2d``,
   against 1.7 ms), not enough to add a dependency;
 - NVIDIA DALI runs only on a GPU, and the views must also work on CPU.
 """
+
 from __future__ import annotations
 
 import math
@@ -27,27 +28,85 @@ import torch
 from torch.nn import functional as F
 
 # Operation lists (name, min, max), as in Dassl's dassl/data/transforms/randaugment.py.
-DASSL_LIST2 = [("AutoContrast", 0, 1), ("Brightness", 0.1, 1.9), ("Color", 0.1, 1.9), ("Contrast", 0.1, 1.9),
-               ("Equalize", 0, 1), ("Identity", 0, 1), ("Invert", 0, 1), ("Posterize", 4, 8), ("Rotate", -30, 30),
-               ("Sharpness", 0.1, 1.9), ("ShearX", -0.3, 0.3), ("ShearY", -0.3, 0.3), ("Solarize", 0, 256),
-               ("TranslateX", -0.3, 0.3), ("TranslateY", -0.3, 0.3)]
-FIXMATCH = [("AutoContrast", 0, 1), ("Brightness", 0.05, 0.95), ("Color", 0.05, 0.95), ("Contrast", 0.05, 0.95),
-            ("Equalize", 0, 1), ("Identity", 0, 1), ("Posterize", 4, 8), ("Rotate", -30, 30),
-            ("Sharpness", 0.05, 0.95), ("ShearX", -0.3, 0.3), ("ShearY", -0.3, 0.3), ("Solarize", 0, 256),
-            ("TranslateX", -0.3, 0.3), ("TranslateY", -0.3, 0.3)]
-DASSL_LIST = [("AutoContrast", 0, 1), ("Equalize", 0, 1), ("Invert", 0, 1), ("Rotate", 0, 30), ("Posterize", 4, 8),
-              ("Solarize", 0, 256), ("SolarizeAdd", 0, 110), ("Color", 0.1, 1.9), ("Contrast", 0.1, 1.9),
-              ("Brightness", 0.1, 1.9), ("Sharpness", 0.1, 1.9), ("ShearX", 0.0, 0.3), ("ShearY", 0.0, 0.3),
-              ("CutoutAbs", 0, 40), ("TranslateXabs", 0.0, 100), ("TranslateYabs", 0.0, 100)]
+DASSL_LIST2 = [
+    ("AutoContrast", 0, 1),
+    ("Brightness", 0.1, 1.9),
+    ("Color", 0.1, 1.9),
+    ("Contrast", 0.1, 1.9),
+    ("Equalize", 0, 1),
+    ("Identity", 0, 1),
+    ("Invert", 0, 1),
+    ("Posterize", 4, 8),
+    ("Rotate", -30, 30),
+    ("Sharpness", 0.1, 1.9),
+    ("ShearX", -0.3, 0.3),
+    ("ShearY", -0.3, 0.3),
+    ("Solarize", 0, 256),
+    ("TranslateX", -0.3, 0.3),
+    ("TranslateY", -0.3, 0.3),
+]
+FIXMATCH = [
+    ("AutoContrast", 0, 1),
+    ("Brightness", 0.05, 0.95),
+    ("Color", 0.05, 0.95),
+    ("Contrast", 0.05, 0.95),
+    ("Equalize", 0, 1),
+    ("Identity", 0, 1),
+    ("Posterize", 4, 8),
+    ("Rotate", -30, 30),
+    ("Sharpness", 0.05, 0.95),
+    ("ShearX", -0.3, 0.3),
+    ("ShearY", -0.3, 0.3),
+    ("Solarize", 0, 256),
+    ("TranslateX", -0.3, 0.3),
+    ("TranslateY", -0.3, 0.3),
+]
+DASSL_LIST = [
+    ("AutoContrast", 0, 1),
+    ("Equalize", 0, 1),
+    ("Invert", 0, 1),
+    ("Rotate", 0, 30),
+    ("Posterize", 4, 8),
+    ("Solarize", 0, 256),
+    ("SolarizeAdd", 0, 110),
+    ("Color", 0.1, 1.9),
+    ("Contrast", 0.1, 1.9),
+    ("Brightness", 0.1, 1.9),
+    ("Sharpness", 0.1, 1.9),
+    ("ShearX", 0.0, 0.3),
+    ("ShearY", 0.0, 0.3),
+    ("CutoutAbs", 0, 40),
+    ("TranslateXabs", 0.0, 100),
+    ("TranslateYabs", 0.0, 100),
+]
 # torchvision's RandAugment: (name, magnitude at bin 30 of 31, signed).
-TV_LIST = [("Identity", 0.0, False), ("ShearX", 0.3, True), ("ShearY", 0.3, True), ("TranslateXrel", 150 / 331, True),
-           ("TranslateYrel", 150 / 331, True), ("Rotate", 30.0, True), ("Brightness", 0.9, True), ("Color", 0.9, True),
-           ("Contrast", 0.9, True), ("Sharpness", 0.9, True), ("Posterize", 4, False), ("Solarize", 1.0, False),
-           ("AutoContrast", 0.0, False), ("Equalize", 0.0, False)]
-GEOMETRIC = {"Rotate", "ShearX", "ShearY", "TranslateX", "TranslateY", "TranslateXabs", "TranslateYabs",
-             "TranslateXrel", "TranslateYrel"}
-
-
+TV_LIST = [
+    ("Identity", 0.0, False),
+    ("ShearX", 0.3, True),
+    ("ShearY", 0.3, True),
+    ("TranslateXrel", 150 / 331, True),
+    ("TranslateYrel", 150 / 331, True),
+    ("Rotate", 30.0, True),
+    ("Brightness", 0.9, True),
+    ("Color", 0.9, True),
+    ("Contrast", 0.9, True),
+    ("Sharpness", 0.9, True),
+    ("Posterize", 4, False),
+    ("Solarize", 1.0, False),
+    ("AutoContrast", 0.0, False),
+    ("Equalize", 0.0, False),
+]
+GEOMETRIC = {
+    "Rotate",
+    "ShearX",
+    "ShearY",
+    "TranslateX",
+    "TranslateY",
+    "TranslateXabs",
+    "TranslateYabs",
+    "TranslateXrel",
+    "TranslateYrel",
+}
 
 
 # -- colour operations on float images in [0, 1], per-sample factors (B,) -------------
@@ -149,10 +208,14 @@ def _basis(name: str, h: int, w: int) -> Tuple[Tuple[float, ...], Tuple[float, .
     zero = (0.0,) * 6
     cx, cy = w / 2, h / 2
     linear = {
-        "ShearX": (0, 1, 0, 0, 0, 0), "ShearY": (0, 0, 0, 1, 0, 0),
-        "TranslateX": (0, 0, w, 0, 0, 0), "TranslateXrel": (0, 0, w, 0, 0, 0),  # a fraction of the width
-        "TranslateY": (0, 0, 0, 0, 0, h), "TranslateYrel": (0, 0, 0, 0, 0, h),
-        "TranslateXabs": (0, 0, 1, 0, 0, 0), "TranslateYabs": (0, 0, 0, 0, 0, 1),  # pixels
+        "ShearX": (0, 1, 0, 0, 0, 0),
+        "ShearY": (0, 0, 0, 1, 0, 0),
+        "TranslateX": (0, 0, w, 0, 0, 0),
+        "TranslateXrel": (0, 0, w, 0, 0, 0),  # a fraction of the width
+        "TranslateY": (0, 0, 0, 0, 0, h),
+        "TranslateYrel": (0, 0, 0, 0, 0, h),
+        "TranslateXabs": (0, 0, 1, 0, 0, 0),
+        "TranslateYabs": (0, 0, 0, 0, 0, 1),  # pixels
     }
     if name == "Rotate":  # counter-clockwise by v degrees about the centre, as PIL's rotate
         return zero, (1.0, 0.0, -cx, 0.0, 1.0, -cy), (0.0, -1.0, cy, 1.0, 0.0, -cx)
@@ -223,7 +286,7 @@ def _geometric_inverse(name: str, v: torch.Tensor, h: int, w: int) -> torch.Tens
     lin, cos_row, sin_row = (torch.tensor(r, dtype=v.dtype, device=v.device) for r in _basis(name, h, w))
     a = v * (math.pi / 180)
     ident = torch.tensor(IDENTITY, dtype=v.dtype, device=v.device)
-    return (ident + v[:, None] * lin + (torch.cos(a) - 1)[:, None] * cos_row + torch.sin(a)[:, None] * sin_row)
+    return ident + v[:, None] * lin + (torch.cos(a) - 1)[:, None] * cos_row + torch.sin(a)[:, None] * sin_row
 
 
 def _warp(x: torch.Tensor, coeffs: torch.Tensor) -> torch.Tensor:
@@ -245,14 +308,17 @@ def _dassl_uniform(name: str, lo: float, hi: float) -> Tuple[float, float, float
 
 def _dassl_fixed(m: int) -> Rule:
     """Dassl's RandAugment: magnitude m of 30 for every operation."""
+
     def rule(name: str, lo: float, hi: float) -> Tuple[float, float, float, bool]:
         scale = 1 / 255.0 if name == "Solarize" else 1.0
         return 0.0, (m / 30 * (hi - lo) + lo) * scale, 0.0, name in GEOMETRIC
+
     return rule
 
 
 def _tv(m: int) -> Rule:
     """torchvision's RandAugment at magnitude m of 30 (``(name, top, signed)`` lists)."""
+
     def rule(name: str, top: float, signed: bool) -> Tuple[float, float, float, bool]:
         if name == "Posterize":  # 8 - round(m / 7.5) bits
             return float(8 - round(m / ((31 - 1) / 4))), 0.0, 0.0, False
@@ -264,6 +330,7 @@ def _tv(m: int) -> Rule:
         if name == "Rotate":
             return 0.0, -v, 0.0, bool(signed)  # torchvision rotates by -angle in PIL's convention
         return 0.0, v, 0.0, bool(signed)
+
     return rule
 
 
@@ -325,8 +392,9 @@ class RandAugmentBatch:
 
 
 # -- the leading geometric operations: translation, pad-and-crop, flip as one map ------
-def _leading_coeffs(b: int, h: int, w: int, device, translation: bool, crop_pad: Optional[int],
-                    flip: bool) -> torch.Tensor:
+def _leading_coeffs(
+    b: int, h: int, w: int, device, translation: bool, crop_pad: Optional[int], flip: bool
+) -> torch.Tensor:
     """The inverse map of Dassl's order translation -> crop -> flip, for each sample:
     ``[[sf/s, 0, (cf + dx)/s + tx], [0, 1/s, dy/s + ty]]``."""
     ones = torch.ones(b, device=device)

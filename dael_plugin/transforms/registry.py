@@ -17,6 +17,7 @@ entry has up to three builders, all taking a :class:`Context`:
 A name whose ``host`` is None adds nothing to a training pipeline
 (``center_crop`` is a test-time name in Dassl).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -116,8 +117,11 @@ def _cutout_tv(c: Context) -> List[Callable]:
 
 
 def _policy(policy: T.AutoAugmentPolicy, dassl_class: str) -> dict:
-    return {"host": lambda c: [T.AutoAugment(policy)], "dassl": lambda c: [getattr(_aa(), dassl_class)()],
-            "equivalent": f"AutoAugment({policy.name})"}
+    return {
+        "host": lambda c: [T.AutoAugment(policy)],
+        "dassl": lambda c: [getattr(_aa(), dassl_class)()],
+        "equivalent": f"AutoAugment({policy.name})",
+    }
 
 
 def _tv_rand(c: Context) -> List[Callable]:
@@ -133,50 +137,83 @@ def _tv_rand_device(c: Context) -> O.RandAugmentBatch:
 # Dassl's order (dassl/data/transforms/transforms.py, _build_transform_train), with the
 # torchvision policies after Dassl's RandAugment family.
 REGISTRY: Tuple[Transform, ...] = (
-    Transform("random_translation", host=_translation_tv,
-              dassl=lambda c: [_dt().Random2DTranslation(c.size[0], c.size[1])],
-              device=lambda c: O.Leading(translation=True),
-              equivalent="RandomApply([Resize(1.125x), RandomCrop], p=0.5)"),
-    Transform("random_crop", host=lambda c: [T.RandomCrop(c.size, padding=c.inp.CROP_PADDING)],
-              device=lambda c: O.Leading(crop_pad=int(c.inp.CROP_PADDING))),
-    Transform("random_resized_crop",
-              host=lambda c: [T.RandomResizedCrop(c.size, scale=tuple(c.inp.RRCROP_SCALE), interpolation=c.interp)]),
+    Transform(
+        "random_translation",
+        host=_translation_tv,
+        dassl=lambda c: [_dt().Random2DTranslation(c.size[0], c.size[1])],
+        device=lambda c: O.Leading(translation=True),
+        equivalent="RandomApply([Resize(1.125x), RandomCrop], p=0.5)",
+    ),
+    Transform(
+        "random_crop",
+        host=lambda c: [T.RandomCrop(c.size, padding=c.inp.CROP_PADDING)],
+        device=lambda c: O.Leading(crop_pad=int(c.inp.CROP_PADDING)),
+    ),
+    Transform(
+        "random_resized_crop",
+        host=lambda c: [T.RandomResizedCrop(c.size, scale=tuple(c.inp.RRCROP_SCALE), interpolation=c.interp)],
+    ),
     Transform("random_flip", host=lambda c: [T.RandomHorizontalFlip()], device=lambda c: O.Leading(flip=True)),
     Transform("imagenet_policy", **_policy(T.AutoAugmentPolicy.IMAGENET, "ImageNetPolicy")),
     Transform("cifar10_policy", **_policy(T.AutoAugmentPolicy.CIFAR10, "CIFAR10Policy")),
     Transform("svhn_policy", **_policy(T.AutoAugmentPolicy.SVHN, "SVHNPolicy")),
-    Transform("randaugment",
-              host=lambda c: [T.RandAugment(num_ops=c.inp.RANDAUGMENT_N, magnitude=c.inp.RANDAUGMENT_M)],
-              dassl=lambda c: [_ra().RandAugment(c.inp.RANDAUGMENT_N, c.inp.RANDAUGMENT_M)],
-              device=lambda c: O.RandAugmentBatch(O.DASSL_LIST, int(c.inp.RANDAUGMENT_N), 1.0,
-                                                  O._dassl_fixed(int(c.inp.RANDAUGMENT_M))),
-              equivalent="RandAugment(N, M)"),
-    Transform("randaugment_fixmatch", host=lambda c: [T.RandAugment(num_ops=c.inp.RANDAUGMENT_N)],
-              dassl=lambda c: [_ra().RandAugmentFixMatch(c.inp.RANDAUGMENT_N)],
-              device=lambda c: O.RandAugmentBatch(O.FIXMATCH, int(c.inp.RANDAUGMENT_N), 1.0, O._dassl_uniform),
-              equivalent="RandAugment(N)"),
-    Transform("randaugment2", host=lambda c: [T.RandAugment(num_ops=c.inp.RANDAUGMENT_N)],
-              dassl=lambda c: [_ra().RandAugment2(c.inp.RANDAUGMENT_N)],
-              device=lambda c: O.RandAugmentBatch(O.DASSL_LIST2, int(c.inp.RANDAUGMENT_N), 0.6, O._dassl_uniform),
-              equivalent="RandAugment(N)"),
+    Transform(
+        "randaugment",
+        host=lambda c: [T.RandAugment(num_ops=c.inp.RANDAUGMENT_N, magnitude=c.inp.RANDAUGMENT_M)],
+        dassl=lambda c: [_ra().RandAugment(c.inp.RANDAUGMENT_N, c.inp.RANDAUGMENT_M)],
+        device=lambda c: O.RandAugmentBatch(
+            O.DASSL_LIST, int(c.inp.RANDAUGMENT_N), 1.0, O._dassl_fixed(int(c.inp.RANDAUGMENT_M))
+        ),
+        equivalent="RandAugment(N, M)",
+    ),
+    Transform(
+        "randaugment_fixmatch",
+        host=lambda c: [T.RandAugment(num_ops=c.inp.RANDAUGMENT_N)],
+        dassl=lambda c: [_ra().RandAugmentFixMatch(c.inp.RANDAUGMENT_N)],
+        device=lambda c: O.RandAugmentBatch(O.FIXMATCH, int(c.inp.RANDAUGMENT_N), 1.0, O._dassl_uniform),
+        equivalent="RandAugment(N)",
+    ),
+    Transform(
+        "randaugment2",
+        host=lambda c: [T.RandAugment(num_ops=c.inp.RANDAUGMENT_N)],
+        dassl=lambda c: [_ra().RandAugment2(c.inp.RANDAUGMENT_N)],
+        device=lambda c: O.RandAugmentBatch(O.DASSL_LIST2, int(c.inp.RANDAUGMENT_N), 0.6, O._dassl_uniform),
+        equivalent="RandAugment(N)",
+    ),
     Transform("tv_randaugment", host=_tv_rand, device=_tv_rand_device),
     Transform("tv_trivialaugment", host=lambda c: [T.TrivialAugmentWide(interpolation=c.interp)]),
     Transform("tv_autoaugment", host=lambda c: [T.AutoAugment(T.AutoAugmentPolicy.IMAGENET, interpolation=c.interp)]),
-    Transform("colorjitter", host=lambda c: [T.ColorJitter(c.inp.COLORJITTER_B, c.inp.COLORJITTER_C,
-                                                           c.inp.COLORJITTER_S, c.inp.COLORJITTER_H)]),
+    Transform(
+        "colorjitter",
+        host=lambda c: [
+            T.ColorJitter(c.inp.COLORJITTER_B, c.inp.COLORJITTER_C, c.inp.COLORJITTER_S, c.inp.COLORJITTER_H)
+        ],
+    ),
     Transform("randomgrayscale", host=lambda c: [T.RandomGrayscale(p=c.inp.RGS_P)]),
     Transform("gaussian_blur", host=lambda c: [T.RandomApply([T.GaussianBlur(c.inp.GB_K)], p=c.inp.GB_P)]),
     # ---- ToTensor ----
-    Transform("cutout", host=_cutout_tv, dassl=lambda c: [_dt().Cutout(c.inp.CUTOUT_N, c.inp.CUTOUT_LEN)],
-              device=lambda c: (lambda x, n=int(c.inp.CUTOUT_N), le=int(c.inp.CUTOUT_LEN): O._cutout(x, n, le)),
-              after_to_tensor=True, equivalent="RandomErasing(square of CUTOUT_LEN, value=0) x CUTOUT_N"),
-    Transform("normalize", host=lambda c: [T.Normalize(mean=c.inp.PIXEL_MEAN, std=c.inp.PIXEL_STD)],
-              device=lambda c: "normalize", after_to_tensor=True),
-    Transform("gaussian_noise", host=lambda c: [T.RandomApply([_GaussianNoise(c.inp.GN_MEAN, c.inp.GN_STD)], p=0.5)],
-              dassl=lambda c: [_dt().GaussianNoise(c.inp.GN_MEAN, c.inp.GN_STD)], after_to_tensor=True,
-              equivalent="GaussianNoise (Dassl's rule: with p 0.5, add N(GN_MEAN, GN_STD) to the tensor)"),
-    Transform("instance_norm", dassl=lambda c: [_dt().InstanceNormalization()], after_to_tensor=True,
-              dassl_only=True),
+    Transform(
+        "cutout",
+        host=_cutout_tv,
+        dassl=lambda c: [_dt().Cutout(c.inp.CUTOUT_N, c.inp.CUTOUT_LEN)],
+        device=lambda c: lambda x, n=int(c.inp.CUTOUT_N), le=int(c.inp.CUTOUT_LEN): O._cutout(x, n, le),
+        after_to_tensor=True,
+        equivalent="RandomErasing(square of CUTOUT_LEN, value=0) x CUTOUT_N",
+    ),
+    Transform(
+        "normalize",
+        host=lambda c: [T.Normalize(mean=c.inp.PIXEL_MEAN, std=c.inp.PIXEL_STD)],
+        device=lambda c: "normalize",
+        after_to_tensor=True,
+    ),
+    Transform(
+        "gaussian_noise",
+        host=lambda c: [T.RandomApply([_GaussianNoise(c.inp.GN_MEAN, c.inp.GN_STD)], p=0.5)],
+        dassl=lambda c: [_dt().GaussianNoise(c.inp.GN_MEAN, c.inp.GN_STD)],
+        after_to_tensor=True,
+        equivalent="GaussianNoise (Dassl's rule: with p 0.5, add N(GN_MEAN, GN_STD) to the tensor)",
+    ),
+    Transform("instance_norm", dassl=lambda c: [_dt().InstanceNormalization()], after_to_tensor=True, dassl_only=True),
     Transform("center_crop"),  # Dassl's test-time name; nothing in a training pipeline
 )
 

@@ -22,25 +22,13 @@ import pytest
 import torch
 
 from conftest import ROOT, run_train
+from test_hardening import DAEL_CFG, DS_DA
+from test_hardening import FAST as HARDENING_FAST
 
 WORKER = os.path.join(ROOT, "tests", "ddp_worker.py")
 TRAIN = os.path.join(ROOT, "scripts", "train.py")
-DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
-DAEL_CFG = os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")
-FAST = [
-    "DATALOADER.NUM_WORKERS",
-    "0",
-    "USE_CUDA",
-    "False",
-    "DATALOADER.TRAIN_X.BATCH_SIZE",
-    "24",
-    "DATALOADER.TRAIN_U.BATCH_SIZE",
-    "8",
-    "OPTIM.LR",
-    "0.001",
-    "TRAIN.PRINT_FREQ",
-    "4",
-]
+# The embedded set's configs and the quick options of the CLI tests, at lr 0.001.
+FAST = HARDENING_FAST + ["OPTIM.LR", "0.001"]
 
 
 def _env():

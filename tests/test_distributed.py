@@ -476,3 +476,19 @@ def test_torchrun_with_views_on_the_device_and_channels_last(tmp_path, tiny_root
     proc = torchrun([TRAIN] + _args(tiny_root, tmp_path / "run", "builtin", 1, extra))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["world_size"] == 2
+
+
+def test_compiled_step_on_two_processes_equals_one(tmp_path):
+    """``COMPILE default`` under DDP: the synchronised batch norm's collectives and its backward are
+    traced with the step (the fused DA pass: two runs of chunk sizes)."""
+    opts = ["--compile", "default", "--steps", "2"]
+    single = one_process([WORKER, "--out", str(tmp_path / "one.pt")] + opts)
+    assert single.returncode == 0, single.stderr[-2000:]
+    ddp = torchrun([WORKER, "--out", str(tmp_path / "two.pt")] + opts)
+    assert ddp.returncode == 0, ddp.stderr[-3000:]
+    a = torch.load(tmp_path / "one.pt", weights_only=False)
+    b = torch.load(tmp_path / "two.pt", weights_only=False)
+    assert b["same_on_every_rank"]
+    for ga, gb in zip(a["grads"], b["grads"]):
+        for k in ga:
+            assert (ga[k] - gb[k]).abs().max().item() < 1e-5, k

@@ -199,21 +199,22 @@ class _GroupedBatchNorm(torch.autograd.Function):
 class _SyncedBatchNorm(torch.autograd.Function):
     """Per-chunk batch norm whose statistics cover every process's shard of each chunk.
 
-    Each process holds the same chunks, each a shard of the global chunk. Forward: the local
-    (count, sum, sum of squares) per (chunk, channel) are all-reduced in ONE collective per layer
-    (fp64, from fp32 local means and centred squares, so the global variance does not cancel),
+    Each of the ``world`` processes holds the same chunks, each an equal shard of the global
+    chunk (so the global counts are Python numbers and nothing is copied to the device). Forward:
+    the local sum and sum of squares per (chunk, channel) are all-reduced in ONE collective per
+    layer (fp64, from fp32 local means and centred squares, so the global variance does not cancel),
     and each chunk is normalised with its global mean and biased variance. Backward: the
     sums of ``g`` and ``g * x`` per (chunk, channel) are all-reduced in one collective, so the
     input gradient is that of the global chunk. Returns the normalised batch, and the global
-    mean, biased variance and count per chunk (for the running statistics)."""
+    mean and biased variance per chunk (for the running statistics). The loops run over the
+    domain chunks (a handful), never over samples."""
 
     @staticmethod
-    def forward(ctx, x, weight, bias, sizes: Tuple[int, ...], eps: float, group):
+    def forward(ctx, x, weight, bias, sizes: Tuple[int, ...], eps: float, group, world: int):
         import torch.distributed as dist
 
         low = x.dtype in (torch.float16, torch.bfloat16)
         c = x.shape[1]
-        k = len(sizes)
         shape = [1, c] + [1] * (x.dim() - 2)
         xs = x.split(list(sizes))
         dims = (0,) + tuple(range(2, x.dim()))
@@ -224,13 +225,13 @@ class _SyncedBatchNorm(torch.autograd.Function):
             n = xc.shape[0] * per_value
             m64 = mean.double()
             local.append(torch.stack([m64 * n, var.double() * n + m64 * m64 * n]))  # (2, C): sum, sum of squares
-        counts = torch.tensor([xc.shape[0] * per_value for xc in xs], dtype=torch.float64, device=x.device)
-        buf = torch.cat([torch.stack(local).reshape(-1), counts])
+        buf = torch.stack(local)  # (k, 2, C)
         dist.all_reduce(buf, group=group)
-        stats = buf[: k * 2 * c].view(k, 2, c)
-        total = buf[k * 2 * c :].view(k, 1)
-        mean64 = stats[:, 0] / total
-        var64 = (stats[:, 1] / total - mean64 * mean64).clamp_min(0)
+        # Equal shards: each global count is a Python number (nothing is copied to the device).
+        totals = [float(xc.shape[0] * per_value * world) for xc in xs]
+        mean64 = torch.stack([buf[j, 0] / t for j, t in enumerate(totals)])
+        var64 = torch.stack([buf[j, 1] / t for j, t in enumerate(totals)]) - mean64 * mean64
+        var64 = var64.clamp_min(0)
         mean, var = mean64.float(), var64.float()
         rstd = torch.rsqrt(var + eps)
         scale = rstd * weight.float() if weight is not None else rstd  # (k, C)
@@ -239,17 +240,17 @@ class _SyncedBatchNorm(torch.autograd.Function):
         for j, (xc, yc) in enumerate(zip(xs, y.split(list(sizes)))):
             yc.copy_(torch.addcmul(shift[j].view(shape), xc.float() if low else xc, scale[j].view(shape)))
         ctx.save_for_backward(x, weight, mean, rstd, scale)
-        ctx.sizes, ctx.group, ctx.total = sizes, group, total
+        ctx.sizes, ctx.group, ctx.totals = sizes, group, totals
         ctx.mark_non_differentiable(mean, var)
         ctx.set_materialize_grads(False)
-        return y, mean, var, total.view(k).clone()
+        return y, mean, var
 
     @staticmethod
-    def backward(ctx, gy, _gmean, _gvar, _gtotal):
+    def backward(ctx, gy, _gmean, _gvar):
         import torch.distributed as dist
 
         if gy is None:
-            return None, None, None, None, None, None
+            return None, None, None, None, None, None, None
         x, weight, mean, rstd, scale = ctx.saved_tensors
         low = x.dtype in (torch.float16, torch.bfloat16)
         c = x.shape[1]
@@ -263,9 +264,9 @@ class _SyncedBatchNorm(torch.autograd.Function):
             sums.append(torch.stack([gf.sum(dims), (gf * xf).sum(dims)]))
         buf = torch.stack(sums)  # (k, 2, C)
         dist.all_reduce(buf, group=ctx.group)
-        total = ctx.total.to(buf.dtype)  # (k, 1)
-        mean_g = buf[:, 0] / total
-        mean_gxhat = (buf[:, 1] / total - mean * mean_g) * rstd  # (k, C)
+        means = torch.stack([buf[j] / t for j, t in enumerate(ctx.totals)])  # (k, 2, C), Python counts
+        mean_g = means[:, 0]
+        mean_gxhat = (means[:, 1] - mean * mean_g) * rstd  # (k, C)
         dx = None
         if ctx.needs_input_grad[0]:
             dx = torch.empty_like(x)
@@ -285,7 +286,7 @@ class _SyncedBatchNorm(torch.autograd.Function):
             dw = ((local_gx - mean * local_g) * rstd).sum(0).to(weight.dtype)
         if ctx.needs_input_grad[2]:
             db = local_g.sum(0).to(weight.dtype if weight is not None else x.dtype)
-        return dx, dw, db, None, None, None
+        return dx, dw, db, None, None, None, None
 
 
 def _update_weights(cache: Dict[Tuple[int, float], torch.Tensor], k: int, m: float, like: torch.Tensor) -> torch.Tensor:
@@ -360,8 +361,8 @@ class _ChunkedMixin:
         self._check_input_dim(x)
         if x.shape[0] != sum(sizes):
             raise ValueError(f"per-chunk batch norm: a batch of {x.shape[0]} is not chunks of {list(sizes)}")
-        y, mean, var, total = _SyncedBatchNorm.apply(
-            x, self.weight, self.bias, tuple(int(s) for s in sizes), self.eps, self._dael_sync
+        y, mean, var = _SyncedBatchNorm.apply(
+            x, self.weight, self.bias, tuple(int(s) for s in sizes), self.eps, self._dael_sync, self._dael_world
         )
         if self.training and self.track_running_stats:
             if self._dael_chunks is None:  # a plain call: one update, counted now

@@ -71,8 +71,8 @@ def test_three_steps_on_two_processes_equal_one(tmp_path):
     ddp = torchrun([WORKER, "--out", str(tmp_path / "two.pt")] + opts)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     for i, case in enumerate(CASES):
-        a = torch.load(tmp_path / f"one.pt.{i}", weights_only=False)
-        b = torch.load(tmp_path / f"two.pt.{i}", weights_only=False)
+        a = torch.load(tmp_path / f"one.pt.{i}", weights_only=True)
+        b = torch.load(tmp_path / f"two.pt.{i}", weights_only=True)
         assert b["same_on_every_rank"], case  # parameters and running statistics, bitwise on both processes
         for la, lb in zip(a["loss"], b["loss"]):
             assert abs(la - lb) < 1e-5, case
@@ -125,7 +125,9 @@ def _args(root, out, engine, epochs=1, extra=(), trainer="DAEL"):
 
 
 def _weights(path):
-    return torch.load(path, map_location="cpu", weights_only=False)
+    from dael_plugin.engine.checkpoint import load_checkpoint  # weights_only=True, as every load
+
+    return load_checkpoint(str(path))
 
 
 def _model_state(state):
@@ -206,10 +208,10 @@ def test_sharded_evaluation_equals_one_process(tmp_path, tiny_root):
 
 
 def _checkpoint_epoch(path):
-    try:
-        return int(torch.load(path, map_location="cpu", weights_only=False)["epoch"])
-    except Exception:  # not written yet, or being replaced
-        return None
+    """The completed epochs of a checkpoint (loaded with weights_only=True), or None before one exists."""
+    from dael_plugin.engine.checkpoint import checkpoint_epoch
+
+    return checkpoint_epoch(str(path)) if os.path.isfile(path) else None
 
 
 def test_kill_9_of_the_whole_job_resumes_bitwise(tmp_path, tiny_root):
@@ -451,7 +453,7 @@ def test_bf16_steps_on_two_processes_within_bf16_rounding(tmp_path):
         args = [WORKER, "--out", str(tmp_path / f"{name}.pt"), "--prec", "bf16", "--steps", "1"] + opts
         proc = one_process(args) if script else torchrun(args)
         assert proc.returncode == 0, proc.stderr[-2000:]
-        out[name] = torch.load(tmp_path / f"{name}.pt", weights_only=False)
+        out[name] = torch.load(tmp_path / f"{name}.pt", weights_only=True)
 
     def gap(a, b):
         return max((a["grads"][0][k] - b["grads"][0][k]).abs().max().item() for k in a["grads"][0])
@@ -486,8 +488,8 @@ def test_compiled_step_on_two_processes_equals_one(tmp_path):
     assert single.returncode == 0, single.stderr[-2000:]
     ddp = torchrun([WORKER, "--out", str(tmp_path / "two.pt")] + opts)
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    a = torch.load(tmp_path / "one.pt", weights_only=False)
-    b = torch.load(tmp_path / "two.pt", weights_only=False)
+    a = torch.load(tmp_path / "one.pt", weights_only=True)
+    b = torch.load(tmp_path / "two.pt", weights_only=True)
     assert b["same_on_every_rank"]
     for ga, gb in zip(a["grads"], b["grads"]):
         for k in ga:

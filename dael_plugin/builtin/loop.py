@@ -21,6 +21,7 @@ import torch
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
+from yacs.config import CfgNode as CN
 
 from dael_plugin.builtin import data as bdata
 from dael_plugin.config import uses_target_data
@@ -53,7 +54,7 @@ def show_progress() -> bool:
 class BuiltinTrainer:
     """Epoch loop, evaluation, checkpoints and logs shared by the built-in trainers."""
 
-    def __init__(self, cfg, eval_each_epoch: bool = False) -> None:
+    def __init__(self, cfg: CN, eval_each_epoch: bool = False) -> None:
         self.cfg = cfg
         self.eval_each_epoch = eval_each_epoch
         # The eta's pace: wall time and batches since training started (train() restarts both;

@@ -14,6 +14,7 @@ from typing import Dict
 import torch
 from torch import nn
 from torch.nn import functional as F
+from yacs.config import CfgNode as CN
 
 from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin import data as bdata
@@ -150,7 +151,7 @@ class SourceOnlyBuiltin(BuiltinTrainer):
 TRAINERS = {"DAEL": DAELBuiltin, "DAELDG": DAELBuiltin, "SourceOnly": SourceOnlyBuiltin, "Vanilla": SourceOnlyBuiltin}
 
 
-def build_builtin_trainer(cfg, eval_each_epoch: bool = False) -> BuiltinTrainer:
+def build_builtin_trainer(cfg: CN, eval_each_epoch: bool = False) -> BuiltinTrainer:
     name = cfg.TRAINER.NAME
     if name not in TRAINERS:
         raise DAELConfigError(

@@ -6,6 +6,7 @@ Importing ``dael_plugin`` calls :func:`register` when Dassl is importable.
 from __future__ import annotations
 
 from dassl.engine import TRAINER_REGISTRY
+from yacs.config import CfgNode as CN
 
 from dael_plugin.dassl_adapter.backbones import (
     make_timm_names_lazy,
@@ -38,7 +39,7 @@ def register() -> None:
     _registered = True
 
 
-def prepare_cfg(cfg) -> None:
+def prepare_cfg(cfg: CN) -> None:
     """Per-run registration that depends on the config (a timm backbone)."""
     register()
     register_timm_backbone(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""))

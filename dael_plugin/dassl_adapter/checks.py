@@ -5,11 +5,12 @@ from __future__ import annotations
 import difflib
 
 from dassl.data.datasets import DATASET_REGISTRY
+from yacs.config import CfgNode as CN
 
 from dael_plugin.errors import DAELConfigError
 
 
-def check_dataset_cfg(cfg) -> None:
+def check_dataset_cfg(cfg: CN) -> None:
     name = cfg.DATASET.NAME
     names = DATASET_REGISTRY.registered_names()
     if name not in names:
@@ -25,7 +26,7 @@ def check_dataset_cfg(cfg) -> None:
                 raise DAELConfigError(f"dataset {name} has no domain {d!r}{hint}; its domains are {domains}")
 
 
-def check_trainer_cfg(cfg) -> None:
+def check_trainer_cfg(cfg: CN) -> None:
     from dassl.engine import TRAINER_REGISTRY
 
     names = TRAINER_REGISTRY.registered_names()
@@ -35,7 +36,7 @@ def check_trainer_cfg(cfg) -> None:
         raise DAELConfigError(f"unknown trainer {cfg.TRAINER.NAME!r}{hint}; Dassl has {sorted(names)}")
 
 
-def check_backbone_cfg(cfg) -> None:
+def check_backbone_cfg(cfg: CN) -> None:
     """An unknown MODEL.BACKBONE.NAME is one line here, not Dassl's ValueError mid-construction."""
     from dassl.modeling.backbone import BACKBONE_REGISTRY
 
@@ -52,7 +53,7 @@ def check_backbone_cfg(cfg) -> None:
         )
 
 
-def check_run_names(cfg) -> None:
+def check_run_names(cfg: CN) -> None:
     """The names a run gives (trainer, dataset, domains, backbone), checked before its output
     folder or log exists: a typo costs one line and leaves nothing behind."""
     from dael_plugin.dassl_adapter.backbones import register_timm_backbone

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dassl.data.datasets import DATASET_REGISTRY, DatasetBase, Datum
+from yacs.config import CfgNode as CN
 
 from dael_plugin.data import folders
 
@@ -18,7 +19,7 @@ def _datums(items):
 def _make(name: str):
     spec = folders.SPECS[name]
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: CN):
         splits = folders.load_splits(name, cfg.DATASET.ROOT, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS)
         DatasetBase.__init__(
             self,

@@ -19,13 +19,14 @@ import random
 
 from dassl.data.data_manager import DatasetWrapper
 from PIL import Image
+from yacs.config import CfgNode as CN
 
 from dael_plugin.data.images import ReplacingReader
 from dael_plugin.data.sampling import DrawPicker, seeded_draw
 
 
 class RobustDatasetWrapper(DatasetWrapper):
-    def __init__(self, cfg, data_source, transform=None, is_train=False):
+    def __init__(self, cfg: CN, data_source, transform=None, is_train=False):
         super().__init__(cfg, data_source, transform=transform, is_train=is_train)
         self.reader = ReplacingReader([d.impath for d in data_source], [d.domain for d in data_source])
 

@@ -26,6 +26,7 @@ from dassl.engine.trainer import SimpleNet
 from dassl.optim import build_lr_scheduler, build_optimizer
 from dassl.utils import AverageMeter, count_num_param
 from torch.utils.data import DataLoader
+from yacs.config import CfgNode as CN
 
 from dael_plugin.config import (
     check_dael_cfg,
@@ -57,7 +58,7 @@ class DAELTrainer(TrainerXU):
 
     replaced_builtins: tuple = ()  # Dassl's own trainers this class replaced (set by register())
 
-    def __init__(self, cfg):
+    def __init__(self, cfg: CN):
         if self.replaced_builtins:
             print(
                 f"dael_plugin: this run uses dael_plugin's DAELTrainer, which replaced Dassl's built-in "
@@ -71,7 +72,7 @@ class DAELTrainer(TrainerXU):
         super().__init__(cfg)
         self.expert_accuracy: List[float] = []
 
-    def check_cfg(self, cfg):
+    def check_cfg(self, cfg: CN):
         check_dael_cfg(cfg)
         check_dataset_cfg(cfg)
         node = trainer_node(cfg)

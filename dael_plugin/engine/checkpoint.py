@@ -23,6 +23,7 @@ from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 import numpy as np
 import torch
 import yaml
+from yacs.config import CfgNode as CN
 
 from dael_plugin.config.keys import TRAINER_NODES
 from dael_plugin.config.table import IN_EVERY_CHECKPOINT, KEYS, TOP_KEYS
@@ -70,7 +71,7 @@ def save_checkpoint(state: dict, path: str) -> str:
     return save_torch(path, state)
 
 
-def load_checkpoint(path: str, map_location="cpu") -> dict:
+def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict:
     """Load with ``weights_only=True``; every failure is one line naming ``path``."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path} not found")
@@ -149,7 +150,7 @@ def restore_counters(sd: dict) -> dict:
     return sd
 
 
-def sched_state(sched) -> dict:
+def sched_state(sched: torch.optim.lr_scheduler.LRScheduler) -> dict:
     """The scheduler's state as plain containers: a successor scheduler (Dassl's warmup) as its
     own state, and ``Counter`` values as dicts (:func:`counters_to_dicts`)."""
     sd = dict(sched.state_dict())
@@ -158,7 +159,7 @@ def sched_state(sched) -> dict:
     return counters_to_dicts(sd)
 
 
-def load_sched_state(sched, sd: dict) -> None:
+def load_sched_state(sched: torch.optim.lr_scheduler.LRScheduler, sd: dict) -> None:
     sd = restore_counters(sd)
     successor = sd.pop("successor", None)
     if isinstance(successor, dict) and hasattr(sched, "successor"):
@@ -179,7 +180,7 @@ def _flatten(d, prefix: str = "") -> Dict[str, object]:
     return out
 
 
-def config_diff(saved_yaml: str, cfg, free: Iterable[str] = RESUME_FREE_KEYS) -> List[Tuple[str, object, object]]:
+def config_diff(saved_yaml: str, cfg: CN, free: Iterable[str] = RESUME_FREE_KEYS) -> List[Tuple[str, object, object]]:
     """``(key, checkpoint value, current value)`` for each training-relevant difference."""
     saved = _flatten(yaml.safe_load(saved_yaml) or {})
     now = _flatten(yaml.safe_load(cfg.dump()) or {})
@@ -196,7 +197,7 @@ def config_diff(saved_yaml: str, cfg, free: Iterable[str] = RESUME_FREE_KEYS) ->
     return out
 
 
-def check_resume_config(state: dict, cfg, path: str) -> None:
+def check_resume_config(state: dict, cfg: CN, path: str) -> None:
     """Refuse a resume whose config changes training; the message lists the keys."""
     saved = state.get("config")
     if not isinstance(saved, str):
@@ -228,7 +229,9 @@ def _family(trainer: str) -> str:
     return next(("/".join(sorted(f)) for f in _FAMILIES if name in f), name)
 
 
-def check_loaded_run(state: dict, cfg, path: str, engine: str, classnames=None) -> Optional[List[int]]:
+def check_loaded_run(
+    state: dict, cfg: CN, path: str, engine: str, classnames: Optional[Sequence[str]] = None
+) -> Optional[List[int]]:
     """Compare a checkpoint with the run that loads it for evaluation: which engine wrote it, the
     trainer, the backbone, the classes and the source domains. A mismatch is one line naming the
     file. Sources in another order are mapped by name: returns, for each of this run's experts,

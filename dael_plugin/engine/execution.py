@@ -11,6 +11,7 @@ from typing import Optional, Sequence
 
 import torch
 from torch import nn
+from yacs.config import CfgNode as CN
 
 from dael_plugin.config.keys import COMPILE_FUSED_MIN_TORCH, check_execution  # noqa: F401 (re-exported)
 from dael_plugin.config.table import BY_NAME
@@ -167,7 +168,7 @@ def use_channels_last(module: nn.Module, sample_shape: Sequence[int], device: to
     return True
 
 
-def cuda_settings(cfg) -> None:
+def cuda_settings(cfg: CN) -> None:
     """On CUDA, for every trainer of both engines: cuDNN's autotuner (the shapes here are static,
     as the loaders drop last batches) and TF32 for fp32 matmuls and convolutions unless
     ``USE_TF32 False``. Elsewhere nothing."""

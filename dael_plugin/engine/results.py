@@ -18,6 +18,8 @@ import subprocess
 import time
 from typing import Dict, List, Optional, Sequence
 
+from yacs.config import CfgNode as CN
+
 from dael_plugin.engine.distributed import world
 
 SCHEMA_VERSION = 1
@@ -39,7 +41,7 @@ def code_version() -> str:
     return __version__
 
 
-def provenance(cfg) -> Dict[str, object]:
+def provenance(cfg: CN) -> Dict[str, object]:
     """What a table cell needs to be traced back to its run: the merged config and
     its hash, the code and library versions, and the device."""
     import torch
@@ -73,7 +75,7 @@ def provenance(cfg) -> Dict[str, object]:
 
 
 def results_record(
-    cfg,
+    cfg: CN,
     engine: str,
     accuracy: Optional[float],
     expert_accuracy: Sequence[float] = (),

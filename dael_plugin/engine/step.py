@@ -23,8 +23,10 @@ from __future__ import annotations
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
+from yacs.config import CfgNode as CN
 
 from dael_plugin.config import trainer_node
+from dael_plugin.config.keys import Execution
 from dael_plugin.core import DAEL
 from dael_plugin.data.batching import split_domains
 from dael_plugin.engine import execution as ex
@@ -125,7 +127,14 @@ class DAELStep:
             ]
         return per_batch[0], (per_batch[1] if batch_u is not None else None)
 
-    def _forward(self, x_views, labels, expert_idx, chunk_sizes, u_views):
+    def _forward(
+        self,
+        x_views: List[torch.Tensor],
+        labels: torch.Tensor,
+        expert_idx: torch.Tensor,
+        chunk_sizes: Sequence[int],
+        u_views: Optional[List[torch.Tensor]],
+    ) -> Dict[str, torch.Tensor]:
         with ex.autocast(self.prec, self.device):
             out = self.algorithm.losses(x_views, labels, expert_idx, chunk_sizes, u_views)
         return out
@@ -238,7 +247,7 @@ def short_meters(means: Dict[str, float]) -> str:
     return " ".join(f"{_SHORT.get(k, k)} {format_meter(k, v)}" for k, v in means.items())
 
 
-def prepare_model(execution, backbone: torch.nn.Module, cfg, device: torch.device) -> bool:
+def prepare_model(execution: Execution, backbone: torch.nn.Module, cfg: CN, device: torch.device) -> bool:
     """Put the backbone in ``channels_last`` where that is on and it runs in it; returns whether it is."""
     if not execution.channels_last:
         return False
@@ -247,16 +256,16 @@ def prepare_model(execution, backbone: torch.nn.Module, cfg, device: torch.devic
 
 
 def make_step(
-    execution,
+    execution: Execution,
     algorithm: DAEL,
-    optimizers,
-    device,
+    optimizers: Sequence[torch.optim.Optimizer],
+    device: torch.device,
     num_domains: int,
     per_domain: int,
     is_da: bool,
     guard: FiniteGuard,
     channels_last: bool,
-    cfg,
+    cfg: CN,
 ) -> DAELStep:
     """The step for an engine, from the ``Execution`` options (``TRAINER.<NAME>.*``)."""
     device_views = None
@@ -277,7 +286,7 @@ def make_step(
     )
 
 
-def build_device_views(cfg, num_views: int, device: torch.device) -> DeviceViews:
+def build_device_views(cfg: CN, num_views: int, device: torch.device) -> DeviceViews:
     """The views on the device, from the run's config (``INPUT`` and ``TRAINER.<NAME>``)."""
     node = trainer_node(cfg)
     prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}"

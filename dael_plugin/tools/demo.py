@@ -21,6 +21,8 @@ import subprocess
 import sys
 from typing import List, Optional
 
+from yacs.config import CfgNode as CN
+
 from dael_plugin.about import ENGINES
 
 ROOT = os.path.dirname(
@@ -29,7 +31,7 @@ ROOT = os.path.dirname(
 DOMAINS = ("hand", "blend", "street", "font")
 
 
-def run(trainer, cfg, target, seed, args):
+def run(trainer, cfg: CN, target, seed, args):
     sources = [d for d in DOMAINS if d != target]
     out = os.path.join(args.output, f"{trainer}_{target}_seed{seed}")
     shutil.rmtree(out, ignore_errors=True)  # a fresh run, not a resume

@@ -39,6 +39,7 @@ from __future__ import annotations
 from typing import Any, Callable, List, Optional, Sequence, Tuple
 
 import torch
+from yacs.config import CfgNode as CN
 
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms import ops as O
@@ -88,9 +89,9 @@ class DeviceViews:
         weak: Sequence[str],
         strong: Sequence[str],
         num_views: int,
-        inp,
-        node,
-        device=None,
+        inp: CN,
+        node: CN,
+        device: Optional[torch.device | str] = None,
         size: Optional[Tuple[int, int]] = None,
     ) -> None:
         self.device = torch.device(device) if device is not None else torch.device("cpu")
@@ -114,7 +115,7 @@ class DeviceViews:
                     op.prepare(*self.size, self.device)
             O.geometry(*self.size, self.device)
 
-    def _pipeline(self, choices: Sequence[str], inp, node) -> List[Callable]:
+    def _pipeline(self, choices: Sequence[str], inp: CN, node: CN) -> List[Callable]:
         return device_pipeline(choices, inp, node)
 
     def _run(self, ops, images: torch.Tensor, normalize: bool) -> torch.Tensor:

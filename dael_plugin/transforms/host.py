@@ -21,6 +21,7 @@ from __future__ import annotations
 from typing import Any, Callable, List, Sequence
 
 import torchvision.transforms as T
+from yacs.config import CfgNode as CN
 
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.registry import (
@@ -95,7 +96,7 @@ def build_train_transform(
     return T.Compose(tfm)
 
 
-def build_test_transform(cfg) -> Callable:
+def build_test_transform(cfg: CN) -> Callable:
     """Dassl's test transform: resize the short side, centre crop, normalise."""
     inp = cfg.INPUT
     size = tuple(inp.SIZE)
@@ -118,7 +119,7 @@ def build_views(
     return [weak] + [strong] * (num_views - 1)
 
 
-def build_loader_uint8(cfg) -> Callable:
+def build_loader_uint8(cfg: CN) -> Callable:
     """The loader's only work under ``AUG_ON_DEVICE``: decode (done by the
     reader) and resize to ``INPUT.SIZE``, as uint8 ``(C, H, W)`` tensors; the
     views are made on the device (:mod:`dael_plugin.transforms.device`)."""
@@ -126,7 +127,7 @@ def build_loader_uint8(cfg) -> Callable:
     return T.Compose([T.Resize(tuple(inp.SIZE), interpolation=INTERPOLATION[inp.INTERPOLATION]), T.PILToTensor()])
 
 
-def build_train_views(cfg, node, num_views: int, use_dassl: bool, on_device: bool) -> List[Callable]:
+def build_train_views(cfg: CN, node, num_views: int, use_dassl: bool, on_device: bool) -> List[Callable]:
     """The loader's transforms for a DAEL training batch: every view, or with
     ``on_device`` one uint8 image the device turns into the views."""
     if on_device:

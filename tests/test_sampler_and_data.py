@@ -43,22 +43,30 @@ def test_fewer_domains_per_batch_and_determinism():
 
 def test_epoch_plan_scales_linearly_on_domainnet_sized_data():
     """Planning an epoch of 10x more images costs about 10x, not 100x (a
-    ``list.remove`` sampler is quadratic). A ratio, so no machine speed is assumed."""
+    ``list.remove`` sampler is quadratic). A ratio, so no machine speed is assumed.
 
-    def plan_time(n_per_domain):
-        s = DomainBalancedBatchSampler(np.repeat(np.arange(6), n_per_domain), batch_size=60)
-        best = float("inf")
-        for _ in range(3):
-            t = time.perf_counter()
-            plan = s.plan()
-            best = min(best, time.perf_counter() - t)
-        return best, plan
+    Other processes on the machine only ever slow one side of a measurement, so the
+    lowest ratio of a few interleaved trials is kept (under a concurrent sweep on the
+    2-core VM single trials read 12 to 46; alone, about 12)."""
+    small_s = DomainBalancedBatchSampler(np.repeat(np.arange(6), 10_000), batch_size=60)
+    large_s = DomainBalancedBatchSampler(np.repeat(np.arange(6), 100_000), batch_size=60)
 
-    small, _ = plan_time(10_000)
-    large, plan = plan_time(100_000)
+    def seconds(sampler):
+        t = time.perf_counter()
+        plan = sampler.plan()
+        return time.perf_counter() - t, plan
+
+    plan = large_s.plan()
     assert plan.shape == (10_000, 60)
     assert sorted(np.unique(plan[:, :10])) == list(range(100_000))  # domain 0, each image once
-    assert large / small < 30, (small, large)
+    ratios = []
+    for _ in range(5):
+        small = min(seconds(small_s)[0] for _ in range(3))
+        large = min(seconds(large_s)[0] for _ in range(3))
+        ratios.append(large / small)
+        if ratios[-1] < 30:
+            break
+    assert min(ratios) < 30, ratios
 
 
 def test_draw_seeds_depend_on_seed_epoch_and_position_only():

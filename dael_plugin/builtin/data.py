@@ -11,7 +11,7 @@ paths it could not read (``bad_path``) so the trainer can log and count them.
 
 from __future__ import annotations
 
-from typing import Callable, List, Optional, Sequence, Union
+from typing import Callable, List, Optional, Sequence, Tuple, Union
 
 import torch
 from PIL import Image
@@ -41,7 +41,7 @@ class ImageList(Dataset):
     def __len__(self) -> int:
         return len(self.items)
 
-    def __getitem__(self, key) -> dict:
+    def __getitem__(self, key: Union[int, Tuple[int, int]]) -> dict:
         idx, seed = key if isinstance(key, tuple) else (key, int(key))
         idx, img, bad_path = self.reader.read(int(idx), self.replace_bad, DrawPicker(int(seed)))
         item = self.items[idx]
@@ -70,7 +70,7 @@ def _loader(dataset, num_workers: int, pin: bool, seed: int, **kwargs) -> DataLo
 
 def train_loader(
     items: Sequence[Item],
-    transforms,
+    transforms: Union[Callable, Sequence[Callable]],
     batch_size: int,
     num_workers: int,
     pin: bool,
@@ -89,7 +89,7 @@ def train_loader(
 
 def test_loader(
     items: Sequence[Item],
-    transform,
+    transform: Callable,
     batch_size: int,
     num_workers: int,
     pin: bool,

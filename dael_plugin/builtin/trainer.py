@@ -9,7 +9,7 @@ evaluation and checkpoints from ``dael_plugin.builtin.loop``.
 
 from __future__ import annotations
 
-from typing import Dict
+from typing import Dict, Optional
 
 import torch
 from torch import nn
@@ -93,10 +93,10 @@ class DAELBuiltin(BuiltinTrainer):
             self.cfg,
         )
 
-    def forward_backward(self, batch_x, batch_u):
+    def forward_backward(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         return self.step(batch_x, batch_u)
 
-    def predict_experts(self, x):
+    def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         return self.algorithm.predict_experts(x)
 
 
@@ -132,7 +132,7 @@ class SourceOnlyBuiltin(BuiltinTrainer):
         # Under torchrun the classifier runs under DDP, which averages the gradients.
         self.net = distributed.wrap(nn.Sequential(self.modules["F"], self.modules["C"]), self.device)
 
-    def forward_backward(self, batch_x, batch_u):
+    def forward_backward(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         x = batch_x["img"].to(self.device, non_blocking=True)
         y = batch_x["label"].to(self.device, non_blocking=True)
         logits = self.net(x)
@@ -144,7 +144,7 @@ class SourceOnlyBuiltin(BuiltinTrainer):
         acc = (logits.argmax(-1) == y).float().mean() * 100.0
         return {"loss": loss.detach(), "acc": acc}
 
-    def predict_experts(self, x):
+    def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(self.modules["C"](self.modules["F"](x)), dim=-1).unsqueeze(1)
 
 

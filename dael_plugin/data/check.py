@@ -57,7 +57,7 @@ def _split_paths(trainer, engine: str) -> Iterable[Tuple[str, Sequence]]:
                 yield name, items
 
 
-def check_trainer_data(trainer, engine: str, workers: int) -> None:
+def check_trainer_data(trainer: object, engine: str, workers: int) -> None:
     """Decode all images of the run; raise one error line after listing the bad files."""
     paths = [item.impath for _, items in _split_paths(trainer, engine) for item in items]
     bad = check_images(paths, workers)

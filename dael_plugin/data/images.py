@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Callable, Iterable, Optional, Sequence
+
 import numpy as np
 from PIL import Image
 
@@ -37,7 +39,13 @@ class ReplacingReader:
     differ only in where the replacement's randomness comes from.
     """
 
-    def __init__(self, impaths, domains, load=None, cache_pixels: int = CACHE_PIXELS) -> None:
+    def __init__(
+        self,
+        impaths: Iterable[str],
+        domains: Sequence[int],
+        load: Optional[Callable[[int], Image.Image]] = None,
+        cache_pixels: int = CACHE_PIXELS,
+    ) -> None:
         self.impaths = list(impaths)
         self.domains = np.asarray(domains, dtype=np.int64)
         self.load = load or self._decode_cached
@@ -62,7 +70,7 @@ class ReplacingReader:
             self._members[d] = np.flatnonzero(self.domains == d)
         return self._members[d]
 
-    def read(self, idx: int, replace: bool, pick):
+    def read(self, idx: int, replace: bool, pick: Callable[[np.ndarray], int]):
         """``(index, image or None, first unreadable path or "")``."""
         bad_path = ""
         for _ in range(MAX_REPLACEMENTS + 1):
@@ -83,7 +91,7 @@ class ReplacingReader:
         )
 
 
-def note_unreadable(seen: set, paths, what: str) -> None:
+def note_unreadable(seen: set, paths: Iterable[str], what: str) -> None:
     """Log each newly met unreadable path once (``paths``: a batch's ``bad_path`` list)."""
     for p in paths:
         if p and p not in seen:

@@ -31,7 +31,7 @@ ROOT = os.path.dirname(
 DOMAINS = ("hand", "blend", "street", "font")
 
 
-def run(trainer, cfg: CN, target, seed, args):
+def run(trainer: str, cfg: CN, target: str, seed: int, args: argparse.Namespace) -> dict:
     sources = [d for d in DOMAINS if d != target]
     out = os.path.join(args.output, f"{trainer}_{target}_seed{seed}")
     shutil.rmtree(out, ignore_errors=True)  # a fresh run, not a resume

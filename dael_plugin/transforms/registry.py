@@ -21,7 +21,7 @@ A name whose ``host`` is None adds nothing to a training pipeline
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, List, Optional, Tuple
+from typing import Any, Callable, Iterable, List, Optional, Tuple
 
 import torchvision.transforms as T
 from torchvision.transforms import InterpolationMode
@@ -224,7 +224,7 @@ DEVICE_NAMES = tuple(t.name for t in REGISTRY if t.device is not None)
 TORCHVISION_EQUIVALENTS = {t.name: t.equivalent for t in REGISTRY if t.equivalent}
 
 
-def selected(choices) -> List[Transform]:
+def selected(choices: Iterable[str]) -> List[Transform]:
     """The registry's entries for ``choices``, in Dassl's order."""
     chosen = set(choices)
     return [t for t in REGISTRY if t.name in chosen]

@@ -37,6 +37,7 @@ def seen(monkeypatch):
     def spy(fig, out, name):
         seen[name] = [(ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) for ax in fig.axes]
         seen[name + "_lines"] = [[(ln.get_label(), list(ln.get_ydata())) for ln in ax.get_lines()] for ax in fig.axes]
+        seen[name + "_ylim"] = [tuple(ax.get_ylim()) for ax in fig.axes]
         return real(fig, out, name)
 
     from dael_plugin.tools import model_figures
@@ -80,6 +81,12 @@ def test_every_figure_from_a_fixture_sweep(tmp_path, seen):
     (mask,), (pl,) = seen["curves_lines"]  # one line per target: the mean over its two default runs
     assert mask[0] == "street (2 seeds)" and mask[1] == pytest.approx([20.0, 50.0, 70.0])
     assert pl[1] == pytest.approx([81.0, 86.0, 91.0])
+    # The axes show the differences: the mask rate from 0, the pseudo-label accuracy (80 to 93
+    # over the seeds) from under its lowest value, the experts' bars (blend 60 to 72, street 50
+    # to 70) not from 0 but from under their lowest bar.
+    assert seen["curves_ylim"] == [(0.0, 100.0), (75.0, 100.0)]
+    (b_low, b_high), (s_low, s_high) = seen["experts_ylim"]
+    assert 50.0 < b_low < 60.0 and 40.0 < s_low < 50.0 and 72.0 < b_high <= 100.0 and 70.0 < s_high <= 100.0
 
 
 def test_figures_the_sweep_cannot_support_are_skipped_with_a_reason(tmp_path, capsys):

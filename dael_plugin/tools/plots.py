@@ -125,8 +125,16 @@ def experts(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[s
         low, high = min(m - d for m, d in zip(means, stds)), max(m + d for m, d in zip(means, stds))
         pad = max(1.0, 0.15 * (high - low))
         ax.set_ylim(max(0.0, low - 2 * pad), min(100.0, high + pad))
-        for x, m in enumerate(means):
-            ax.annotate(f"{m:.1f}", (x, m), textcoords="offset points", xytext=(0, 2), ha="center", fontsize=7)
+        for x, m in enumerate(means):  # inside the bar's foot, clear of the error bar
+            ax.annotate(
+                f"{m:.1f}",
+                (x, ax.get_ylim()[0]),
+                textcoords="offset points",
+                xytext=(0, 3),
+                ha="center",
+                fontsize=7,
+                color="white",
+            )
         ax.set_xticks(range(len(names) + 1), [f"E[{n}]" for n in names] + ["ensemble"], rotation=30)
         ax.set_ylabel("target test accuracy (%)")
         ax.set_title(f"target {target} ({len(rs)} seeds)")
@@ -157,6 +165,7 @@ def curves(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[st
     if not groups:
         return None, "curves needs DAEL (DA) runs at the default settings with TensorBoard events holding train/mask_u"
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
+    pl_low = 100.0
     for i, (target, runs) in enumerate(sorted(groups.items())):
         color = f"C{i}"
         label = f"{target} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
@@ -178,6 +187,8 @@ def curves(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[st
                 markevery=max(1, len(steps) // 8),
                 markersize=4,
             )
+            if which == 1:
+                pl_low = min([pl_low] + [min(v) for v in vals])
             if len(series) > 1:
                 ax.fill_between(
                     steps, [min(v) for v in vals], [max(v) for v in vals], color=color, alpha=0.2, linewidth=0
@@ -188,8 +199,10 @@ def curves(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[st
     a2.set_xlabel("training step")
     a2.set_ylabel("accuracy of kept pseudo-labels (%)")
     a2.set_title("Pseudo-label accuracy")
-    for ax in (a1, a2):
-        ax.set_ylim(0, 100)  # percentages: nothing above 100
+    # Percentages: nothing above 100. The mask rate rises from 0; the accuracy of the kept
+    # pseudo-labels spans a few points near the top, so its axis starts under its lowest value.
+    a1.set_ylim(0, 100)
+    a2.set_ylim(max(0.0, 10 * (pl_low // 10) - 5), 100)
     a1.legend(title="target: mean, band = seed range", fontsize=8, title_fontsize=8)
     return _save(fig, out, "curves"), None
 

@@ -6,6 +6,16 @@
   checkpoint is kept and no ``results.json`` is written.
 """
 
+import sys
+
+
+def say(line: str) -> None:
+    """One line on stderr in ONE write: under torchrun every rank shares the terminal (or pipe),
+    and with ``PYTHONUNBUFFERED`` set (as in many containers) ``print`` writes the text and its
+    newline apart, so two ranks' lines would interleave mid-line."""
+    sys.stderr.write(line + "\n")
+    sys.stderr.flush()
+
 
 class DAELConfigError(ValueError):
     """Bad configuration, command line or data layout."""

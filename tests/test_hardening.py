@@ -727,3 +727,28 @@ def test_bench_without_dassl_times_the_plugin_alone(tmp_path):
     assert proc.stdout.strip().splitlines()[-1] == (
         "speedup_vs_dassl_dael: needs Dassl's DAEL as the reference (install Dassl; see README)"
     )
+
+
+def test_an_error_line_is_written_whole(monkeypatch, tmp_path):
+    """Under torchrun every rank writes its error line to the same stderr. With
+    PYTHONUNBUFFERED set, ``print`` writes the text and the newline apart, and two ranks'
+    lines interleaved mid-line (seen once in CI). The line must reach stderr in one write."""
+    from dael_plugin.tools import train
+
+    writes = []
+
+    class Recorder:
+        def write(self, s):
+            writes.append(s)
+            return len(s)
+
+        def flush(self):
+            pass
+
+    monkeypatch.setattr(sys, "stderr", Recorder())
+    missing = str(tmp_path / "none.yaml")
+    rc = train.main(["--root", str(tmp_path), "--trainer", "DAEL", "--dataset-config-file", missing,
+                     "--output-dir", str(tmp_path / "out")])  # fmt: skip
+    assert rc == 2
+    errors = [w for w in writes if "error" in w]
+    assert errors == [f"error: config file '{missing}' not found\n"], writes

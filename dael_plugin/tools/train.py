@@ -35,7 +35,7 @@ from dael_plugin.engine.results import (
     write_results,
 )
 from dael_plugin.engine.runlock import BusyError, RunLock
-from dael_plugin.errors import DAELConfigError, NonFiniteLossError, Terminated
+from dael_plugin.errors import DAELConfigError, NonFiniteLossError, Terminated, say
 
 EXIT_BUSY = 75  # the output directory is held by another live run (EX_TEMPFAIL: try again later)
 
@@ -363,23 +363,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _main(args, state)
     except Terminated:
         if distributed.world().is_main:  # torchrun stops every rank: one of them says so
-            print(f"terminated (SIGTERM): {_where_to_resume(state.get('output_dir'))}", file=sys.stderr)
+            say(f"terminated (SIGTERM): {_where_to_resume(state.get('output_dir'))}")
         return 143
     except BusyError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         return EXIT_BUSY
     except DAELConfigError as exc:
-        print(f"error: {exc}", file=sys.stderr)
+        say(f"error: {exc}")
         return 2
     except NonFiniteLossError as exc:  # every rank stops at the same read; rank 0 says so
         if distributed.world().is_main:
             if state.get("output_dir"):
                 write_failure(state["output_dir"], str(exc))
-            print(f"error: {exc}", file=sys.stderr)
+            say(f"error: {exc}")
         return 3
     except KeyboardInterrupt:
         if distributed.world().is_main:
-            print(f"interrupted: {_where_to_resume(state.get('output_dir'))}", file=sys.stderr)
+            say(f"interrupted: {_where_to_resume(state.get('output_dir'))}")
         return 130
     finally:
         if state.get("lock") is not None:

@@ -33,7 +33,7 @@ def run(args, w, setting: str, fuse: int, chunk_bn: str, out_path: str) -> None:
     algo = DAEL(backbone, heads, hp, fuse_chunks=bool(fuse), chunk_bn=chunk_bn)
     model = torch.nn.ModuleList([backbone, heads])
     if w.distributed:
-        set_sync(model, torch.distributed.group.WORLD, w.size)
+        set_sync(model, distributed.device_group(), w.size)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     is_da = setting == "da"
     if args.channels_last:

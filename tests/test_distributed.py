@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_train
+from dael_plugin.engine.distributed import BACKEND_ENV
 from test_hardening import DAEL_CFG, DS_DA
 from test_hardening import FAST as HARDENING_FAST
 
@@ -36,6 +37,9 @@ def _env():
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
     env["OMP_NUM_THREADS"] = "1"
     env.setdefault("DAEL_DIST_TIMEOUT", "60")
+    # The default group refuses CPU tensors, as NCCL's does: a host value exchanged outside the host
+    # group, or a device tensor outside the device group, fails here as it would on GPUs.
+    env[BACKEND_ENV] = "cuda:gloo"
     return env
 
 

@@ -80,7 +80,7 @@ class BuiltinTrainer:
         self.guard = FiniteGuard()
         self.prepare_model()
         if self.world.distributed:  # batch statistics over every process's shard, per domain chunk
-            set_sync(self.modules, torch.distributed.group.WORLD, self.world.size)
+            set_sync(self.modules, distributed.device_group(), self.world.size)
         self.optim = self._build_optim(self.modules.parameters())
         self.sched = self._build_sched(self.optim)
         self.build_step()
@@ -241,7 +241,7 @@ class BuiltinTrainer:
                 raise DAELConfigError(f"--resume {directory}: no {CKPT} there; give the OUTPUT_DIR of an earlier run")
             print("No checkpoint found, train from scratch")
             return 0
-        state = ckpt.read_resumable(path, "builtin", self.cfg, self.device, needs=("model", "data"))
+        state = ckpt.read_resumable(path, "builtin", self.cfg, needs=("model", "data"))
         self.modules.load_state_dict(state["model"])
         self.optim.load_state_dict(state["optim"])
         ckpt.load_sched_state(self.sched, state["sched"])
@@ -255,7 +255,7 @@ class BuiltinTrainer:
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
             raise DAELConfigError(f"no checkpoint {path}; pass --model-dir <OUTPUT_DIR of a run> (and --load-epoch N)")
-        state = ckpt.load_checkpoint(path, map_location=self.device)
+        state = ckpt.load_checkpoint(path)
         if "model" not in state:
             raise ckpt.CheckpointError(
                 f"{path} is not a checkpoint of dael-plugin's built-in engine; evaluate it with --engine dassl"

@@ -7,8 +7,6 @@ from __future__ import annotations
 import os.path as osp
 from collections import OrderedDict
 
-import torch
-
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine.atomic import save_torch, write_text
 
@@ -31,7 +29,7 @@ def load_dassl_checkpoint(fpath: str) -> dict:
     """Dassl's ``load_checkpoint``, weights-only (one line naming the file when refused)."""
     if fpath is None:
         raise ValueError("File path is None")
-    state = ckpt.load_checkpoint(fpath, map_location=None if torch.cuda.is_available() else "cpu")
+    state = ckpt.load_checkpoint(fpath)
     if isinstance(state.get("scheduler"), dict):
         state["scheduler"] = ckpt.restore_counters(state["scheduler"])
     return state

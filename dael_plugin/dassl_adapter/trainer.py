@@ -168,7 +168,7 @@ class DAELTrainer(TrainerXU):
         print(f"# params: {count_num_param(self.E):,}")
         w = distributed.world()
         if w.distributed:  # batch statistics over every process's shard, per domain chunk
-            set_sync(self.F, torch.distributed.group.WORLD, w.size)
+            set_sync(self.F, distributed.device_group(), w.size)
         self.optim_E = fuse_optim(build_optimizer(self.E, cfg.OPTIM))
         self.sched_E = build_lr_scheduler(self.optim_E, cfg.OPTIM)
         self.register_model("E", self.E, self.optim_E, self.sched_E)
@@ -309,7 +309,7 @@ class DAELTrainer(TrainerXU):
     def resume_model_if_exist(self, directory):
         path = osp.join(directory, ckpt.LAST)
         if osp.isfile(path):
-            state = ckpt.read_resumable(path, "dassl", self.cfg, self.device, needs=("models",))
+            state = ckpt.read_resumable(path, "dassl", self.cfg, needs=("models",))
             for name in self.get_model_names():
                 self._models[name].load_state_dict(state["models"][name])
                 if name in state.get("optims", {}):
@@ -337,7 +337,7 @@ class DAELTrainer(TrainerXU):
     def load_model(self, directory, epoch=None):
         path = osp.join(directory, ckpt.LAST)
         if epoch is None and osp.isfile(path):
-            state = ckpt.load_checkpoint(path, map_location=self.device)
+            state = ckpt.load_checkpoint(path)
             order = ckpt.check_loaded_run(state, self.cfg, path, "dassl", self._classnames())
             if "models" not in state:
                 raise ckpt.CheckpointError(
@@ -416,7 +416,7 @@ def load_dassl_checkpoints(trainer, directory: str, epoch: Optional[int] = None,
             raise DAELConfigError(
                 f"no checkpoint {path}; pass --model-dir <OUTPUT_DIR of a run> and --load-epoch <epoch>"
             )
-        state = ckpt.load_checkpoint(path, map_location=trainer.device)
+        state = ckpt.load_checkpoint(path)
         try:
             trainer._models[name].load_state_dict(state["state_dict"])
         except (KeyError, RuntimeError) as exc:

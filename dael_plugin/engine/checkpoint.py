@@ -72,7 +72,8 @@ def save_checkpoint(state: dict, path: str) -> str:
 
 
 def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict:
-    """Load with ``weights_only=True``; every failure is one line naming ``path``."""
+    """Load with ``weights_only=True``, to the CPU unless told otherwise (``load_state_dict`` moves
+    tensors where their module lives); every failure is one line naming ``path``."""
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path} not found")
     try:
@@ -326,10 +327,14 @@ def run_state(
     return state
 
 
-def read_resumable(path: str, engine: str, cfg: Any, map_location: Any, needs: Sequence[str]) -> dict:
+def read_resumable(path: str, engine: str, cfg: Any, needs: Sequence[str]) -> dict:
     """Load a "last" checkpoint for exact resume, or refuse it in one line: another engine's, an
-    older format, one without ``needs``, or one whose config differs in a key that shapes the run."""
-    state = load_checkpoint(path, map_location=map_location)
+    older format, one without ``needs``, or one whose config differs in a key that shapes the run.
+
+    Everything loads to the CPU: the RNG states, NumPy's keys and the loaders' generator states
+    must stay CPU tensors, and ``load_state_dict`` moves weights and optimiser states to their
+    parameters' device."""
+    state = load_checkpoint(path)
     if state.get("engine") not in (None, engine):
         raise CheckpointError(
             f"{path} was written by the {state['engine']} engine; resume it with "

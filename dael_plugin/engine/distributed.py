@@ -16,6 +16,14 @@ no-op and a run is exactly a single-process run.
   by N again: the averaged gradient is the single-process gradient.
 - Rank 0 alone writes (checkpoints, ``results.json``, logs, TensorBoard, the run lock); the other
   ranks print nothing on stdout.
+- Two groups, as detectron2's ``comm`` keeps them: :func:`device_group` for the training device's
+  tensors (batch-norm statistics, DDP's gradients) and :func:`host_group`, a gloo group, for host
+  values (flags, pickled objects, barriers). NCCL serves CUDA tensors only, so a host flag
+  all-reduced in NCCL's group fails at the first log line of every multi-GPU run. With
+  ``DAEL_DIST_BACKEND=cuda:gloo`` (the tests) the default group refuses CPU tensors as NCCL's does,
+  so a CPU run catches any collective that strays into it.
+- A torchrun launch is a process group at any size: ``--nproc_per_node 1`` runs NCCL, DDP and the
+  synchronised batch norm on one GPU (``scripts/gpu_bench.sh`` relies on it).
 """
 
 from __future__ import annotations
@@ -32,6 +40,7 @@ import torch.distributed as dist
 from dael_plugin.errors import DAELConfigError
 
 TIMEOUT_ENV = "DAEL_DIST_TIMEOUT"
+BACKEND_ENV = "DAEL_DIST_BACKEND"  # the default group's backend; tests set "cuda:gloo" (NCCL's refusals on CPU)
 
 
 @dataclass(frozen=True)
@@ -40,9 +49,11 @@ class World:
     size: int = 1
     local_rank: int = 0
 
+    launched: bool = False  # by torchrun (then a process group, even of one process)
+
     @property
     def distributed(self) -> bool:
-        return self.size > 1
+        return self.size > 1 or self.launched
 
     @property
     def is_main(self) -> bool:
@@ -58,11 +69,13 @@ def world() -> World:
 
 
 def from_env() -> World:
-    """torchrun's ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``."""
+    """torchrun's ``RANK``, ``WORLD_SIZE`` and ``LOCAL_RANK``; a torchrun launch (``TORCHELASTIC_RUN_ID``)
+    is distributed at any size."""
     size = int(os.environ.get("WORLD_SIZE", "1") or 1)
-    if size <= 1:
+    launched = bool(os.environ.get("TORCHELASTIC_RUN_ID"))
+    if size <= 1 and not launched:
         return World()
-    return World(int(os.environ.get("RANK", "0")), size, int(os.environ.get("LOCAL_RANK", "0")))
+    return World(int(os.environ.get("RANK", "0")), max(size, 1), int(os.environ.get("LOCAL_RANK", "0")), launched)
 
 
 def init(use_cuda: bool) -> World:
@@ -81,10 +94,42 @@ def init(use_cuda: bool) -> World:
             )
         torch.cuda.set_device(w.local_rank)
     timeout = datetime.timedelta(seconds=float(os.environ.get(TIMEOUT_ENV, "300")))
-    dist.init_process_group("nccl" if cuda else "gloo", timeout=timeout)
+    dist.init_process_group(os.environ.get(BACKEND_ENV) or ("nccl" if cuda else "gloo"), timeout=timeout)
     _WORLD = w
+    _make_groups("cuda" if cuda else "cpu", timeout)
     quiet_unless_main()
     return w
+
+
+_GROUPS: dict = {}
+
+
+def serves(group: Any, device_type: str) -> bool:
+    """Whether ``group`` has a backend for tensors on ``device_type`` (NCCL's: cuda only)."""
+    config = str(dist.get_backend_config(group))
+    return any(part.split(":")[0] == device_type for part in config.split(",")) if ":" in config else True
+
+
+def _make_groups(device_type: str, timeout: datetime.timedelta) -> None:
+    """The device group (the default one where it serves the training device) and a gloo group
+    for host values (the default one where it serves the CPU). Every rank makes them in one order."""
+    world_group = dist.group.WORLD
+    host = world_group if serves(world_group, "cpu") else dist.new_group(backend="gloo", timeout=timeout)
+    if serves(world_group, device_type):
+        device_ = world_group
+    else:  # only under the tests' cuda:gloo stand-in with a CPU training device
+        device_ = host if host is not world_group else dist.new_group(backend="gloo", timeout=timeout)
+    _GROUPS.update(host=host, device=device_)
+
+
+def host_group() -> Any:
+    """The group for host values (flags, objects, barriers): gloo, whatever serves the device."""
+    return _GROUPS.get("host", dist.group.WORLD)
+
+
+def device_group() -> Any:
+    """The group for the training device's tensors (batch-norm statistics, DDP's gradients)."""
+    return _GROUPS.get("device", dist.group.WORLD)
 
 
 _QUIET = False
@@ -124,14 +169,15 @@ def seed_ranks(seed: int) -> None:
 def finish() -> None:
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
+    _GROUPS.clear()
 
 
 def any_true(flag: bool) -> bool:
     """Whether ``flag`` holds on any process (a host value: read where the host reads anyway)."""
     if not _WORLD.distributed:
         return bool(flag)
-    t = torch.tensor([1.0 if flag else 0.0])
-    dist.all_reduce(t, op=dist.ReduceOp.MAX)
+    t = torch.tensor([1.0 if flag else 0.0])  # a host value: the host group (gloo), never NCCL's
+    dist.all_reduce(t, op=dist.ReduceOp.MAX, group=host_group())
     return bool(t.item() > 0)
 
 
@@ -140,7 +186,7 @@ def mean_over_processes(t: torch.Tensor) -> torch.Tensor:
     if not _WORLD.distributed:
         return t
     out = t.detach().clone()
-    dist.all_reduce(out)
+    dist.all_reduce(out, group=device_group())
     return out / _WORLD.size
 
 
@@ -149,7 +195,7 @@ def gather_objects(obj: Any) -> List[Any]:
     if not _WORLD.distributed:
         return [obj]
     out: List[Optional[Any]] = [None] * _WORLD.size
-    dist.all_gather_object(out, obj)
+    dist.all_gather_object(out, obj, group=host_group())
     return out
 
 
@@ -158,13 +204,13 @@ def from_main(obj: Any) -> Any:
     if not _WORLD.distributed:
         return obj
     box = [obj]
-    dist.broadcast_object_list(box, src=0)
+    dist.broadcast_object_list(box, src=0, group=host_group())
     return box[0]
 
 
 def barrier() -> None:
     if _WORLD.distributed:
-        dist.barrier()
+        dist.barrier(group=host_group())
 
 
 def wrap(module: torch.nn.Module, device_: torch.device) -> torch.nn.Module:
@@ -180,7 +226,7 @@ def wrap(module: torch.nn.Module, device_: torch.device) -> torch.nn.Module:
     params = inspect.signature(DDP.__init__).parameters
     # Buffers are equal on every process (synchronised batch norm), so no per-forward broadcast.
     sync = {"forward_sync_buffers": False} if "forward_sync_buffers" in params else {"broadcast_buffers": False}
-    return DDP(module, device_ids=ids, **sync)
+    return DDP(module, device_ids=ids, process_group=device_group(), **sync)
 
 
 def shard_size(total: int, what: str, fix: str) -> int:

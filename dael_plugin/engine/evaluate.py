@@ -16,6 +16,7 @@ import torch
 from tqdm import tqdm
 
 from dael_plugin.data.images import LEFT_OUT, note_unreadable
+from dael_plugin.engine import distributed
 
 
 class ExpertTally:
@@ -41,15 +42,12 @@ class ExpertTally:
 
     def gathered(self) -> "ExpertTally":
         """The tally of every process's shard (itself when not distributed)."""
-        import torch.distributed as dist
-
-        if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
+        if not distributed.world().distributed:
             return self
         mine = None
         if self.total:
             mine = (torch.cat(self.y_true).cpu(), torch.cat(self.y_pred).cpu(), torch.cat(self.expert_pred).cpu())
-        parts: List[Optional[tuple]] = [None] * dist.get_world_size()
-        dist.all_gather_object(parts, mine)
+        parts: List[Optional[tuple]] = distributed.gather_objects(mine)  # the host group (gloo)
         out = ExpertTally()
         device = self.correct.device if self.correct is not None else torch.device("cpu")
         for part in parts:
@@ -119,13 +117,7 @@ def evaluate_experts(
 
 
 def _sum_over_processes(n: int) -> int:
-    import torch.distributed as dist
-
-    if not (dist.is_available() and dist.is_initialized()) or dist.get_world_size() == 1:
-        return n
-    out: List[int] = [0] * dist.get_world_size()
-    dist.all_gather_object(out, n)
-    return int(sum(out))
+    return int(sum(distributed.gather_objects(n)))
 
 
 def report_experts(

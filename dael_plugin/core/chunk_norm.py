@@ -347,7 +347,10 @@ class _ChunkedMixin:
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         sizes = self._dael_chunks
         uses_batch_stats = self.training or not self.track_running_stats
-        if self._dael_sync is not None and uses_batch_stats:
+        # Synchronised in training only, as torch's SyncBatchNorm: in evaluation a layer without running
+        # statistics normalises each process's batch alone (shards can differ by a batch, and one
+        # rank's extra collective would hang the others).
+        if self._dael_sync is not None and self.training:
             return self._synced(x, sizes or [x.shape[0]])
         if sizes is None or not uses_batch_stats or len(sizes) == 1:
             return super().forward(x)

@@ -35,8 +35,10 @@ def fused_optimizer(optim: torch.optim.Optimizer, loss_scaling: bool = False) ->
     initial scale), the kernel returns early and the uninitialised buffers stay,
     and the weights turn NaN a step later (torch 2.14, CPU and CUDA kernels
     alike). From zeros, the first update is ``0 * momentum + g = g``, exactly
-    PyTorch's first step when ``dampening`` is 0; with ``dampening`` and loss
-    scaling (``loss_scaling``), the plain optimiser is kept, with one log line.
+    PyTorch's first step when ``dampening`` is 0. With ``dampening`` it would be
+    ``(1 - dampening) * g``, so those groups' buffers are left to PyTorch (its
+    first step stores ``g``); with ``dampening`` and loss scaling
+    (``loss_scaling``), the plain optimiser is kept, with one log line.
     """
     if type(optim) not in _FUSABLE_OPTIMS or optim.state:
         return optim
@@ -64,7 +66,9 @@ def fused_optimizer(optim: torch.optim.Optimizer, loss_scaling: bool = False) ->
     fused.defaults.update({k: v for k, v in optim.defaults.items() if k not in ("fused", "foreach")})
     if sgd_momentum:
         for g in fused.param_groups:
-            if g["momentum"] != 0:
+            # With dampening the first step must be g, not (1 - dampening) * g: PyTorch makes those
+            # buffers itself (and without loss scaling no first step is skipped).
+            if g["momentum"] != 0 and g["dampening"] == 0:
                 for p in g["params"]:
                     fused.state[p]["momentum_buffer"] = torch.zeros_like(p, memory_format=torch.preserve_format)
     return fused

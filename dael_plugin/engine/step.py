@@ -32,6 +32,7 @@ from dael_plugin.data.batching import split_domains
 from dael_plugin.engine import execution as ex
 from dael_plugin.engine.distributed import LossModule, mean_over_processes, world, wrap
 from dael_plugin.engine.guard import FiniteGuard
+from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.device import DeviceViews, check_device_names
 
 VIEW_KEYS = ("img", "img2", "img3")
@@ -86,6 +87,11 @@ class DAELStep:
         self.keys = ["loss_x", "acc_x", "loss_cr"] + (["loss_u", "mask_u"] if is_da else [])
         self._losses = self._forward
         self.compiled = compile_mode != "none"
+        if compile_mode == "reduce-overhead" and world().distributed:
+            raise DAELConfigError(
+                "COMPILE reduce-overhead is refused under torchrun: its CUDA graphs would capture the "
+                "batch-norm collectives, which no test has run yet (PyTorch #155679); use COMPILE default or none"
+            )
         if self.compiled:
             # The whole forward and the losses in one graph (fullgraph: a host
             # sync or anything else that would break it is an error, not a
@@ -140,12 +146,18 @@ class DAELStep:
         return out
 
     # -- the step --------------------------------------------------------------
-    def __call__(self, batch_x: dict, batch_u: Optional[dict] = None) -> Dict[str, torch.Tensor]:
+    def losses(
+        self, batch_x: dict, batch_u: Optional[dict] = None
+    ) -> Tuple[Dict[str, torch.Tensor], Optional[List[torch.Tensor]]]:
+        """The forward pass and the losses of a step (``out``), and the target views it used."""
         chunk_sizes, expert_idx = split_domains(batch_x["domain"], self.per_domain, self.num_domains)
         x_views, u_views = self.views(batch_x, batch_u if self.is_da else None)
         labels = batch_x["label"].to(self.device, non_blocking=True)
         expert_idx = expert_idx.to(self.device, non_blocking=True)
-        out = self._losses(x_views, labels, expert_idx, chunk_sizes, u_views)
+        return self._losses(x_views, labels, expert_idx, chunk_sizes, u_views), u_views
+
+    def __call__(self, batch_x: dict, batch_u: Optional[dict] = None) -> Dict[str, torch.Tensor]:
+        out, u_views = self.losses(batch_x, batch_u)
         loss = out["loss"]
         self.guard.update(loss)
         for o in self.optimizers:

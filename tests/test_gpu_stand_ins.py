@@ -1,0 +1,297 @@
+"""The GPU and NCCL paths on CPU, through stand-ins, so that CI catches what a first GPU run would hit.
+
+Stand-ins, and what each cannot see:
+
+- **A ``cuda:gloo`` default group** (``DAEL_DIST_BACKEND=cuda:gloo``): it refuses CPU tensors, as
+  NCCL's group does. A host flag or object sent through the default group fails here as on GPUs
+  (every torchrun test in ``test_distributed.py`` runs under it too). It cannot see NCCL itself:
+  its streams, its timeouts under load, or collectives captured in CUDA graphs.
+- **The ``meta`` device** stands in for a training device that is not the CPU: a checkpoint read
+  onto it, and any CPU tensor mixed with a device tensor (meta, like CUDA, takes only 0-dim CPU
+  tensors). It holds no values, so nothing numeric is checked on it.
+- **FakeTensorMode** holds fake CUDA tensors: a step's forward pass and losses with CUDA's
+  defaults (``grouped`` batch norm chosen by ``auto``, ``channels_last``, the fused optimiser
+  chosen), every tensor checked to be on CUDA, any CPU/CUDA mix raising. It cannot run a backward
+  pass (autograd needs a CUDA context), autocast (disabled without CUDA), fused or cuDNN kernels,
+  pinned memory, or real synchronisation; ``scripts/gpu_bench.sh`` runs those on a GPU.
+
+The step's host-side check of the domain chunks reads the loader's CPU tensors with NumPy, which a
+fake tensor cannot do; under FakeTensorMode it runs outside the mode, as it runs on the host.
+"""
+
+import os
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from conftest import ROOT
+
+DS = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
+CFG = os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")
+
+
+def _env(**extra):
+    env = dict(os.environ)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    env["OMP_NUM_THREADS"] = "1"
+    env["DAEL_DIST_TIMEOUT"] = "60"
+    env.update(extra)
+    return env
+
+
+# -- a group that serves CUDA only --------------------------------------------------------------
+COLLECTIVES = textwrap.dedent(
+    """
+    import torch, torch.distributed as dist
+    from dael_plugin.engine import distributed
+    from dael_plugin.engine.checkpoint import gather_rng
+    from dael_plugin.engine.evaluate import ExpertTally, _sum_over_processes
+
+    w = distributed.init(use_cuda=False)
+    assert w.distributed and w.size == 2
+    try:  # the stand-in is live: the default group refuses a CPU tensor, as NCCL's does
+        dist.all_reduce(torch.ones(1))
+        raise SystemExit("the default group took a CPU tensor")
+    except RuntimeError as exc:
+        assert "cpu" in str(exc).lower(), exc
+    assert distributed.any_true(w.rank == 1) and not distributed.any_true(False)
+    assert distributed.gather_objects(w.rank * 10) == [0, 10]
+    assert distributed.from_main({"rank": w.rank}) == {"rank": 0}
+    distributed.barrier()
+    mean = distributed.mean_over_processes(torch.tensor([float(w.rank)]))  # the device group
+    assert mean.item() == 0.5, mean
+    assert len(gather_rng()) == 2
+    tally = ExpertTally()
+    tally.update(torch.eye(3)[[w.rank]].unsqueeze(1), torch.tensor([w.rank]))
+    assert tally.gathered().total == 2 and _sum_over_processes(1) == 2
+    distributed.finish()
+    print("collectives ok")
+    """
+)
+
+
+def test_host_values_never_go_through_a_group_that_serves_cuda_only(tmp_path):
+    """Every host exchange of the engines (the divergence flag, objects, barriers, the evaluation
+    tallies, the RNG states) under a default group that refuses CPU tensors, as NCCL's does."""
+    script = tmp_path / "collectives.py"
+    script.write_text(COLLECTIVES)
+    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    out = subprocess.run(cmd, cwd=ROOT, env=_env(DAEL_DIST_BACKEND="cuda:gloo"), capture_output=True, text=True)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert out.stdout.count("collectives ok") == 1  # rank 1 prints nothing on stdout
+
+
+def test_torchrun_of_one_process_is_a_process_group(monkeypatch):
+    """``torchrun --nproc_per_node 1`` runs the several-GPU path (NCCL, DDP, synchronised batch
+    norm) on one GPU; a plain ``python`` run does not."""
+    from dael_plugin.engine import distributed
+
+    for key in ("WORLD_SIZE", "RANK", "LOCAL_RANK", "TORCHELASTIC_RUN_ID"):
+        monkeypatch.delenv(key, raising=False)
+    assert not distributed.from_env().distributed
+    monkeypatch.setenv("WORLD_SIZE", "1")
+    monkeypatch.setenv("RANK", "0")
+    monkeypatch.setenv("LOCAL_RANK", "0")
+    assert not distributed.from_env().distributed  # torch.distributed's variables alone: one process
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "none")
+    w = distributed.from_env()
+    assert w.distributed and w.size == 1 and w.is_main
+
+
+# -- a checkpoint read onto a device that is not the CPU --------------------------------------------
+def _cfg(tmp_path, root, engine, epochs=1):
+    from dael_plugin.tools.train import build_parser, setup_cfg
+
+    args = build_parser().parse_args(
+        ["--engine", engine, "--trainer", "DAEL", "--root", root, "--dataset-config-file", DS]
+        + ["--config-file", CFG, "--source-domains", "hand", "street", "font", "--target-domains", "blend"]
+        + ["--output-dir", str(tmp_path), "--seed", "1", "OPTIM.MAX_EPOCH", str(epochs)]
+        + ["DATALOADER.NUM_WORKERS", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8"]
+    )
+    return setup_cfg(args, engine)
+
+
+def _meta_rng_guard(monkeypatch):
+    """``torch.set_rng_state`` and friends take CPU tensors only; a checkpoint mapped onto the
+    training device hands them device tensors (on CUDA: ``TypeError: RNG state must be a
+    torch.ByteTensor``)."""
+    real = torch.set_rng_state
+
+    def set_rng_state(state):
+        assert state.device.type == "cpu", f"RNG state on {state.device}"
+        real(state)
+
+    monkeypatch.setattr(torch, "set_rng_state", set_rng_state)
+
+
+def test_builtin_resume_onto_another_device_keeps_host_states_on_the_cpu(tmp_path, tiny_root, monkeypatch):
+    from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+
+    set_random_seed(1)
+    tr = build_builtin_trainer(_cfg(tmp_path, tiny_root, "builtin"))
+    tr.train()
+    set_random_seed(1)
+    again = build_builtin_trainer(_cfg(tmp_path, tiny_root, "builtin", epochs=2))
+    again.cfg.defrost()
+    again.cfg.OPTIM.MAX_EPOCH = 1  # the checkpoint's settings (a resume refuses another schedule)
+    again.device = torch.device("meta")  # stands in for cuda: nothing may be mapped onto it
+    _meta_rng_guard(monkeypatch)
+    assert again.resume_if_exists() == 1
+    for loader in again._loaders():  # the generators' states stayed CPU ByteTensors
+        assert loader.generator.get_state().device.type == "cpu"
+
+
+@pytest.mark.dassl
+def test_dassl_resume_onto_another_device_keeps_host_states_on_the_cpu(tmp_path, tiny_root, monkeypatch):
+    pytest.importorskip("dassl")
+    from dael_plugin.dassl_adapter import DAELTrainer
+
+    cfg = _cfg(tmp_path, tiny_root, "dassl")
+    DAELTrainer(cfg).train()
+    again = DAELTrainer(cfg)
+    again.device = torch.device("meta")
+    _meta_rng_guard(monkeypatch)
+    assert again.resume_model_if_exist(cfg.OUTPUT_DIR) == 1
+
+
+# -- synchronised batch norm in evaluation -------------------------------------------------------
+def test_synchronised_batch_norm_makes_no_collective_in_evaluation():
+    """A layer without running statistics normalises with batch statistics in evaluation too; it
+    must do so per process, as torch's SyncBatchNorm does: the shards of a test set can differ by a
+    batch, and one rank's extra collective would hang the others."""
+    from dael_plugin.core.chunk_norm import set_sync
+
+    class NoGroup:  # any collective on it fails: torch.distributed is not even initialised
+        pass
+
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.BatchNorm2d(4, track_running_stats=False))
+    set_sync(net, NoGroup(), 2)
+    x = torch.randn(6, 3, 8, 8)
+    net.eval()
+    with torch.no_grad():
+        y = net(x)
+    ref = torch.nn.functional.batch_norm(net[0](x), None, None, net[1].weight, net[1].bias, True, 0.0, net[1].eps)
+    torch.testing.assert_close(y, ref)
+    net.train()
+    with pytest.raises((RuntimeError, ValueError, AttributeError, TypeError)):
+        net(x)  # in training it does synchronise (the collective fails on this non-group)
+
+
+# -- SGD with dampening ----------------------------------------------------------------------------
+@pytest.mark.parametrize("dampening", [0.0, 0.5])
+def test_fused_sgd_steps_as_pytorchs_plain_sgd(dampening):
+    """The first step with dampening is ``g`` (PyTorch stores ``g`` in a new momentum buffer), not
+    ``(1 - dampening) * g``; three steps equal the plain optimiser's."""
+    from dael_plugin.engine.execution import fused_optimizer
+
+    ps = [torch.nn.Parameter(torch.zeros(3)) for _ in range(2)]
+    kw = dict(lr=1.0, momentum=0.9, dampening=dampening)
+    plain, fused = torch.optim.SGD([ps[0]], **kw), fused_optimizer(torch.optim.SGD([ps[1]], **kw))
+    assert fused.defaults.get("fused") or fused.param_groups[0].get("fused")
+    for step in range(3):
+        for p, opt in ((ps[0], plain), (ps[1], fused)):
+            p.grad = torch.full((3,), float(step + 1))
+            opt.step()
+        if step == 0:
+            assert ps[1][0].item() == -1.0
+        torch.testing.assert_close(ps[1], ps[0], rtol=0, atol=1e-6)
+
+
+# -- reduce-overhead under torchrun ----------------------------------------------------------------
+def test_reduce_overhead_under_torchrun_is_refused_in_one_line(monkeypatch):
+    from dael_plugin.backbones.small_cnn import SmallCNN
+    from dael_plugin.core import DAEL, DAELHparams, build_heads
+    from dael_plugin.engine import distributed
+    from dael_plugin.engine.step import DAELStep
+    from dael_plugin.errors import DAELConfigError
+
+    net = SmallCNN()
+    algo = DAEL(net, build_heads(net.out_features, 4, 2, DAELHparams()), DAELHparams())
+    opt = torch.optim.SGD(net.parameters(), lr=0.1)
+    monkeypatch.setattr(distributed, "_WORLD", distributed.World(0, 2, 0, True))
+    with pytest.raises(DAELConfigError, match="reduce-overhead is refused under torchrun"):
+        DAELStep(algo, [opt], torch.device("cpu"), 2, 4, True, compile_mode="reduce-overhead")
+
+
+# -- a step on devices that are not the CPU --------------------------------------------------------
+def _batches(k=3, n=4, c=5, size=32):
+    g = torch.Generator().manual_seed(0)
+    x = {
+        "img": torch.randn(k * n, 3, size, size, generator=g),
+        "img2": torch.randn(k * n, 3, size, size, generator=g),
+        "label": torch.randint(0, c, (k * n,), generator=g),
+        "domain": torch.arange(k).repeat_interleave(n),
+    }
+    u = {"img": torch.randn(n, 3, size, size, generator=g), "img2": torch.randn(n, 3, size, size, generator=g)}
+    return x, u
+
+
+def _model(k=3, c=5):
+    from dael_plugin.backbones.small_cnn import SmallCNN
+    from dael_plugin.core import DAELHparams, build_heads
+
+    net = SmallCNN()
+    return net, build_heads(net.out_features, c, k, DAELHparams(conf_thre=0.0))
+
+
+@pytest.mark.parametrize("setting", ["da", "dg"])
+def test_a_step_on_the_meta_device_mixes_no_cpu_tensor(setting):
+    """Forward, backward and the optimiser step with every tensor on a non-CPU device (meta), the
+    views moved there by the step, the grouped batch norm and channels_last: any CPU tensor in the
+    device math raises."""
+    from dael_plugin.core import DAEL, DAELHparams
+    from dael_plugin.engine.step import DAELStep
+
+    dev = torch.device("meta")
+    net, heads = _model()
+    net.to(dev).to(memory_format=torch.channels_last)
+    heads.to(dev)
+    algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="grouped")
+    opt = torch.optim.SGD(list(net.parameters()) + list(heads.parameters()), lr=0.1, momentum=0.9)
+    step = DAELStep(algo, [opt], dev, 3, 4, setting == "da", channels_last=True)
+    x, u = _batches()
+    out = step(x, u if setting == "da" else None)
+    assert all(v.device.type == "meta" for v in out.values())
+    assert ("loss_u" in out) == (setting == "da")
+    assert all(p.grad is not None and p.grad.device.type == "meta" for p in net.parameters())
+
+
+@pytest.mark.parametrize("setting", ["da", "dg"])
+def test_a_steps_losses_on_fake_cuda_tensors_with_cudas_defaults(setting, monkeypatch):
+    """The step's forward pass and losses on fake CUDA tensors (FakeTensorMode), as the engines build
+    it on CUDA: ``CHUNK_BN auto`` resolving to ``grouped``, ``channels_last``, the fused optimiser
+    chosen, the views moved with non-blocking copies. The backward pass needs a real CUDA context."""
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+
+    from dael_plugin.core import DAEL, DAELHparams
+    from dael_plugin.core.chunk_norm import resolve_impl
+    from dael_plugin.engine import step as step_module
+    from dael_plugin.engine.execution import fused_optimizer
+
+    split = step_module.split_domains
+
+    def on_host(*args, **kwargs):  # the host-side chunk check reads the loader's CPU tensors
+        with unset_fake_temporarily():
+            return split(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "split_domains", on_host)
+    x, u = _batches()
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cuda"):
+        dev = torch.device("cuda")
+        net, heads = _model()
+        for p in net.parameters():  # Module.to(memory_format=...) cannot swap fake parameters
+            if p.dim() == 4:
+                p.data = p.data.contiguous(memory_format=torch.channels_last)
+        algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="auto")
+        assert resolve_impl("auto", dev.type) == "grouped"
+        opt = fused_optimizer(torch.optim.SGD(list(net.parameters()) + list(heads.parameters()), lr=0.1, momentum=0.9))
+        assert opt.param_groups[0]["fused"]
+        step = step_module.DAELStep(algo, [opt], dev, 3, 4, setting == "da", channels_last=True)
+        xs, _ = step.views(x, None)
+        assert all(v.is_cuda and v.is_contiguous(memory_format=torch.channels_last) for v in xs)
+        out, us = step.losses(x, u)  # DG: the step never reads a target batch
+        assert all(v.is_cuda for v in out.values()) and (us is not None) == (setting == "da")
+        assert all(k in out for k in step.keys)

@@ -153,6 +153,15 @@ def test_grouped_batch_norm_gives_splits_numbers_on_cuda(prec):
         torch.set_float32_matmul_precision(tf32[1])
 
 
+@pytest.mark.parametrize("prec", ["fp32", "bf16", "fp16"])
+@pytest.mark.parametrize("ratio", [0.5, 10.0, 30.0])
+def test_grouped_batch_norm_is_as_accurate_as_cudnn(prec, ratio):
+    """The CPU test's float64 comparison on CUDA, against torch's CUDA batch norm (cuDNN)."""
+    from test_chunk_norm import test_grouped_batch_norm_is_as_accurate_as_the_native_kernel as check
+
+    check(prec, ratio, device="cuda")
+
+
 @pytest.mark.compiled
 def test_reduce_overhead_replays_cuda_graphs(tmp_path, tiny_root):
     """After warm-up, a step under COMPILE reduce-overhead launches CUDA graphs (cudaGraphLaunch in

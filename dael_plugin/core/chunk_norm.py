@@ -124,20 +124,37 @@ def _reduce_dims(xv: torch.Tensor) -> Tuple[int, ...]:
 class _GroupedBatchNorm(torch.autograd.Function):
     """Batch norm with statistics per (chunk, channel) over ``(k, n, C, ...)`` views.
 
-    Returns the normalised batch and, per chunk, the mean and the biased
-    variance ``(sum k, C)`` in fp32 (for the running statistics)."""
+    Returns the normalised batch and, per chunk, the mean and the biased variance ``(sum k, C)``
+    in fp32 (for the running statistics).
+
+    Precision, as the native kernels keep it: statistics, products and reductions in fp32 under
+    bf16/fp16 (a low-precision input is widened exactly inside each kernel, never multiplied in
+    its own precision), and the backward pass in the centred form, ``sum g * (x - mean)``, not
+    ``E[g x] - mean E[g]``, which cancels once ``mean / std`` is large.
+
+    Synchronised (``group`` given, ``world`` processes, each holding an equal shard of every
+    chunk): forward, every process's per-chunk mean and variance are gathered in ONE collective for
+    all chunks of the layer and combined in the centred form (Chan's: the mean of the variances
+    plus the variance of the means); backward, the per-chunk means of ``g`` and ``g * (x - mean)``
+    are averaged in one all-reduce. The parameters' gradients stay this shard's (DDP averages them).
+    """
 
     @staticmethod
-    def forward(ctx, x, weight, bias, runs: Runs, eps: float):
+    def forward(ctx, x, weight, bias, runs: Runs, eps: float, group=None, world: int = 1):
         low = x.dtype in (torch.float16, torch.bfloat16)
         c = x.shape[1]
         shape = [1, 1, c] + [1] * (x.dim() - 2)
         w = weight.view(shape) if weight is not None else None
         b = bias.view(shape) if bias is not None else None
+        views = _run_views(x, runs)
+        stats = [
+            torch.var_mean(xv.float() if low else xv, dim=_reduce_dims(xv), correction=0, keepdim=True) for xv in views
+        ]
+        if group is not None:
+            stats = _combine_over_processes(stats, runs, c, group, world)
         y = torch.empty_like(x)  # x's memory format; each run is written into its view of y
         means, vars_, saved = [], [], []
-        for xv, yv in zip(_run_views(x, runs), _run_views(y, runs)):
-            var, mean = torch.var_mean(xv.float() if low else xv, dim=_reduce_dims(xv), correction=0, keepdim=True)
+        for xv, yv, (var, mean) in zip(views, _run_views(y, runs), stats):
             rstd = torch.rsqrt(var + eps)
             scale = rstd * w if w is not None else rstd
             shift = torch.addcmul(b, mean, scale, value=-1) if b is not None else -(mean * scale)
@@ -149,7 +166,7 @@ class _GroupedBatchNorm(torch.autograd.Function):
             vars_.append(var.view(-1, c))
             saved += [mean, rstd, scale]
         ctx.save_for_backward(x, weight, *saved)
-        ctx.runs = runs
+        ctx.runs, ctx.group, ctx.world = runs, group, world
         mean, var = (means[0], vars_[0]) if len(means) == 1 else (torch.cat(means), torch.cat(vars_))
         ctx.mark_non_differentiable(mean, var)
         ctx.set_materialize_grads(False)  # no zero gradients made for mean and var
@@ -158,135 +175,86 @@ class _GroupedBatchNorm(torch.autograd.Function):
     @staticmethod
     def backward(ctx, gy, _gmean, _gvar):
         if gy is None:
-            return None, None, None, None, None
+            return None, None, None, None, None, None, None
         x, weight, *saved = ctx.saved_tensors
         low = x.dtype in (torch.float16, torch.bfloat16)
         c = x.shape[1]
+        acc = {"dtype": torch.float32} if low else {}
+        stats = list(zip(saved[0::3], saved[1::3], saved[2::3]))
+        parts = []  # per run: x - mean (fp32), mean of g, mean of g * (x - mean)
+        for xv, g, (mean, _, _) in zip(_run_views(x, ctx.runs), _run_views(gy, ctx.runs), stats):
+            dims = _reduce_dims(xv)
+            xc = xv - mean  # fp32 (mean is fp32): x widened exactly, centred before any product
+            parts.append((xc, g.mean(dims, keepdim=True, **acc), (g * xc).mean(dims, keepdim=True)))
+        local = [(mg, mgx) for _, mg, mgx in parts]
+        means = local
+        if ctx.group is not None:  # the global chunks' means, in one all-reduce for every chunk
+            means = _mean_over_processes(local, ctx.runs, c, ctx.group, ctx.world)
         dx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
         dx_runs = _run_views(dx, ctx.runs) if dx is not None else [None] * len(ctx.runs)
         dw = db = None
-        stats = zip(saved[0::3], saved[1::3], saved[2::3])
-        for xv, g, (mean, rstd, scale), out in zip(_run_views(x, ctx.runs), _run_views(gy, ctx.runs), stats, dx_runs):
-            dims = _reduce_dims(xv)
-            count = xv[0].numel() // c  # values per (chunk, channel)
-            acc = {"dtype": torch.float32} if low else {}
-            mean_g = g.mean(dims, keepdim=True, **acc)
-            mean_gx = (g * xv).mean(dims, keepdim=True, **acc)
-            # mean over the chunk of g * xhat, with xhat = (x - mean) * rstd
-            mean_gxhat = torch.addcmul(mean_gx, mean, mean_g, value=-1).mul_(rstd)
-            # dx = scale * (g - mean_g - xhat * mean_gxhat) = scale * g - a * x + b, with
-            # a = scale * rstd * mean_gxhat and b = a * mean - scale * mean_g
-            a = torch.mul(scale, rstd).mul_(mean_gxhat)
-            b = torch.addcmul(torch.mul(a, mean), scale, mean_g, value=-1)
+        for (xc, _, _), (mean_g, mean_gxc), (_, rstd, scale), g, out, (lg, lgx) in zip(
+            parts, means, stats, _run_views(gy, ctx.runs), dx_runs, local
+        ):
             if out is not None:
-                if low:  # in fp32, rounded once: the three terms largely cancel
-                    out.copy_(torch.addcmul(b, xv, a, value=-1).addcmul_(g, scale))
+                # dx = scale * (g - mean_g - xhat * mean(g * xhat)) = scale * g - scale * mean_g - a * (x - mean),
+                # with a = scale * rstd^2 * mean(g * (x - mean)); in fp32, rounded once
+                a = torch.mul(scale, rstd).mul_(rstd).mul_(mean_gxc)
+                shift = torch.mul(scale, mean_g).neg_()
+                if low:  # in fp32, rounded once: the terms largely cancel
+                    out.copy_(torch.addcmul(shift, xc, a, value=-1).addcmul_(g, scale))
                 else:
-                    torch.addcmul(b, xv, a, value=-1, out=out).addcmul_(g, scale)
+                    torch.addcmul(shift, xc, a, value=-1, out=out).addcmul_(g, scale)
+            count = xc[0].numel() // c  # values per (chunk, channel) in this process's shard
             if weight is not None and ctx.needs_input_grad[1]:
-                part = mean_gxhat.sum(0).view(c).mul_(count)
+                part = (lgx * rstd).sum(0).view(c).mul_(count)  # sum over the shard of g * xhat
                 dw = part if dw is None else dw + part
             if ctx.needs_input_grad[2]:
-                part = mean_g.sum(0).view(c).mul_(count)
+                part = lg.sum(0).view(c).mul_(count)
                 db = part if db is None else db + part
         if dw is not None:
             dw = dw.to(weight.dtype)
         if db is not None:
             db = db.to(weight.dtype if weight is not None else x.dtype)
-        return dx, dw, db, None, None
-
-
-class _SyncedBatchNorm(torch.autograd.Function):
-    """Per-chunk batch norm whose statistics cover every process's shard of each chunk.
-
-    Each of the ``world`` processes holds the same chunks, each an equal shard of the global
-    chunk (so the global counts are Python numbers and nothing is copied to the device). Forward:
-    the local sum and sum of squares per (chunk, channel) are all-reduced in ONE collective per
-    layer (fp64, from fp32 local means and centred squares, so the global variance does not cancel),
-    and each chunk is normalised with its global mean and biased variance. Backward: the
-    sums of ``g`` and ``g * x`` per (chunk, channel) are all-reduced in one collective, so the
-    input gradient is that of the global chunk. Returns the normalised batch, and the global
-    mean and biased variance per chunk (for the running statistics). The loops run over the
-    domain chunks (a handful), never over samples."""
-
-    @staticmethod
-    def forward(ctx, x, weight, bias, sizes: Tuple[int, ...], eps: float, group, world: int):
-        import torch.distributed as dist
-
-        low = x.dtype in (torch.float16, torch.bfloat16)
-        c = x.shape[1]
-        shape = [1, c] + [1] * (x.dim() - 2)
-        xs = x.split(list(sizes))
-        dims = (0,) + tuple(range(2, x.dim()))
-        per_value = x[0].numel() // c
-        local = []
-        for xc in xs:
-            var, mean = torch.var_mean(xc.float() if low else xc, dim=dims, correction=0)
-            n = xc.shape[0] * per_value
-            m64 = mean.double()
-            local.append(torch.stack([m64 * n, var.double() * n + m64 * m64 * n]))  # (2, C): sum, sum of squares
-        buf = torch.stack(local)  # (k, 2, C)
-        dist.all_reduce(buf, group=group)
-        # Equal shards: each global count is a Python number (nothing is copied to the device).
-        totals = [float(xc.shape[0] * per_value * world) for xc in xs]
-        mean64 = torch.stack([buf[j, 0] / t for j, t in enumerate(totals)])
-        var64 = torch.stack([buf[j, 1] / t for j, t in enumerate(totals)]) - mean64 * mean64
-        var64 = var64.clamp_min(0)
-        mean, var = mean64.float(), var64.float()
-        rstd = torch.rsqrt(var + eps)
-        scale = rstd * weight.float() if weight is not None else rstd  # (k, C)
-        shift = (bias.float() - mean * scale) if bias is not None else -(mean * scale)
-        y = torch.empty_like(x)
-        for j, (xc, yc) in enumerate(zip(xs, y.split(list(sizes)))):
-            yc.copy_(torch.addcmul(shift[j].view(shape), xc.float() if low else xc, scale[j].view(shape)))
-        ctx.save_for_backward(x, weight, mean, rstd, scale)
-        ctx.sizes, ctx.group, ctx.totals = sizes, group, totals
-        ctx.mark_non_differentiable(mean, var)
-        ctx.set_materialize_grads(False)
-        return y, mean, var
-
-    @staticmethod
-    def backward(ctx, gy, _gmean, _gvar):
-        import torch.distributed as dist
-
-        if gy is None:
-            return None, None, None, None, None, None, None
-        x, weight, mean, rstd, scale = ctx.saved_tensors
-        low = x.dtype in (torch.float16, torch.bfloat16)
-        c = x.shape[1]
-        sizes = ctx.sizes
-        shape = [1, c] + [1] * (x.dim() - 2)
-        dims = (0,) + tuple(range(2, x.dim()))
-        xs, gs = x.split(list(sizes)), gy.split(list(sizes))
-        sums = []
-        for xc, g in zip(xs, gs):
-            xf, gf = (xc.float(), g.float()) if low else (xc, g)
-            sums.append(torch.stack([gf.sum(dims), (gf * xf).sum(dims)]))
-        buf = torch.stack(sums)  # (k, 2, C)
-        dist.all_reduce(buf, group=ctx.group)
-        means = torch.stack([buf[j] / t for j, t in enumerate(ctx.totals)])  # (k, 2, C), Python counts
-        mean_g = means[:, 0]
-        mean_gxhat = (means[:, 1] - mean * mean_g) * rstd  # (k, C)
-        dx = None
-        if ctx.needs_input_grad[0]:
-            dx = torch.empty_like(x)
-            a = scale * rstd * mean_gxhat
-            b = a * mean - scale * mean_g
-            for j, (xc, g, out) in enumerate(zip(xs, gs, dx.split(list(sizes)))):
-                xf, gf = (xc.float(), g.float()) if low else (xc, g)
-                out.copy_(
-                    torch.addcmul(b[j].view(shape), xf, a[j].view(shape), value=-1).addcmul_(gf, scale[j].view(shape))
-                )
-        # The parameters' gradients are this shard's (DDP averages them over the processes).
-        dw = db = None
-        local_g = torch.stack([s[0] for s in sums])
-        local_gx = torch.stack([s[1] for s in sums])
-        if weight is not None and ctx.needs_input_grad[1]:
-            # sum over this shard of g * xhat = (sum g*x - mean * sum g) * rstd, per chunk
-            dw = ((local_gx - mean * local_g) * rstd).sum(0).to(weight.dtype)
-        if ctx.needs_input_grad[2]:
-            db = local_g.sum(0).to(weight.dtype if weight is not None else x.dtype)
         return dx, dw, db, None, None, None, None
+
+
+def _cat(parts: List[torch.Tensor]) -> torch.Tensor:
+    return parts[0] if len(parts) == 1 else torch.cat(parts)
+
+
+def _combine_over_processes(stats, runs: Runs, c: int, group, world: int):
+    """Each run's ``(var, mean)`` over every process's equal shard: one all-gather of all chunks'
+    local means and variances, combined in the centred form (no cancellation)."""
+    import torch.distributed as dist
+
+    local = _cat([torch.stack([mean.view(-1, c), var.view(-1, c)], 1) for var, mean in stats])  # (K, 2, C)
+    everyone = local.new_empty((world * local.shape[0], 2, c))
+    dist.all_gather_into_tensor(everyone, local, group=group)
+    everyone = everyone.view(world, -1, 2, c)
+    # Equal counts per process: the mean of the means, and the mean of the variances plus the
+    # variance of the means (each process's chunk centred on its own mean, then combined).
+    spread, mean = torch.var_mean(everyone[:, :, 0], 0, correction=0)
+    var = everyone[:, :, 1].mean(0).add_(spread)
+    out, start = [], 0
+    for (k, _), (v_, m_) in zip(runs, stats):
+        out.append((var[start : start + k].view(v_.shape), mean[start : start + k].view(m_.shape)))
+        start += k
+    return out
+
+
+def _mean_over_processes(local, runs: Runs, c: int, group, world: int):
+    """Each run's per-chunk means of ``g`` and ``g * (x - mean)`` over every process's shard (one all-reduce)."""
+    import torch.distributed as dist
+
+    buf = _cat([torch.stack([mg.reshape(-1, c), mgx.reshape(-1, c)], 1) for mg, mgx in local])  # (K, 2, C)
+    dist.all_reduce(buf, group=group)
+    buf = buf.div_(world)
+    out, start = [], 0
+    for (k, _), (mg, mgx) in zip(runs, local):
+        out.append((buf[start : start + k, 0].view(mg.shape), buf[start : start + k, 1].view(mgx.shape)))
+        start += k
+    return out
 
 
 def _update_weights(cache: Dict[Tuple[int, float], torch.Tensor], k: int, m: float, like: torch.Tensor) -> torch.Tensor:
@@ -361,21 +329,23 @@ class _ChunkedMixin:
         return torch.cat([super(_ChunkedMixin, self).forward(c) for c in x.split(list(sizes))])
 
     def _synced(self, x: torch.Tensor, sizes: Sequence[int]) -> torch.Tensor:
+        """The grouped form with statistics over every process's shard of each chunk."""
         self._check_input_dim(x)
         if x.shape[0] != sum(sizes):
             raise ValueError(f"per-chunk batch norm: a batch of {x.shape[0]} is not chunks of {list(sizes)}")
-        y, mean, var = _SyncedBatchNorm.apply(
-            x, self.weight, self.bias, tuple(int(s) for s in sizes), self.eps, self._dael_sync, self._dael_world
+        runs = runs_of(sizes)
+        y, mean, var = _GroupedBatchNorm.apply(
+            x, self.weight, self.bias, runs, self.eps, self._dael_sync, self._dael_world
         )
         if self.training and self.track_running_stats:
             if self._dael_chunks is None:  # a plain call: one update, counted now
                 self._dael_weights = {} if self._dael_weights is None else self._dael_weights
-                _update_running(self, mean, var, runs_of(sizes), x, self._dael_world)
+                _update_running(self, mean, var, runs, x, self._dael_world)
                 with torch.no_grad():
                     self.num_batches_tracked.add_(self._dael_pending)
                 self._dael_pending, self._dael_weights = 0, None
             else:
-                _update_running(self, mean, var, runs_of(sizes), x, self._dael_world)
+                _update_running(self, mean, var, runs, x, self._dael_world)
         if _is_norm_act(type(self).__bases__[1]):
             y = self.act(self.drop(y))
         return y
@@ -384,7 +354,7 @@ class _ChunkedMixin:
         self._check_input_dim(x)
         _check_counts(x, sizes)
         runs = runs_of(sizes)
-        y, mean, var = _GroupedBatchNorm.apply(x, self.weight, self.bias, runs, self.eps)
+        y, mean, var = _GroupedBatchNorm.apply(x, self.weight, self.bias, runs, self.eps, None, 1)
         if self.training and self.track_running_stats:
             _update_running(self, mean, var, runs, x)
         if _is_norm_act(type(self).__bases__[1]):

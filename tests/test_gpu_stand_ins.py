@@ -295,3 +295,58 @@ def test_a_steps_losses_on_fake_cuda_tensors_with_cudas_defaults(setting, monkey
         out, us = step.losses(x, u)  # DG: the step never reads a target batch
         assert all(v.is_cuda for v in out.values()) and (us is not None) == (setting == "da")
         assert all(k in out for k in step.keys)
+
+
+# -- the first-step check of the fused pass (on CUDA by default) -----------------------------------
+def _checked_step(check, setting="da"):
+    from dael_plugin.core import DAEL, DAELHparams
+    from dael_plugin.engine.step import DAELStep
+
+    torch.manual_seed(0)
+    net, heads = _model()
+    algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="grouped")
+    opt = torch.optim.SGD(list(net.parameters()) + list(heads.parameters()), lr=0.1, momentum=0.9)
+    step = DAELStep(algo, [opt], torch.device("cpu"), 3, 4, setting == "da", check_first_step=check)
+    return step, net
+
+
+def test_the_first_step_check_passes_and_changes_nothing(capsys):
+    """The check runs on copies under forked random streams: two steps with it end bitwise where two
+    steps without it end, and it says what it measured."""
+    x, u = _batches()
+    runs = {}
+    for check in (False, True):
+        step, net = _checked_step(check)
+        for _ in range(2):
+            step(x, u)
+        runs[check] = ({k: v.clone() for k, v in net.state_dict().items()}, torch.get_rng_state(), step)
+    for k, v in runs[False][0].items():
+        assert torch.equal(v, runs[True][0][k]), k
+    assert torch.equal(runs[False][1], runs[True][1])
+    found = runs[True][2].fast_path_check
+    assert found["impl"] == "grouped" and not found["fell_back"]
+    assert found["output"] < 1e-5 and found["gradients"] < 1e-4, found
+    assert runs[False][2].fast_path_check is None
+    assert "first-step check of the fused grouped batch norm" in capsys.readouterr().out
+
+
+def test_the_first_step_check_falls_back_from_a_broken_kernel(monkeypatch, capsys):
+    """A wrong input gradient from the fused kernel (here: twice the right one): the check sees it on
+    the first batch, says so in one line, and the run goes on with per-chunk batch norm."""
+    from dael_plugin.core import chunk_norm
+
+    right = chunk_norm._GroupedBatchNorm.backward
+
+    def wrong(ctx, *grads):
+        dx, *rest = right(ctx, *grads)
+        return (None if dx is None else 2 * dx, *rest)
+
+    monkeypatch.setattr(chunk_norm._GroupedBatchNorm, "backward", staticmethod(wrong))
+    step, _ = _checked_step(True)
+    x, u = _batches()
+    out = step(x, u)
+    assert torch.isfinite(out["loss_x"])
+    assert step.fast_path_check["fell_back"] and step.algorithm.chunk_bn == "split"
+    assert step.fast_path_check["gradients"] > 1e-2
+    lines = [ln for ln in capsys.readouterr().out.splitlines() if "falling back to CHUNK_BN split" in ln]
+    assert len(lines) == 1

@@ -28,9 +28,11 @@ from yacs.config import CfgNode as CN
 from dael_plugin.config import trainer_node
 from dael_plugin.config.keys import Execution
 from dael_plugin.core import DAEL
+from dael_plugin.core.chunk_norm import resolve_impl
 from dael_plugin.data.batching import split_domains
 from dael_plugin.engine import execution as ex
 from dael_plugin.engine.distributed import LossModule, mean_over_processes, world, wrap
+from dael_plugin.engine.fastpath import FastPathCheck
 from dael_plugin.engine.guard import FiniteGuard
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.device import DeviceViews, check_device_names
@@ -71,6 +73,7 @@ class DAELStep:
         device_views: Optional[Callable[[torch.Tensor], List[torch.Tensor]]] = None,
         guard: Optional[FiniteGuard] = None,
         compile_backend: str = "inductor",
+        check_first_step: Optional[bool] = None,
     ) -> None:
         self.algorithm = algorithm
         self.optimizers = list(optimizers)
@@ -85,6 +88,12 @@ class DAELStep:
         self.scaler = ex.grad_scaler(prec, device)
         self.num_views = algorithm.hparams.num_views
         self.keys = ["loss_x", "acc_x", "loss_cr"] + (["loss_u", "mask_u"] if is_da else [])
+        # The fused grouped pass checked against per-chunk batch norm on the first batch (on CUDA by
+        # default: engine/fastpath.py); its finding lands in results.json.
+        check = device.type == "cuda" if check_first_step is None else check_first_step
+        grouped = algorithm.fuse_chunks and resolve_impl(algorithm.chunk_bn, device.type) == "grouped"
+        self._first_step_check = FastPathCheck(prec) if check and grouped else None
+        self.fast_path_check: Optional[Dict[str, object]] = None
         self._losses = self._forward
         self.compiled = compile_mode != "none"
         if compile_mode == "reduce-overhead" and world().distributed:
@@ -154,7 +163,24 @@ class DAELStep:
         x_views, u_views = self.views(batch_x, batch_u if self.is_da else None)
         labels = batch_x["label"].to(self.device, non_blocking=True)
         expert_idx = expert_idx.to(self.device, non_blocking=True)
+        if self._first_step_check is not None:
+            self._check_fast_path(x_views, chunk_sizes, u_views)
         return self._losses(x_views, labels, expert_idx, chunk_sizes, u_views), u_views
+
+    def _check_fast_path(self, x_views, chunk_sizes, u_views) -> None:
+        """Once: the fused pass on this batch's views against per-chunk batch norm (a fallback to
+        ``split`` on a mismatch; under torchrun, where the synchronised form shares the kernels, a stop)."""
+        check, self._first_step_check = self._first_step_check, None
+        views = list(x_views) + ([u_views[0]] if u_views is not None else [])
+        sizes = list(chunk_sizes) * len(x_views) + ([u_views[0].shape[0]] if u_views is not None else [])
+        check(self.algorithm, torch.cat(views), sizes, lambda: ex.autocast(self.prec, self.device))
+        self.fast_path_check = check.result
+        if check.result["fell_back"] and world().distributed:
+            raise DAELConfigError(
+                "the fused batch norm failed its first-step check on this device, and the synchronised batch "
+                "norm of a torchrun run uses the same kernels; run on one process (it falls back to CHUNK_BN "
+                "split) and report the log line above"
+            )
 
     def __call__(self, batch_x: dict, batch_u: Optional[dict] = None) -> Dict[str, torch.Tensor]:
         out, u_views = self.losses(batch_x, batch_u)

@@ -550,6 +550,8 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         model_dir=os.path.abspath(args.model_dir) if args.eval_only else None,
         per_class_accuracy=getattr(trainer, "per_class_accuracy", None),
     )
+    if not args.eval_only:  # the first-step check of the fused pass (CUDA), where this process ran one
+        record["fast_path_check"] = getattr(getattr(trainer, "step", None), "fast_path_check", None)
     path = write_results(cfg.OUTPUT_DIR, record, name="results_eval.json" if args.eval_only else "results.json")
     print(f"dael_plugin: wrote {path}")
     return 0

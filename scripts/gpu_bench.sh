@@ -8,9 +8,9 @@
 #     the GPU tests but the compiled ones (no host sync with every execution option, fp16, grouped
 #       against split batch norm, the fast path's first-step check, the paper's views on the device);
 #   the rest (about 5 minutes):
-#     the compiled GPU tests (CUDA graphs replayed); the step at both shapes against Dassl's DAEL
-#     (blocks of steps timed between CUDA events, per-option shares, peak memory), launches per
-#     step, epochs against Dassl's trainer; DDP's overhead at N=1; views on the device.
+#     the step at both shapes against Dassl's DAEL (blocks of steps timed between CUDA events,
+#     per-option shares, peak memory), launches per step, epochs against Dassl's trainer; the
+#     compiled GPU tests (CUDA graphs replayed); DDP's overhead at N=1; views on the device.
 #
 #   scripts/gpu_bench.sh [--quick | --rest] [OUTDIR]      (default output/gpu_bench; no flag: both parts)
 #
@@ -57,8 +57,8 @@ if [ "$part" != rest ]; then
     step gpu_tests 100 python -m pytest -q -p no:cacheprovider -x tests/test_gpu.py -m "not compiled"
 fi
 if [ "$part" != quick ]; then
-    step gpu_tests_compiled 120 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -m compiled
     step bench 300 python scripts/bench.py --shape both --epoch --workers 12
+    step gpu_tests_compiled 120 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -m compiled
     step ddp 60 python scripts/bench_ddp.py --time
     step device_aug 30 python scripts/bench_device_aug.py --device cuda --batch 256 --size 96
 fi

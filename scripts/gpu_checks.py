@@ -149,10 +149,10 @@ def killed_and_resumed(name: str, args: list, torchrun: bool, out: str, epochs: 
     rc = run(args, torchrun, log)
     text = open(log, errors="replace").read()
     resumed = f"will resume training from epoch {killed_at + 1}" in text
-    results = os.path.join(out, "results.json")
-    acc = json.load(open(results))["accuracy"] if os.path.isfile(results) else None
-    ok = rc == 0 and resumed and acc is not None
-    why = "" if ok else f"exit {rc}, resumed {resumed}, results.json {acc is not None}; see {log}"
+    record = _results(out)
+    acc = record.get("accuracy")
+    ok = rc == 0 and resumed and acc is not None and not _fell_back(record)
+    why = "" if ok else f"exit {rc}, resumed {resumed}, accuracy {acc}, {_check_text(record)}; see {log}"
     return {
         "name": name,
         "ok": ok,
@@ -160,7 +160,23 @@ def killed_and_resumed(name: str, args: list, torchrun: bool, out: str, epochs: 
         "killed_at": killed_at,
         "accuracy": acc,
         "resume_s": time.time() - start,
+        "fast_path_check": record.get("fast_path_check"),
     }
+
+
+def _results(out: str) -> dict:
+    path = os.path.join(out, "results.json")
+    return json.load(open(path)) if os.path.isfile(path) else {}
+
+
+def _fell_back(record: dict) -> bool:
+    """Whether the fused pass failed its first-step check (engine/fastpath.py) in this run."""
+    return bool((record.get("fast_path_check") or {}).get("fell_back"))
+
+
+def _check_text(record: dict) -> str:
+    found = record.get("fast_path_check")
+    return "no first-step check" if not found else f"first-step check {found}"
 
 
 def weight_gap(a: str, b: str):
@@ -196,15 +212,16 @@ def precision_run(prec: str, root: str, out: str, epochs: int, device: str) -> d
     args = base_args(root, out, "builtin", epochs, device, ["TRAINER.DAEL.PREC", prec])
     start = time.time()
     rc = run(args, False, os.path.join(out, "log_driver.txt"))
-    results = os.path.join(out, "results.json")
-    acc = json.load(open(results))["accuracy"] if os.path.isfile(results) else None
-    ok = rc == 0 and acc is not None
+    record = _results(out)
+    acc = record.get("accuracy")
+    ok = rc == 0 and acc is not None and not _fell_back(record)
     return {
         "name": f"prec-{prec}",
         "ok": ok,
-        "why": "" if ok else f"exit {rc}; see {out}",
+        "why": "" if ok else f"exit {rc}, {_check_text(record)}; see {out}",
         "accuracy": acc,
         "seconds": time.time() - start,
+        "fast_path_check": record.get("fast_path_check"),
     }
 
 

@@ -217,7 +217,7 @@ def test_views_on_the_device_with_the_papers_transforms():
     ).abs() < 1e-6
     holes = zero.all(1).flatten(1).sum(1)
     assert (holes > 0).float().mean() > 0.9  # a 16x16 cutout hole in (almost) every image
-    assert len({tuple(v.flatten()[:64].tolist()) for v in strong_view.cpu()}) == 64
+    assert len({v.numpy().tobytes() for v in strong_view.cpu()}) == 64  # every image drawn apart
 
 
 def test_cuda_settings_autotune_and_tf32(tmp_path, tiny_root):

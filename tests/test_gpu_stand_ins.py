@@ -289,7 +289,9 @@ def test_a_steps_losses_on_fake_cuda_tensors_with_cudas_defaults(setting, monkey
         assert resolve_impl("auto", dev.type) == "grouped"
         opt = fused_optimizer(torch.optim.SGD(list(net.parameters()) + list(heads.parameters()), lr=0.1, momentum=0.9))
         assert opt.param_groups[0]["fused"]
-        step = step_module.DAELStep(algo, [opt], dev, 3, 4, setting == "da", channels_last=True)
+        # The first-step check (engine/fastpath.py) runs real kernels in float64: not on fake tensors.
+        step = step_module.DAELStep(algo, [opt], dev, 3, 4, setting == "da", channels_last=True, check_first_step=False)
+        assert step_module.DAELStep(algo, [opt], dev, 3, 4, True)._first_step_check is not None  # on by default
         xs, _ = step.views(x, None)
         assert all(v.is_cuda and v.is_contiguous(memory_format=torch.channels_last) for v in xs)
         out, us = step.losses(x, u)  # DG: the step never reads a target batch
@@ -325,7 +327,8 @@ def test_the_first_step_check_passes_and_changes_nothing(capsys):
     assert torch.equal(runs[False][1], runs[True][1])
     found = runs[True][2].fast_path_check
     assert found["impl"] == "grouped" and not found["fell_back"]
-    assert found["output"] < 1e-5 and found["gradients"] < 1e-4, found
+    assert found["output"] < 1e-5 and found["gradients"] < 1e-4, found  # against float64
+    assert found["reference_output"] > 0 and found["reference_gradients"] > 0  # torch's own kernel, for scale
     assert runs[False][2].fast_path_check is None
     assert "first-step check of the fused grouped batch norm" in capsys.readouterr().out
 
@@ -350,3 +353,25 @@ def test_the_first_step_check_falls_back_from_a_broken_kernel(monkeypatch, capsy
     assert step.fast_path_check["gradients"] > 1e-2
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "falling back to CHUNK_BN split" in ln]
     assert len(lines) == 1
+
+
+def test_a_failed_first_step_check_under_torchrun_stops_the_run(monkeypatch):
+    """Under torchrun the synchronised batch norm runs the fused kernels whatever CHUNK_BN says, so a
+    failed check cannot fall back: the run stops with one line."""
+    from dael_plugin.core import chunk_norm
+    from dael_plugin.engine import distributed
+    from dael_plugin.engine import step as step_module
+    from dael_plugin.errors import DAELConfigError
+
+    right = chunk_norm._GroupedBatchNorm.backward
+
+    def wrong(ctx, *grads):
+        dx, *rest = right(ctx, *grads)
+        return (None if dx is None else 2 * dx, *rest)
+
+    monkeypatch.setattr(chunk_norm._GroupedBatchNorm, "backward", staticmethod(wrong))
+    step, _ = _checked_step(True)
+    monkeypatch.setattr(step_module, "world", lambda: distributed.World(0, 2, 0, True))
+    x, u = _batches()
+    with pytest.raises(DAELConfigError, match="failed its first-step check"):
+        step(x, u)

@@ -1,40 +1,48 @@
 """Insurance for what a CPU test cannot see: on the first training step on CUDA, the fused
-``grouped`` batch-norm pass is checked against per-chunk batch norm on that very batch.
+``grouped`` batch-norm pass is checked on that very batch.
 
-Both run on copies of the backbone (the model, its running statistics and every random stream
-are left as they were), under the step's precision: one forward pass of the batch's source and
-target views with their domain chunks, and one backward pass of a fixed random projection of the
-features, in full fp32 where the step uses TF32. The outputs, and all parameters' gradients
-together, are compared by the norm of their difference relative to the reference's. A defect in the fused kernels (statistics over the
-wrong elements, a wrong gradient formula, a layout the kernels mishandle) shows as an error of
-order one; rounding stays far below the tolerances (``TOLERANCE``), which leave room for bf16's and
-fp16's rounding of per-chunk native kernels that are themselves compared. On a mismatch the step
-falls back to the reference (``CHUNK_BN split``) with one log line, and ``results.json`` records
-the check (``fast_path_check``). Its cost is about one extra training step, once per process start.
+Three passes run on copies of the backbone (the model, its running statistics and every random
+stream are left as they were): per-chunk batch norm (``split``: each chunk through torch's own
+kernel) in float64, the reference; the same in the step's precision; and the fused pass in the
+step's precision. Each is one forward pass of the batch's source and target views with their
+domain chunks and one backward pass of a fixed random projection of the features, with full fp32
+products where the step uses TF32. The outputs, and all parameters' gradients together, are
+compared with the reference by the norm of their difference relative to the reference's.
 
-Under torchrun the copies are checked without synchronisation (each process its own shard): the
-synchronised form runs the same kernels on combined statistics.
+The fused pass passes when it is about as accurate as torch's own kernel in the same precision:
+at most ``RATIO`` times per-chunk batch norm's error plus a floor (``FLOOR``). Comparing the two
+fp32 passes with each other instead would not do: a channel that is nearly constant in a chunk
+(a dead ReLU at initialisation) makes batch norm ill-conditioned, and two correct fp32 kernels
+then differ by 1e-3 to 1e-2 in the gradients (measured on the H200 and on CPU), while each stays
+close to float64. A defect in the fused kernels (statistics over the wrong elements, a wrong
+gradient formula) shows as an error of order one. On a failed check the step falls back to
+``CHUNK_BN split`` with one log line (under torchrun, where the synchronised form shares the
+kernels, the run stops), and ``results.json`` records the check (``fast_path_check``). Its cost is
+about two extra training steps (one in float64), once per process start.
 """
 
 from __future__ import annotations
 
+import contextlib
 import copy
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence
 
 import torch
 
 from dael_plugin.core.chunk_norm import fused_forward
 
-# Largest relative error of the outputs and gradients that still passes, by precision.
-TOLERANCE = {"fp32": 1e-3, "bf16": 1e-1, "fp16": 1e-1}
+# The fused pass passes where its error against a float64 reference is at most RATIO times that of
+# per-chunk batch norm in the same precision, plus a floor (errors as norms, relative).
+RATIO = 4.0
+FLOOR = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
 
 
 def _rel(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
     """``||a - b|| / ||b||`` over all the tensors together (one number for all parameters' gradients:
     a parameter whose gradient is tiny cannot dominate it with rounding noise)."""
-    diff = torch.stack([(x.float() - y.float()).square().sum() for x, y in zip(a, b)]).sum().sqrt()
-    norm = torch.stack([y.float().square().sum() for y in b]).sum().sqrt()
-    return (diff / norm.clamp_min(1e-30)).item()
+    diff = torch.stack([(x.double() - y.double()).square().sum() for x, y in zip(a, b)]).sum().sqrt()
+    norm = torch.stack([y.double().square().sum() for y in b]).sum().sqrt()
+    return (diff / norm.clamp_min(1e-300)).item()
 
 
 def _copy_unsynced(net: torch.nn.Module) -> torch.nn.Module:
@@ -57,39 +65,45 @@ def compare_fused_pass(
     impl: str,
     autocast: Callable[[], object],
 ) -> Dict[str, float]:
-    """The largest relative errors of the fused ``impl`` pass against per-chunk batch norm
-    (``split``: each chunk through the layer's own kernel) on ``x``: outputs and gradients."""
-    results: List[tuple] = []
+    """Relative errors, against per-chunk batch norm in float64, of the fused ``impl`` pass
+    (``output``, ``gradients``) and of per-chunk batch norm in the step's precision
+    (``reference_output``, ``reference_gradients``) on ``x``."""
+    passes: Dict[str, tuple] = {}
     devices = [x.device] if x.device.type == "cuda" else []
     tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
-    # Full fp32 convolutions and matmuls while checking: TF32 rounds every product to 10 bits, so two
-    # passes whose inputs differ in the last bit of fp32 would differ by TF32's rounding, hiding what
-    # the batch norms themselves do. (The step itself keeps USE_TF32's setting.)
+    # Full fp32 convolutions and matmuls while checking: TF32 rounds every product to 10 bits and
+    # would hide what the batch norms themselves do. (The step itself keeps USE_TF32's setting.)
     torch.backends.cudnn.allow_tf32 = torch.backends.cuda.matmul.allow_tf32 = False
     try:
         with torch.random.fork_rng(devices=devices):  # every random stream as it was (dropout draws)
-            _two_passes(featurizer, x, chunk_sizes, impl, autocast, results)
+            for name, mode, exact in (("exact", "split", True), ("split", "split", False), ("fused", impl, False)):
+                torch.manual_seed(0)  # the same draws in each pass
+                passes[name] = _one_pass(featurizer, x, chunk_sizes, mode, autocast, exact)
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
-    (ref_y, ref_g), (y, g) = results
-    return {"output": _rel([y], [ref_y]), "gradients": _rel(g, ref_g) if g else 0.0}
+    (ey, eg), (sy, sg), (fy, fg) = passes["exact"], passes["split"], passes["fused"]
+    return {
+        "output": _rel([fy], [ey]),
+        "gradients": _rel(fg, eg) if eg else 0.0,
+        "reference_output": _rel([sy], [ey]),
+        "reference_gradients": _rel(sg, eg) if eg else 0.0,
+    }
 
 
-def _two_passes(featurizer, x, chunk_sizes, impl, autocast, results) -> None:
-    probe = None
-    for mode in ("split", impl):
-        net = _copy_unsynced(featurizer).train()
-        for p in net.parameters():
-            p.grad = None
-        with autocast():
-            feats = fused_forward(net, x, chunk_sizes, mode)
-        if probe is None:
-            gen = torch.Generator(device=x.device).manual_seed(0)
-            probe = torch.randn(feats.shape, generator=gen, device=x.device)
-        (feats.float() * probe).sum().backward()
-        results.append(
-            (feats.detach().float(), [p.grad.detach().float() for p in net.parameters() if p.grad is not None])
-        )
+def _one_pass(featurizer, x, chunk_sizes, mode: str, autocast, exact: bool) -> tuple:
+    """Features and parameter gradients of a fixed random projection of them, on a copy of the
+    backbone: in float64 without autocast (``exact``), or as the step runs."""
+    net = _copy_unsynced(featurizer).train()
+    if exact:
+        net = net.double()
+    for p in net.parameters():
+        p.grad = None
+    with contextlib.nullcontext() if exact else autocast():
+        feats = fused_forward(net, x.double() if exact else x, chunk_sizes, mode)
+    gen = torch.Generator(device=x.device).manual_seed(0)
+    probe = torch.randn(feats.shape, generator=gen, device=x.device, dtype=torch.float64)
+    (feats.double() * probe).sum().backward()
+    return feats.detach().double(), [p.grad.detach().double() for p in net.parameters() if p.grad is not None]
 
 
 class FastPathCheck:
@@ -104,18 +118,19 @@ class FastPathCheck:
 
         impl = resolve_impl(algorithm.chunk_bn, x.device.type)
         errors = compare_fused_pass(algorithm.featurizer, x, chunk_sizes, impl, autocast)
-        tol = TOLERANCE[self.prec]
-        ok = all(v <= tol for v in errors.values())
-        self.result = {"impl": impl, "prec": self.prec, "tolerance": tol, **errors, "fell_back": not ok}
+        floor = FLOOR[self.prec]
+        ok = all(errors[k] <= RATIO * errors[f"reference_{k}"] + floor for k in ("output", "gradients"))
+        self.result = {"impl": impl, "prec": self.prec, "ratio": RATIO, "floor": floor, **errors, "fell_back": not ok}
+        said = (
+            f"outputs {errors['output']:.1e} (per-chunk {errors['reference_output']:.1e}), gradients "
+            f"{errors['gradients']:.1e} (per-chunk {errors['reference_gradients']:.1e}) against float64"
+        )
         if ok:
-            print(
-                f"dael_plugin: first-step check of the fused {impl} batch norm against per-chunk batch norm: "
-                f"outputs {errors['output']:.1e}, gradients {errors['gradients']:.1e} (tolerance {tol:g})"
-            )
+            print(f"dael_plugin: first-step check of the fused {impl} batch norm: {said}")
         else:
             algorithm.chunk_bn = "split"
             print(
-                f"dael_plugin: the fused {impl} batch norm differs from per-chunk batch norm on this device "
-                f"(outputs {errors['output']:.1e}, gradients {errors['gradients']:.1e}, tolerance {tol:g}); "
-                "falling back to CHUNK_BN split for this run (recorded in results.json)"
+                f"dael_plugin: the fused {impl} batch norm is less accurate than per-chunk batch norm on this "
+                f"device ({said}; allowed {RATIO:g}x + {floor:g}); falling back to CHUNK_BN split for this run "
+                "(recorded in results.json)"
             )

@@ -607,6 +607,8 @@ def _epoch_cfg(engine, shape, args, device, data_root, on_device=False, fastest=
                 ["t"],
                 "MODEL.BACKBONE.NAME",
                 bb if engine == "dassl" else own,
+                "MODEL.BACKBONE.PRETRAINED",  # no model hub here (Dassl's resnet18 downloads); time needs no weights
+                False,
                 "INPUT.SIZE",
                 (size, size),
                 "INPUT.TRANSFORMS",

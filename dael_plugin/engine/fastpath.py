@@ -13,8 +13,8 @@ The fused pass passes when it is about as accurate as torch's own kernel in the 
 at most ``RATIO`` times per-chunk batch norm's error plus a floor (``FLOOR``). Comparing the two
 fp32 passes with each other instead would not do: a channel that is nearly constant in a chunk
 (a dead ReLU at initialisation) makes batch norm ill-conditioned, and two correct fp32 kernels
-then differ by 1e-3 to 1e-2 in the gradients (measured on the H200 and on CPU), while each stays
-close to float64. A defect in the fused kernels (statistics over the wrong elements, a wrong
+then differ by up to 5e-3 in the gradients (measured on the H200 and on CPU), either one the
+closer to float64. A defect in the fused kernels (statistics over the wrong elements, a wrong
 gradient formula) shows as an error of order one. On a failed check the step falls back to
 ``CHUNK_BN split`` with one log line (under torchrun, where the synchronised form shares the
 kernels, the run stops), and ``results.json`` records the check (``fast_path_check``). Its cost is
@@ -28,13 +28,18 @@ import copy
 from typing import Callable, Dict, Optional, Sequence
 
 import torch
+from torch.nn.modules.batchnorm import _BatchNorm
 
 from dael_plugin.core.chunk_norm import fused_forward
 
 # The fused pass passes where its error against a float64 reference is at most RATIO times that of
 # per-chunk batch norm in the same precision, plus a floor (errors as norms, relative).
 RATIO = 4.0
-FLOOR = {"fp32": 1e-4, "bf16": 2e-2, "fp16": 2e-2}
+# The floors: fp32's forward rounding, amplified by batch norm on nearly constant channels, leaves
+# both fp32 passes 1e-4 to 5e-3 from float64 in the gradients (CPU: ResNet-18, the small CNN and
+# Dassl's cnn_digit5_m3sda; the H200: 5e-7 to 5e-3), either one ahead; bf16/fp16 4e-3 to 6e-3
+# (the H200). A wrong kernel is off by order one.
+FLOOR = {"fp32": 1e-2, "bf16": 5e-2, "fp16": 5e-2}
 
 
 def _rel(a: Sequence[torch.Tensor], b: Sequence[torch.Tensor]) -> float:
@@ -77,7 +82,6 @@ def compare_fused_pass(
     try:
         with torch.random.fork_rng(devices=devices):  # every random stream as it was (dropout draws)
             for name, mode, exact in (("exact", "split", True), ("split", "split", False), ("fused", impl, False)):
-                torch.manual_seed(0)  # the same draws in each pass
                 passes[name] = _one_pass(featurizer, x, chunk_sizes, mode, autocast, exact)
     finally:
         torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32 = tf32
@@ -93,7 +97,13 @@ def compare_fused_pass(
 def _one_pass(featurizer, x, chunk_sizes, mode: str, autocast, exact: bool) -> tuple:
     """Features and parameter gradients of a fixed random projection of them, on a copy of the
     backbone: in float64 without autocast (``exact``), or as the step runs."""
-    net = _copy_unsynced(featurizer).train()
+    net = _copy_unsynced(featurizer)
+    # Batch norm in training mode, everything else in evaluation mode: no dropout or drop-path draws,
+    # whose masks would differ between the passes (CUDA's dropout draws its mask by dtype).
+    net.eval()
+    for m in net.modules():
+        if isinstance(m, _BatchNorm):
+            m.train()
     if exact:
         net = net.double()
     for p in net.parameters():

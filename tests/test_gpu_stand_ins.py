@@ -333,9 +333,8 @@ def test_the_first_step_check_passes_and_changes_nothing(capsys):
     assert "first-step check of the fused grouped batch norm" in capsys.readouterr().out
 
 
-def test_the_first_step_check_falls_back_from_a_broken_kernel(monkeypatch, capsys):
-    """A wrong input gradient from the fused kernel (here: twice the right one): the check sees it on
-    the first batch, says so in one line, and the run goes on with per-chunk batch norm."""
+def _plant_a_wrong_input_gradient(monkeypatch):
+    """The fused kernel's input gradient doubled: a defect of the kind only the device would show."""
     from dael_plugin.core import chunk_norm
 
     right = chunk_norm._GroupedBatchNorm.backward
@@ -345,6 +344,13 @@ def test_the_first_step_check_falls_back_from_a_broken_kernel(monkeypatch, capsy
         return (None if dx is None else 2 * dx, *rest)
 
     monkeypatch.setattr(chunk_norm._GroupedBatchNorm, "backward", staticmethod(wrong))
+
+
+def test_the_first_step_check_falls_back_from_a_broken_kernel(monkeypatch, capsys):
+    """A wrong input gradient from the fused kernel (here: twice the right one): the check sees it on
+    the first batch, says so in one line, and the run goes on with per-chunk batch norm."""
+
+    _plant_a_wrong_input_gradient(monkeypatch)
     step, _ = _checked_step(True)
     x, u = _batches()
     out = step(x, u)
@@ -358,18 +364,11 @@ def test_the_first_step_check_falls_back_from_a_broken_kernel(monkeypatch, capsy
 def test_a_failed_first_step_check_under_torchrun_stops_the_run(monkeypatch):
     """Under torchrun the synchronised batch norm runs the fused kernels whatever CHUNK_BN says, so a
     failed check cannot fall back: the run stops with one line."""
-    from dael_plugin.core import chunk_norm
     from dael_plugin.engine import distributed
     from dael_plugin.engine import step as step_module
     from dael_plugin.errors import DAELConfigError
 
-    right = chunk_norm._GroupedBatchNorm.backward
-
-    def wrong(ctx, *grads):
-        dx, *rest = right(ctx, *grads)
-        return (None if dx is None else 2 * dx, *rest)
-
-    monkeypatch.setattr(chunk_norm._GroupedBatchNorm, "backward", staticmethod(wrong))
+    _plant_a_wrong_input_gradient(monkeypatch)
     step, _ = _checked_step(True)
     monkeypatch.setattr(step_module, "world", lambda: distributed.World(0, 2, 0, True))
     x, u = _batches()

@@ -25,7 +25,6 @@ from yacs.config import CfgNode as CN
 
 from dael_plugin.builtin import data as bdata
 from dael_plugin.config import uses_target_data
-from dael_plugin.core.chunk_norm import set_sync
 from dael_plugin.data.folders import load_splits
 from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.engine import checkpoint as ckpt
@@ -33,6 +32,7 @@ from dael_plugin.engine import distributed
 from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
+from dael_plugin.engine.loop import eval_loader, sync_batch_norm, train_epoch
 from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_test_transform, check_names
@@ -79,8 +79,7 @@ class BuiltinTrainer:
         self.modules = nn.ModuleDict(self.build_model()).to(self.device)
         self.guard = FiniteGuard()
         self.prepare_model()
-        if self.world.distributed:  # batch statistics over every process's shard, per domain chunk
-            set_sync(self.modules, distributed.device_group(), self.world.size)
+        sync_batch_norm(self.modules)  # under torchrun: statistics over every shard, per domain chunk
         self.optim = self._build_optim(self.modules.parameters())
         self.sched = self._build_sched(self.optim)
         self.build_step()
@@ -335,8 +334,6 @@ class BuiltinTrainer:
         self.modules.train()
         cfg = self.cfg
         n = len(self.train_loader_x)
-        meters = DeviceMeters()
-        self.guard.reset()
         tty = show_progress()
         # No bar graphics: the count, the meters under short names and the run's eta fit 100 columns.
         bar = tqdm(
@@ -346,32 +343,38 @@ class BuiltinTrainer:
             disable=not tty,
             bar_format="{desc} {n_fmt}/{total_fmt}{postfix}",
         )
-        for i, (batch_x, batch_u) in enumerate(self._batches()):
-            self._note_bad(batch_x, batch_u)
-            out = self.forward_backward(batch_x, batch_u)
-            meters.update(out)
-            self._batches_run += 1
-            bar.update(1)
-            if (i + 1) % cfg.TRAIN.PRINT_FREQ == 0 or i + 1 == n:
-                # The host reads the running means and the divergence flag only here.
-                if self.guard.tripped():
-                    bar.close()
-                    raise divergence_error(self.epoch + 1, i + 1, cfg.OPTIM.LR, cfg.OUTPUT_DIR)
-                means = meters.means()
-                lr = self.optim.param_groups[0]["lr"]
-                step = self.epoch * n + i
-                if self.writer is not None:
-                    for k, v in means.items():
-                        self.writer.add_scalar(f"train/{k}", v, step)
-                    self.writer.add_scalar("train/lr", lr, step)
-                eta = self._eta(n - i - 1 + (cfg.OPTIM.MAX_EPOCH - self.epoch - 1) * n)
-                if tty:
-                    bar.set_postfix_str(f"{short_meters(means)} eta {eta}", refresh=False)
-                elif i + 1 < n:
-                    print(
-                        f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batch [{i + 1}/{n}] {format_meters(means)} "
-                        f"lr {lr:.4e} eta {eta}"
-                    )
+
+        def batches():
+            for batch_x, batch_u in self._batches():
+                self._note_bad(batch_x, batch_u)
+                yield batch_x, batch_u
+                self._batches_run += 1
+                bar.update(1)
+
+        def report(i: int, meters: DeviceMeters) -> None:
+            if (i + 1) % cfg.TRAIN.PRINT_FREQ and i + 1 < n:
+                return  # a short epoch's every batch: the flag was read, nothing to say
+            means = meters.means()
+            lr = self.optim.param_groups[0]["lr"]
+            step = self.epoch * n + i
+            if self.writer is not None:
+                for k, v in means.items():
+                    self.writer.add_scalar(f"train/{k}", v, step)
+                self.writer.add_scalar("train/lr", lr, step)
+            eta = self._eta(n - i - 1 + (cfg.OPTIM.MAX_EPOCH - self.epoch - 1) * n)
+            if tty:
+                bar.set_postfix_str(f"{short_meters(means)} eta {eta}", refresh=False)
+            elif i + 1 < n:
+                print(
+                    f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batch [{i + 1}/{n}] {format_meters(means)} "
+                    f"lr {lr:.4e} eta {eta}"
+                )
+
+        def diverged(done: int) -> Exception:
+            bar.close()
+            return divergence_error(self.epoch + 1, done, cfg.OPTIM.LR, cfg.OUTPUT_DIR)
+
+        meters = train_epoch(batches(), n, self.forward_backward, self.guard, cfg.TRAIN.PRINT_FREQ, report, diverged)
         bar.close()
         means = meters.means()
         eta = self._eta((cfg.OPTIM.MAX_EPOCH - self.epoch - 1) * n)
@@ -394,14 +397,7 @@ class BuiltinTrainer:
         from sklearn.metrics import f1_score
 
         self.modules.eval()
-        split = split or self.cfg.TEST.SPLIT
-        loader = self.test_loader
-        if split == "val":
-            if self.val_loader is None:
-                print("Note: TEST.SPLIT is val but this dataset has no validation split; evaluating on *test*")
-                split = "test"
-            else:
-                loader = self.val_loader
+        split, loader = eval_loader(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
         print(f"Evaluate on the *{split}* set")
         tally, skipped = evaluate_experts(self.predict_experts, loader, self.device, self.bad_images, show_progress())
         if tally.total == 0:

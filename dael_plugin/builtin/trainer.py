@@ -22,6 +22,7 @@ from dael_plugin.builtin.loop import BuiltinTrainer, set_random_seed  # noqa: F4
 from dael_plugin.config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node
 from dael_plugin.core import DAEL, build_heads
 from dael_plugin.engine import distributed
+from dael_plugin.engine.loop import local_share
 from dael_plugin.engine.step import make_step, prepare_model
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_train_transform, build_train_views, check_names
@@ -54,7 +55,7 @@ class DAELBuiltin(BuiltinTrainer):
             n_domain=c.TRAIN_X.N_DOMAIN,
         )
         # Images per domain chunk in this process's share of a batch (all of it in one process).
-        self.per_domain = self.train_loader_x.batch_sampler.per_domain // self.world.size
+        self.per_domain = local_share(self.train_loader_x.batch_sampler.per_domain)
         self.train_loader_u = self._u_loader(views) if self.is_da else None
         self.test_loader = self._test_loader(self.splits["test"])
         print(

@@ -36,7 +36,6 @@ from dael_plugin.config import (
     uses_target_data,
 )
 from dael_plugin.core import DAEL, build_heads
-from dael_plugin.core.chunk_norm import set_sync
 from dael_plugin.dassl_adapter.checks import check_dataset_cfg
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
 from dael_plugin.data.images import REPLACED, note_unreadable
@@ -46,6 +45,7 @@ from dael_plugin.engine import distributed
 from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
+from dael_plugin.engine.loop import eval_loader, local_share, sync_batch_norm, train_epoch
 from dael_plugin.engine.step import DeviceMeters, format_meters, make_step, prepare_model
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_train_views, check_names
@@ -166,9 +166,7 @@ class DAELTrainer(TrainerXU):
         self.E = build_heads(self.F.fdim, self.num_classes, self.num_source_domains, self.hparams)
         self.E.to(self.device)
         print(f"# params: {count_num_param(self.E):,}")
-        w = distributed.world()
-        if w.distributed:  # batch statistics over every process's shard, per domain chunk
-            set_sync(self.F, distributed.device_group(), w.size)
+        sync_batch_norm(self.F)  # under torchrun: statistics over every shard, per domain chunk
         self.optim_E = fuse_optim(build_optimizer(self.E, cfg.OPTIM))
         self.sched_E = build_lr_scheduler(self.optim_E, cfg.OPTIM)
         self.register_model("E", self.E, self.optim_E, self.sched_E)
@@ -190,8 +188,9 @@ class DAELTrainer(TrainerXU):
     def split_batch_size(self) -> int:
         """Images per domain chunk in this process's share of a batch (all of it in one process)."""
         n_domain = self.cfg.DATALOADER.TRAIN_X.N_DOMAIN
-        per_domain = self.cfg.DATALOADER.TRAIN_X.BATCH_SIZE // (n_domain if n_domain > 0 else self.num_source_domains)
-        return per_domain // distributed.world().size
+        return local_share(
+            self.cfg.DATALOADER.TRAIN_X.BATCH_SIZE // (n_domain if n_domain > 0 else self.num_source_domains)
+        )
 
     # -- a distributed run: rank 0 alone writes ---------------------------------
     def init_writer(self, log_dir):
@@ -212,10 +211,8 @@ class DAELTrainer(TrainerXU):
         ``PRINT_FREQ``, where the log line, in Dassl's format, and the
         TensorBoard scalars are written.
         """
-        self.guard.reset()
         self.set_model_mode("train")
         self._set_epoch()
-        meters = DeviceMeters()
         batch_time, data_time = AverageMeter(), AverageMeter()
         n_x = len(self.train_loader_x)
         if self.is_da:
@@ -227,32 +224,44 @@ class DAELTrainer(TrainerXU):
         it_x = iter(self.train_loader_x)
         it_u = iter(self.train_loader_u) if self.is_da else None
         freq = self.cfg.TRAIN.PRINT_FREQ
-        end = time.time()
-        for self.batch_idx in range(self.num_batches):
-            batch_x, it_x = _next(it_x, self.train_loader_x)
-            batch_u = None
-            if it_u is not None:
-                batch_u, it_u = _next(it_u, self.train_loader_u)
-            data_time.update(time.time() - end)
-            meters.update(self.forward_backward(batch_x, batch_u))
-            batch_time.update(time.time() - end)
-            if (self.batch_idx + 1) % freq == 0 or self.num_batches < freq:
-                if self.guard.tripped():
-                    raise divergence_error(self.epoch + 1, self.batch_idx + 1, self.cfg.OPTIM.LR, self.output_dir)
-                last, avg = meters.read()
-                remain = self.num_batches - self.batch_idx - 1 + (self.max_epoch - self.epoch - 1) * self.num_batches
-                eta = datetime.timedelta(seconds=int(batch_time.avg * remain))
-                info = format_meters(avg, last)
-                print(
-                    f"epoch [{self.epoch + 1}/{self.max_epoch}] batch [{self.batch_idx + 1}/{self.num_batches}] "
-                    f"time {batch_time.val:.3f} ({batch_time.avg:.3f}) data {data_time.val:.3f} "
-                    f"({data_time.avg:.3f}) {info} lr {self.get_current_lr():.4e} eta {eta}"
-                )
-                n_iter = self.epoch * self.num_batches + self.batch_idx
-                for k, v in avg.items():
-                    self.write_scalar("train/" + k, v, n_iter)
-                self.write_scalar("train/lr", self.get_current_lr(), n_iter)
-            end = time.time()
+        clock = {"end": time.time()}
+
+        def batches():
+            nonlocal it_x, it_u
+            for self.batch_idx in range(self.num_batches):
+                batch_x, it_x = _next(it_x, self.train_loader_x)
+                batch_u = None
+                if it_u is not None:
+                    batch_u, it_u = _next(it_u, self.train_loader_u)
+                data_time.update(time.time() - clock["end"])
+                yield batch_x, batch_u
+                clock["end"] = time.time()
+
+        def step(batch_x, batch_u):
+            out = self.forward_backward(batch_x, batch_u)
+            batch_time.update(time.time() - clock["end"])
+            return out
+
+        def report(i: int, meters: DeviceMeters) -> None:
+            if (i + 1) % freq and self.num_batches >= freq:
+                return  # Dassl's lines: every PRINT_FREQ batches, or every batch of a short epoch
+            last, avg = meters.read()
+            remain = self.num_batches - i - 1 + (self.max_epoch - self.epoch - 1) * self.num_batches
+            eta = datetime.timedelta(seconds=int(batch_time.avg * remain))
+            print(
+                f"epoch [{self.epoch + 1}/{self.max_epoch}] batch [{i + 1}/{self.num_batches}] "
+                f"time {batch_time.val:.3f} ({batch_time.avg:.3f}) data {data_time.val:.3f} "
+                f"({data_time.avg:.3f}) {format_meters(avg, last)} lr {self.get_current_lr():.4e} eta {eta}"
+            )
+            n_iter = self.epoch * self.num_batches + i
+            for k, v in avg.items():
+                self.write_scalar("train/" + k, v, n_iter)
+            self.write_scalar("train/lr", self.get_current_lr(), n_iter)
+
+        def diverged(done: int) -> Exception:
+            return divergence_error(self.epoch + 1, done, self.cfg.OPTIM.LR, self.output_dir)
+
+        train_epoch(batches(), self.num_batches, step, self.guard, freq, report, diverged)
 
     def _note_bad(self, *batches) -> None:
         for b in batches:
@@ -358,15 +367,7 @@ class DAELTrainer(TrainerXU):
         """Dassl's test loop, plus each expert's own accuracy; unreadable images are left out."""
         self.set_model_mode("eval")
         self.evaluator.reset()
-        if split is None:
-            split = self.cfg.TEST.SPLIT
-        if split == "val" and self.val_loader is not None:
-            data_loader = self.val_loader
-        else:
-            if split == "val":
-                print("Note: TEST.SPLIT is val but this dataset has no validation split; evaluating on *test*")
-            split = "test"
-            data_loader = self.test_loader
+        split, data_loader = eval_loader(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
         print(f"Evaluate on the *{split}* set")
         tally, _ = evaluate_experts(
             self.algorithm.predict_experts, data_loader, self.device, self.bad_images, sys.stderr.isatty()

@@ -1,0 +1,67 @@
+"""What both engines' training loops share, written once: the epoch over a host's batches (the step,
+the device-side meters, the divergence flag read only where the host reads anyway), the choice of
+the evaluation split, and a process's share of a domain chunk. The hosts (``builtin/loop.py``,
+``dassl_adapter/trainer.py``) feed batches and models and keep only their log formats.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Callable, Iterable, Optional, Tuple
+
+import torch
+
+from dael_plugin.engine import distributed
+from dael_plugin.engine.guard import FiniteGuard
+from dael_plugin.engine.step import DeviceMeters
+
+Batch = Tuple[dict, Optional[dict]]
+
+
+def train_epoch(
+    batches: Iterable[Batch],
+    num_batches: int,
+    forward_backward: Callable[[dict, Optional[dict]], dict],
+    guard: FiniteGuard,
+    print_freq: int,
+    report: Callable[[int, DeviceMeters], None],
+    diverged: Callable[[int], Exception],
+) -> DeviceMeters:
+    """One training epoch: ``forward_backward`` on each ``(batch_x, batch_u)``, its 0-dim results
+    summed on the device. The host reads the divergence flag (on every process of a torchrun run,
+    through the host group) and hands the meters to ``report(i, meters)`` only every
+    ``print_freq`` batches, at the last batch, and at every batch of an epoch shorter than
+    ``print_freq``; a flag raised is ``diverged(batches_done)``. No step reads a device value."""
+    meters = DeviceMeters()
+    guard.reset()
+    for i, (batch_x, batch_u) in enumerate(batches):
+        meters.update(forward_backward(batch_x, batch_u))
+        if (i + 1) % print_freq == 0 or i + 1 == num_batches or num_batches < print_freq:
+            if guard.tripped():
+                raise diverged(i + 1)
+            report(i, meters)
+    return meters
+
+
+def eval_loader(split: str, val_loader: Any, test_loader: Any) -> Tuple[str, Any]:
+    """The split to evaluate and its loader: ``val`` where the dataset has one, else the test split
+    with one line saying so."""
+    if split == "val":
+        if val_loader is not None:
+            return "val", val_loader
+        print("Note: TEST.SPLIT is val but this dataset has no validation split; evaluating on *test*")
+    return "test", test_loader
+
+
+def local_share(per_domain: int) -> int:
+    """Images of each domain chunk in this process's share of a batch (all of them in one process)."""
+    return per_domain // distributed.world().size
+
+
+def sync_batch_norm(module: torch.nn.Module) -> None:
+    """In a torchrun run: batch statistics over every process's shard, per domain chunk, in the
+    device group (:func:`dael_plugin.core.chunk_norm.set_sync`). Nothing otherwise."""
+    from dael_plugin.core.chunk_norm import set_sync
+
+    w = distributed.world()
+    if w.distributed:
+        set_sync(module, distributed.device_group(), w.size)

@@ -200,9 +200,19 @@ class BuiltinTrainer:
             self.classnames,
             self._scaler(),
             rng_ranks,
+            self._train_counts(),
             model=self.modules.state_dict(),
             optim=self.optim.state_dict(),
             sched=ckpt.sched_state(self.sched),
+        )
+
+    def _train_counts(self) -> Dict[str, int]:
+        u = self.splits["train_u"] if self.is_da else None
+        return ckpt.train_counts(
+            self.sources,
+            (it.domain for it in self.splits["train_x"]),
+            self.cfg.DATASET.TARGET_DOMAINS,
+            len(u) if u is not None else None,
         )
 
     def _scaler(self):
@@ -240,7 +250,7 @@ class BuiltinTrainer:
                 raise DAELConfigError(f"--resume {directory}: no {CKPT} there; give the OUTPUT_DIR of an earlier run")
             print("No checkpoint found, train from scratch")
             return 0
-        state = ckpt.read_resumable(path, "builtin", self.cfg, needs=("model", "data"))
+        state = ckpt.read_resumable(path, "builtin", self.cfg, ("model", "data"), self.classnames, self._train_counts())
         self.modules.load_state_dict(state["model"])
         self.optim.load_state_dict(state["optim"])
         ckpt.load_sched_state(self.sched, state["sched"])

@@ -309,6 +309,7 @@ class DAELTrainer(TrainerXU):
             self._classnames(),
             self.step.scaler,
             rng_ranks,
+            self._train_counts(),
             models={n: self._models[n].state_dict() for n in names},
             optims={n: self._optims[n].state_dict() for n in names if self._optims[n] is not None},
             scheds={n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None},
@@ -318,7 +319,7 @@ class DAELTrainer(TrainerXU):
     def resume_model_if_exist(self, directory):
         path = osp.join(directory, ckpt.LAST)
         if osp.isfile(path):
-            state = ckpt.read_resumable(path, "dassl", self.cfg, needs=("models",))
+            state = ckpt.read_resumable(path, "dassl", self.cfg, ("models",), self._classnames(), self._train_counts())
             for name in self.get_model_names():
                 self._models[name].load_state_dict(state["models"][name])
                 if name in state.get("optims", {}):
@@ -339,6 +340,15 @@ class DAELTrainer(TrainerXU):
             )
             return epoch
         return 0
+
+    def _train_counts(self) -> dict:
+        data = self.dm.dataset
+        return ckpt.train_counts(
+            self.cfg.DATASET.SOURCE_DOMAINS,
+            (d.domain for d in data.train_x),
+            self.cfg.DATASET.TARGET_DOMAINS,
+            len(data.train_u) if self.is_da and data.train_u is not None else None,
+        )
 
     def _classnames(self) -> List[str]:
         return [self.lab2cname.get(i, str(i)) for i in range(self.num_classes)]

@@ -299,6 +299,7 @@ def run_state(
     classnames: List[str],
     scaler: Any = None,
     rng_ranks: Optional[list] = None,
+    train_counts: Optional[Dict[str, int]] = None,
     **weights: Any,
 ) -> dict:
     """A "last" checkpoint: the engine's ``weights`` (model, optimiser and scheduler states, by the
@@ -320,6 +321,8 @@ def run_state(
         "classnames": list(classnames),
         "world_size": world().size,
     }
+    if train_counts is not None:  # training images per domain: a resume onto other data is refused
+        state["train_counts"] = dict(train_counts)
     if len(rng_ranks) > 1:  # each process's own streams (device views, dropout) continue on resume
         state["rng_ranks"] = rng_ranks
     if scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
@@ -327,7 +330,14 @@ def run_state(
     return state
 
 
-def read_resumable(path: str, engine: str, cfg: Any, needs: Sequence[str]) -> dict:
+def read_resumable(
+    path: str,
+    engine: str,
+    cfg: Any,
+    needs: Sequence[str],
+    classnames: Optional[Sequence[str]] = None,
+    train_counts: Optional[Dict[str, int]] = None,
+) -> dict:
     """Load a "last" checkpoint for exact resume, or refuse it in one line: another engine's, an
     older format, one without ``needs``, or one whose config differs in a key that shapes the run.
 
@@ -348,6 +358,7 @@ def read_resumable(path: str, engine: str, cfg: Any, needs: Sequence[str]) -> di
             "--eval-only)"
         )
     check_resume_config(state, cfg, path)
+    check_same_data(state, path, classnames, train_counts)
     from dael_plugin.engine.distributed import world
 
     saved, now = int(state.get("world_size", 1)), world().size
@@ -359,6 +370,52 @@ def read_resumable(path: str, engine: str, cfg: Any, needs: Sequence[str]) -> di
             + ", or pass a new --output-dir"
         )
     return state
+
+
+def train_counts(
+    sources: Sequence[str], x_domains: Iterable[int], targets: Sequence[str], n_target: Optional[int]
+) -> Dict[str, int]:
+    """Training images per source domain (``x_domains``: each labeled image's source index) and of
+    the target's unlabeled split where a DA run reads it: what a resume compares."""
+    counts = {str(s): 0 for s in sources}
+    for d in x_domains:
+        counts[str(sources[d])] += 1
+    if n_target is not None:
+        counts["target " + "+".join(str(t) for t in targets)] = int(n_target)
+    return counts
+
+
+def _names(items: Sequence[str]) -> str:
+    return ", ".join(repr(i) for i in list(items)[:5]) + (" ..." if len(items) > 5 else "")
+
+
+def check_same_data(
+    state: dict, path: str, classnames: Optional[Sequence[str]], train_counts: Optional[Dict[str, int]]
+) -> None:
+    """A resume onto the data its checkpoint was trained on, or one line: a class renamed, added or
+    removed would silently permute or break the labels (label i is the i-th class folder), and
+    images added or removed change every later draw."""
+    fix = "restore the data as it was, or pass a new --output-dir to start fresh"
+    saved = state.get("classnames")
+    if classnames is not None and saved is not None and list(saved) != list(classnames):
+        was, now = list(saved), list(classnames)
+        gone, new = [c for c in was if c not in now], [c for c in now if c not in was]
+        what = (
+            f"class folders gone: {_names(gone)}; new: {_names(new)}"
+            if gone or new
+            else "the same class folders in another order"
+        )
+        raise CheckpointError(
+            f"cannot resume from {path}: its run was trained on {len(was)} classes and the data now has "
+            f"{len(now)} ({what}); labels would change meaning; {fix}"
+        )
+    counts = state.get("train_counts")
+    if train_counts is not None and counts is not None and dict(counts) != dict(train_counts):
+        changed = [f"{d} {counts.get(d)} -> {n}" for d, n in train_counts.items() if counts.get(d) != n]
+        raise CheckpointError(
+            f"cannot resume from {path}: the training images changed since it was written ({'; '.join(changed)}); "
+            f"the resumed run would not continue the same draws; {fix}"
+        )
 
 
 def restore_run_state(state: dict, path: str, scaler: Any, bad_images: set) -> int:

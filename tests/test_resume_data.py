@@ -1,0 +1,70 @@
+"""A resume onto other data is one line, on both engines: a class folder renamed, added or removed
+between a killed run and its resume would silently give labels another meaning (label i is the
+i-th class folder in sorted order), and images added or removed change every later draw."""
+
+import os
+import shutil
+
+import pytest
+
+from test_gpu_stand_ins import _cfg
+
+
+def _copy(tiny_root, tmp_path):
+    root = str(tmp_path / "data")
+    shutil.copytree(tiny_root, root)
+    return root
+
+
+def _rename_class(root, old, new):
+    base = os.path.join(root, "embedded_digits")
+    for domain in os.listdir(base):
+        for split in ("train", "test"):
+            folder = os.path.join(base, domain, split)
+            if os.path.isdir(os.path.join(folder, old)):
+                os.rename(os.path.join(folder, old), os.path.join(folder, new))
+
+
+def _add_image(root, domain="hand", cls="3"):
+    folder = os.path.join(root, "embedded_digits", domain, "train", cls)
+    first = sorted(os.listdir(folder))[0]
+    shutil.copy(os.path.join(folder, first), os.path.join(folder, "zz_added.png"))
+
+
+def _builtin(out, root):
+    from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+
+    set_random_seed(1)
+    return build_builtin_trainer(_cfg(out, root, "builtin"))
+
+
+def _dassl(out, root):
+    from dael_plugin.dassl_adapter import DAELTrainer
+
+    return DAELTrainer(_cfg(out, root, "dassl"))
+
+
+def _resume(engine, trainer, out):
+    return trainer.resume_if_exists() if engine == "builtin" else trainer.resume_model_if_exist(str(out))
+
+
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+@pytest.mark.parametrize("change", ["rename", "add"])
+def test_a_resume_onto_changed_data_is_one_line(tmp_path, tiny_root, engine, change):
+    from dael_plugin.engine.checkpoint import CheckpointError
+
+    if engine == "dassl":
+        pytest.importorskip("dassl")
+    build = _builtin if engine == "builtin" else _dassl
+    root, out = _copy(tiny_root, tmp_path), tmp_path / "run"
+    build(out, root).train()
+    assert _resume(engine, build(out, root), out) == 1  # the same data: resumes
+    if change == "rename":
+        _rename_class(root, "0", "zero")  # sorted: '1' ... '9', 'zero': label 0 would now be '1'
+        match = r"class folders gone: '0'; new: 'zero'"
+    else:
+        _add_image(root)
+        match = r"training images changed since it was written \(hand 60 -> 61\)"
+    with pytest.raises(CheckpointError, match=match) as err:
+        _resume(engine, build(out, root), out)
+    assert "\n" not in str(err.value) and "--output-dir" in str(err.value)

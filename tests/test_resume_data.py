@@ -6,7 +6,6 @@ import os
 import shutil
 
 import pytest
-
 from test_gpu_stand_ins import _cfg
 
 

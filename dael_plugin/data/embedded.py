@@ -21,10 +21,13 @@ from __future__ import annotations
 import os
 import shutil
 import tempfile
-from typing import Dict, List, Tuple
+from typing import Dict, List, Optional, Tuple
 
+import filelock
 import numpy as np
 from PIL import Image, ImageDraw, ImageFilter, ImageFont
+
+from dael_plugin.errors import DAELConfigError
 
 DATASET_DIR = "embedded_digits"
 DOMAINS = ("hand", "blend", "street", "font")
@@ -184,26 +187,58 @@ def generate(out_dir: str, seed: int = 0) -> Dict[str, Dict[str, int]]:
     return counts
 
 
+def _stamp(target: str) -> Optional[str]:
+    try:
+        with open(os.path.join(target, "VERSION")) as f:
+            return f.read().strip()
+    except OSError:
+        return None
+
+
 def ensure_embedded(root: str, seed: int = 0) -> str:
-    """Generate the set under ``<root>/embedded_digits`` unless a matching copy is cached."""
+    """Generate the set under ``<root>/embedded_digits`` unless a matching copy is there.
+
+    Safe when many runs start at once on a fresh root (a sweep): one generates, under the kernel's
+    lock on ``<root>/.embedded_digits.lock``, into a temporary folder renamed into place when whole;
+    the others wait and then read it. Nothing is ever deleted but this function's own unfinished
+    temporary folders (left by a run killed while generating): a folder of that name holding
+    another version, or anything not made here, is one error line, never overwritten.
+    """
     root = os.path.abspath(os.path.expanduser(root or "."))
     target = os.path.join(root, DATASET_DIR)
-    stamp = os.path.join(target, "VERSION")
     expected = f"{VERSION} seed={seed}"
-    if os.path.isfile(stamp):
-        with open(stamp) as f:
-            if f.read().strip() == expected:
-                return target
-    os.makedirs(root, exist_ok=True)
-    tmp = tempfile.mkdtemp(prefix=".embedded_digits-", dir=root)
+    if _stamp(target) == expected:
+        return target
     try:
-        generate(tmp, seed)
-        with open(os.path.join(tmp, "VERSION"), "w") as f:
-            f.write(expected + "\n")
-        if os.path.isdir(target):
-            shutil.rmtree(target)
-        os.replace(tmp, target)
-    finally:
-        if os.path.isdir(tmp):
-            shutil.rmtree(tmp, ignore_errors=True)
+        os.makedirs(root, exist_ok=True)
+        with filelock.FileLock(os.path.join(root, f".{DATASET_DIR}.lock")):
+            if _stamp(target) == expected:  # another run made it while this one waited
+                return target
+            if os.path.lexists(target):
+                found = _stamp(target)
+                raise DAELConfigError(
+                    f"{target} exists but is not the embedded set this version makes "
+                    f"({'its VERSION says ' + repr(found) if found else 'no VERSION file'}, expected {expected!r}); "
+                    "nothing was changed there: move it aside, or pass another --root"
+                )
+            for stale in os.listdir(root):  # unfinished generations of killed runs (this lock is held)
+                if stale.startswith(f".{DATASET_DIR}-") and os.path.isdir(os.path.join(root, stale)):
+                    shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
+            tmp = tempfile.mkdtemp(prefix=f".{DATASET_DIR}-", dir=root)
+            try:
+                generate(tmp, seed)
+                with open(os.path.join(tmp, "VERSION"), "w") as f:
+                    f.write(expected + "\n")
+                umask = os.umask(0)
+                os.umask(umask)
+                for dirpath, _, _ in os.walk(tmp):  # mkdtemp made it private; the set is for everyone
+                    os.chmod(dirpath, 0o777 & ~umask)
+                os.rename(tmp, target)  # whole or not at all: readers never see a partial set
+            finally:
+                if os.path.isdir(tmp):
+                    shutil.rmtree(tmp, ignore_errors=True)
+    except OSError as exc:
+        raise DAELConfigError(
+            f"cannot write the embedded set under {root} ({exc.strerror or exc}); pass a writable --root"
+        ) from None
     return target

@@ -523,6 +523,13 @@ def _bad_files(tmp_path):
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00\x81garbage")
     (tmp_path / "afile").write_text("x")
+    # "billion laughs": nine levels of aliases, a few hundred bytes that yacs expanded to gigabytes (a hang)
+    laughs = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
+    laughs += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
+    (tmp_path / "laughs.yaml").write_text("INPUT:\n  TRANSFORMS: *a9\n".join(["\n".join(laughs) + "\n", ""]))
+    (tmp_path / "twice.yaml").write_text("OPTIM:\n  LR_SCHEDULER: cosine\nOPTIM:\n  LR: 0.01\n")
+    if not (tmp_path / "fifo.yaml").exists():
+        os.mkfifo(tmp_path / "fifo.yaml")
 
 
 BAD = [
@@ -533,6 +540,13 @@ BAD = [
     ("test BATCH_SIZE 0", ["DATALOADER.TEST.BATCH_SIZE", "0"], "DATALOADER.TEST.BATCH_SIZE=0 is invalid"),
     ("LR 0", ["OPTIM.LR", "0.0"], "OPTIM.LR=0.0 is invalid"),
     ("flag after opts", ["--seed", "4"], "flag --seed comes after the trailing KEY VALUE options"),
+    (
+        "MAX_EPOCH 10^20",
+        ["OPTIM.MAX_EPOCH", "100000000000000000000"],
+        "OPTIM.MAX_EPOCH=100000000000000000000 is invalid",
+    ),
+    ("BATCH_SIZE 3e12", ["DATALOADER.TRAIN_X.BATCH_SIZE", "3000000000000"], "must be an integer from 1 to 65536"),
+    ("SEED 10^11", ["SEED", "99999999999"], "SEED=99999999999 is invalid"),
 ]
 
 
@@ -548,6 +562,9 @@ BAD_FILES = [
     ("YAML list", lambda t: ["--config-file", str(t / "list.yaml")], "holds a list, not a mapping"),
     ("binary file", lambda t: ["--config-file", str(t / "binary.yaml")], "cannot be read"),
     ("missing file", lambda t: ["--config-file", str(t / "nope.yaml")], "not found"),
+    ("YAML aliases", lambda t: ["--config-file", str(t / "laughs.yaml")], "an alias (*a0): config files are read"),
+    ("a key twice", lambda t: ["--config-file", str(t / "twice.yaml")], "the key 'OPTIM' appears twice"),
+    ("a FIFO", lambda t: ["--config-file", str(t / "fifo.yaml")], "is not a regular file"),
     ("output dir is a file", lambda t: ["--output-dir", str(t / "afile")], "exists and is not a directory"),
     ("output dir cannot be made", lambda t: ["--output-dir", str(t / "afile" / "sub")], "cannot be created"),
 ]

@@ -133,17 +133,20 @@ def uses_target_data(cfg: CN) -> bool:
 
 def check_run_values(cfg: CN) -> None:
     """Values every trainer needs to be sane, checked before any data is read."""
+    # Upper limits far beyond any real run: past them a value is a typo, and would overflow a C int,
+    # fill memory building a batch, or make NumPy refuse the seed, with a traceback.
     checks = [
-        ("OPTIM.MAX_EPOCH", cfg.OPTIM.MAX_EPOCH, 1, "the number of training epochs"),
-        ("DATALOADER.TRAIN_X.BATCH_SIZE", cfg.DATALOADER.TRAIN_X.BATCH_SIZE, 1, "the source batch size"),
-        ("DATALOADER.TRAIN_U.BATCH_SIZE", cfg.DATALOADER.TRAIN_U.BATCH_SIZE, 1, "the target batch size"),
-        ("DATALOADER.TEST.BATCH_SIZE", cfg.DATALOADER.TEST.BATCH_SIZE, 1, "the test batch size"),
-        ("DATALOADER.NUM_WORKERS", cfg.DATALOADER.NUM_WORKERS, 0, "the number of loader processes"),
-        ("TRAIN.PRINT_FREQ", cfg.TRAIN.PRINT_FREQ, 1, "the logging interval in batches"),
+        ("OPTIM.MAX_EPOCH", cfg.OPTIM.MAX_EPOCH, 1, 10**6, "the number of training epochs"),
+        ("DATALOADER.TRAIN_X.BATCH_SIZE", cfg.DATALOADER.TRAIN_X.BATCH_SIZE, 1, 2**16, "the source batch size"),
+        ("DATALOADER.TRAIN_U.BATCH_SIZE", cfg.DATALOADER.TRAIN_U.BATCH_SIZE, 1, 2**16, "the target batch size"),
+        ("DATALOADER.TEST.BATCH_SIZE", cfg.DATALOADER.TEST.BATCH_SIZE, 1, 2**16, "the test batch size"),
+        ("DATALOADER.NUM_WORKERS", cfg.DATALOADER.NUM_WORKERS, 0, 1024, "the number of loader processes"),
+        ("TRAIN.PRINT_FREQ", cfg.TRAIN.PRINT_FREQ, 1, 2**31 - 1, "the logging interval in batches"),
+        ("SEED", cfg.SEED, -1, 2**32 - 1, "the seed (-1: a random one)"),
     ]
-    for key, value, low, what in checks:
-        if not isinstance(value, int) or isinstance(value, bool) or value < low:
-            raise DAELConfigError(f"{key}={value!r} is invalid: {what} must be an integer >= {low}")
+    for key, value, low, high, what in checks:
+        if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:
+            raise DAELConfigError(f"{key}={value!r} is invalid: {what} must be an integer from {low} to {high}")
     if not float(cfg.OPTIM.LR) > 0:
         raise DAELConfigError(f"OPTIM.LR={cfg.OPTIM.LR!r} is invalid: the learning rate must be > 0")
 

@@ -98,26 +98,16 @@ def choose_engine(requested: str) -> str:
 
 
 def _merge_file(cfg: CN, path: str, engine: str) -> dict:
-    """Merge a config file as data: YAML read with ``yaml.safe_load``, never imported (yacs's
-    ``merge_from_file`` would import a ``.py`` file and run it)."""
-    import yaml
+    """Merge a config file as data: YAML read as data (:mod:`dael_plugin.config.strict_yaml`), never
+    imported (yacs's ``merge_from_file`` would import a ``.py`` file and run it)."""
+    from dael_plugin.config.strict_yaml import load_config_file
 
-    if not os.path.isfile(path):
-        raise DAELConfigError(f"config file {path!r} not found")
     if path.endswith(".py"):
         raise DAELConfigError(
             f"config file {path} is a Python file; config files are YAML, read as data and "
             "never run: write its KEY: value pairs to a .yaml file"
         )
-    try:
-        with open(path) as f:
-            loaded = yaml.safe_load(f)
-    except (OSError, UnicodeDecodeError) as exc:
-        raise DAELConfigError(f"config file {path} cannot be read ({type(exc).__name__}: {exc})") from None
-    except yaml.YAMLError as exc:
-        where = getattr(exc, "problem_mark", None)
-        line = f" at line {where.line + 1}" if where is not None else ""
-        raise DAELConfigError(f"config file {path} is not valid YAML{line}; fix it or pass another file") from None
+    loaded = load_config_file(path)  # no aliases, no duplicate keys, a small regular file
     if loaded is None:
         return {}
     if not isinstance(loaded, dict):

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from typing import Callable, Iterable, Optional, Sequence
 
 import numpy as np
@@ -12,7 +14,12 @@ MAX_REPLACEMENTS = 32
 
 
 def decode(path: str) -> Image.Image:
-    """Decode to RGB (16-bit, RGBA, palette and grey images included); raises on a bad file."""
+    """Decode to RGB (16-bit, RGBA, palette and grey images included); raises on a bad file.
+
+    Only a regular file is opened: opening a FIFO named like an image blocks until a writer comes
+    (a run hung, and ignored SIGTERM), and a link to ``/dev/zero`` never ends."""
+    if not stat.S_ISREG(os.stat(path).st_mode):
+        raise OSError(f"{path} is not a regular file")
     with Image.open(path) as f:
         f.load()
         if f.mode in ("I;16", "I;16B", "I;16L", "I"):

@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import stat
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional
 
@@ -83,6 +84,8 @@ class Walk:
 
 def _read(path: str):
     try:
+        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block open() until a writer comes
+            return None, "not a regular file"
         with open(path) as f:
             data = json.load(f)
     except json.JSONDecodeError as exc:

@@ -59,3 +59,18 @@ def test_collect_lists_a_fifo_named_results_json_as_a_problem(tmp_path):
     box = _returns_within(lambda: read_records(str(tmp_path)))
     walk = box["value"]
     assert not walk.records and [p.why for p in walk.problems] == ["not a regular file"]
+
+
+def test_a_tilde_in_every_path_flag_is_the_home_folder(tmp_path, tiny_root, capsys, monkeypatch):
+    """``--output-dir '~/x'`` (quoted, so no shell expanded it) writes under $HOME, as ``--root`` reads
+    from it: no folder named ``~`` appears in the current directory."""
+    from test_hardening import args_for, cli
+
+    home, cwd = tmp_path / "home", tmp_path / "cwd"
+    home.mkdir(), cwd.mkdir()
+    shutil.copytree(tiny_root, home / "data")
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(cwd)
+    code, _, err = cli(args_for("~/data", "~/run", epochs=1), capsys)
+    assert code == 0, err[-2000:]
+    assert (home / "run" / "results.json").exists() and os.listdir(cwd) == []

@@ -339,10 +339,23 @@ def _terminate(signum, _frame):
     raise Terminated(signum)
 
 
+PATH_FLAGS = ("root", "output_dir", "resume", "model_dir", "config_file", "dataset_config_file")
+
+
+def _expand_user(args: argparse.Namespace) -> None:
+    """``~`` in every path flag, as a shell would have expanded it unquoted (``--output-dir '~/x'``
+    made a folder named ``~`` in the current directory while ``--root`` expanded it)."""
+    for name in PATH_FLAGS:
+        value = getattr(args, name, None)
+        if isinstance(value, str) and value.startswith("~"):
+            setattr(args, name, os.path.expanduser(value))
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from dael_plugin.builtin.runlog import close_logger
 
     args = build_parser().parse_args(argv)
+    _expand_user(args)
     distributed.quiet_unless_main()  # under torchrun, one process speaks on stdout
     state: dict = {}
     # SIGTERM (scancel, preemption, most schedulers, a sweep that ends) stops the run as Ctrl-C does.

@@ -7,10 +7,10 @@
 #       process, both engines; short fp32, bf16 and fp16 runs, their accuracies side by side;
 #     the GPU tests but the compiled ones (no host sync with every execution option, fp16, grouped
 #       against split batch norm, the fast path's first-step check, the paper's views on the device);
-#   the rest (about 5 minutes):
-#     the step at both shapes against Dassl's DAEL (blocks of steps timed between CUDA events,
-#     per-option shares, peak memory), launches per step, epochs against Dassl's trainer; the
-#     compiled GPU tests (CUDA graphs replayed); DDP's overhead at N=1; views on the device.
+#   the rest (about 5 minutes), the short steps first:
+#     the compiled GPU tests (CUDA graphs replayed); DDP's overhead at N=1; views on the device;
+#     then the step at both shapes against Dassl's DAEL (blocks of steps timed between CUDA events,
+#     per-option shares, peak memory), launches per step, epochs against Dassl's trainer.
 #
 #   scripts/gpu_bench.sh [--quick | --rest] [OUTDIR]      (default output/gpu_bench; no flag: both parts)
 #
@@ -57,10 +57,11 @@ if [ "$part" != rest ]; then
     step gpu_tests 100 python -m pytest -q -p no:cacheprovider -x tests/test_gpu.py -m "not compiled"
 fi
 if [ "$part" != quick ]; then
-    step bench 300 python scripts/bench.py --shape both --epoch --workers 12
+    # the short steps first, so that a run cut short loses only the bench
     step gpu_tests_compiled 120 python -m pytest -q -p no:cacheprovider tests/test_gpu.py -m compiled
     step ddp 60 python scripts/bench_ddp.py --time
     step device_aug 30 python scripts/bench_device_aug.py --device cuda --batch 256 --size 96
+    step bench 300 python scripts/bench.py --shape both --epoch --workers 12
 fi
 echo "gpu_bench ($part): $(( $(date +%s) - start )) s, exit $status" | tee -a "$out/summary.txt"
 exit $status

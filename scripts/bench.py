@@ -729,23 +729,30 @@ def bench_epoch(shape, args, device):
         f"\n== epoch, {shape if args.epoch_data != 'embedded' else 'embedded'}: {what}, strong view randaugment2, "
         f"{args.workers} loader workers, {device.type} =="
     )
-    results = {}
+    results, failed = {}, []
     for label, build in runs:
-        secs, wait, batches, _, t = _run_epochs(build, device)
+        try:
+            secs, wait, batches, _, t = _run_epochs(build, device)
+        except Exception as e:  # one configuration's failure must not hide the others' figures
+            failed.append(label)
+            print(f"{label:<40} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
+            continue
         n = batches * _images_per_batch(t)
         results[label] = n / secs
         print(
             f"{label:<40} {n / secs:>8.0f} images/s ({batches} batches, {secs:.2f} s per epoch; "
             f"waiting for data {100 * wait:.0f}% of it)"
         )
-    if dassl:
+    if dassl and "dassl DAEL" in results:
         base = results["dassl DAEL"]
         for k, v in results.items():
             if k != "dassl DAEL":
                 print(f"epoch ratio {k}: {v / base:.2f}x Dassl's images/s")
     else:
         print("epoch ratio: needs Dassl's own DAEL as the reference (install Dassl; see README)")
-    return results
+    if failed:
+        print(f"error: {len(failed)} epoch configuration(s) failed: {', '.join(failed)}")
+    return results, failed
 
 
 def _images_per_batch(t):
@@ -778,6 +785,9 @@ def main():
         "--launch-size", type=int, default=32, help="spatial size for counting (the count does not depend on it)"
     )
     p.add_argument("--epoch", action="store_true", help="also time epochs against Dassl's trainer")
+    p.add_argument(
+        "--epoch-only", action="store_true", help="only the epochs (at the headline shape): no step, views or launches"
+    )
     p.add_argument(
         "--epoch-data",
         default="auto",
@@ -825,13 +835,17 @@ def main():
     )
     results = {}
     head = "minidomainnet" if (cuda and "minidomainnet" in shapes) else shapes[0]
+    if args.epoch_only:
+        _, failed = bench_epoch(head, args, device)
+        return 1 if failed else 0
     for shape in shapes:
         results[shape] = bench_step(shape, args, device)
         bench_aug(shape, args, device)
     if not args.no_launches:
         bench_launches(args)
+    failed = []
     if args.epoch:  # at the headline shape (96x96 on a GPU)
-        bench_epoch(head, args, device)
+        _, failed = bench_epoch(head, args, device)
     r = results[head]
     key, label = ("best", r["best_name"]) if cuda else ("best_fp32", r["best_fp32_name"])
     print(
@@ -844,7 +858,7 @@ def main():
         if dassl
         else "speedup_vs_dassl_dael: needs Dassl's DAEL as the reference (install Dassl; see README)"
     )
-    return 0
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

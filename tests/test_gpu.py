@@ -204,7 +204,11 @@ def test_views_on_the_device_with_the_papers_transforms():
         size=(96, 96),
     )
     imgs = torch.randint(1, 255, (64, 3, 96, 96), dtype=torch.uint8, device="cuda")
-    views(imgs)  # the first call copies the warp's constant tables to the GPU once, as a step's warm-up does
+    from dael_plugin.transforms import ops as O
+
+    made = dict(O._GEOMETRY), [dict(op._tables) for op in views.strong if isinstance(op, O.RandAugmentBatch)]
+    views(imgs)  # a warm-up call: cuRAND and kernel set-up; the constant tables were made when built
+    assert (dict(O._GEOMETRY), [dict(op._tables) for op in views.strong if isinstance(op, O.RandAugmentBatch)]) == made
     torch.cuda.set_sync_debug_mode("error")
     try:
         weak, strong_view = views(imgs)

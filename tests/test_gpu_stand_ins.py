@@ -374,3 +374,39 @@ def test_a_failed_first_step_check_under_torchrun_stops_the_run(monkeypatch):
     x, u = _batches()
     with pytest.raises(DAELConfigError, match="failed its first-step check"):
         step(x, u)
+
+
+def test_views_built_for_cuda_find_their_tables_when_a_step_runs_on_cuda_0():
+    """The views on the device make their constant tables when built, for ``device="cuda"``; a step's
+    images say ``cuda:0``. A cache keyed by the device as written missed, so the tables were made
+    inside the step: inside a CUDA graph under ``COMPILE reduce-overhead``, where the next replay
+    overwrote them (the H200 run's compiled tests failed so). Fake CUDA tensors report ``cuda:0`` as
+    real ones do; what this cannot see is a second GPU (``cuda:1``), which no test here has."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from yacs.config import CfgNode as CN
+
+    from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.transforms import ops as O
+    from dael_plugin.transforms.device import DeviceViews
+
+    cfg = get_builtin_cfg()
+    cfg.INPUT.SIZE = (32, 32)
+    strong = ["random_flip", "cutout", "randaugment2", "normalize"]
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        views = DeviceViews(
+            ["random_flip", "random_translation", "normalize"],
+            strong,
+            2,
+            cfg.INPUT,
+            CN({"STRONG_TRANSFORMS": strong}),
+            device="cuda",
+            size=(32, 32),
+        )
+        policies = [op for op in views.strong if isinstance(op, O.RandAugmentBatch)]
+        assert policies
+        made = dict(O._GEOMETRY), [dict(op._tables) for op in policies]
+        images = torch.zeros((4, 3, 32, 32), dtype=torch.uint8, device="cuda")
+        assert str(images.device) == "cuda:0"
+        weak, strong_view = views(images)
+        assert weak.shape == strong_view.shape == (4, 3, 32, 32) and strong_view.is_cuda
+        assert (dict(O._GEOMETRY), [dict(op._tables) for op in policies]) == made, "tables made inside the step"

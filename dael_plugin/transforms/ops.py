@@ -273,9 +273,20 @@ class Geometry:
 _GEOMETRY: Dict[tuple, Geometry] = {}
 
 
+def device_key(device) -> str:
+    """``device`` as its tensors report it: ``"cuda"`` is ``"cuda:0"`` (the current device) once a
+    tensor is on it. Tables made for ``"cuda"`` when the views are built must be found by a step
+    whose images say ``cuda:0``; a miss would make them inside the step (inside a CUDA graph under
+    ``COMPILE reduce-overhead``, where the next replay overwrites them)."""
+    d = torch.device(device)
+    if d.index is None and d.type not in ("cpu", "meta"):
+        d = torch.empty(0, device=d).device  # no kernel: the device's own notion of "current"
+    return str(d)
+
+
 def geometry(h: int, w: int, device) -> Geometry:
     """The constants for ``(h, w)`` on ``device``, made once (the views make theirs when built)."""
-    key = (h, w, str(torch.device(device)))
+    key = (h, w, device_key(device))
     if key not in _GEOMETRY:
         _GEOMETRY[key] = Geometry(h, w, device)
     return _GEOMETRY[key]
@@ -347,7 +358,7 @@ class RandAugmentBatch:
 
     def prepare(self, h: int, w: int, device) -> None:
         """Make this policy's tables for ``(h, w)`` on ``device`` (no copy inside a step)."""
-        key = (h, w, str(torch.device(device)))
+        key = (h, w, device_key(device))
         if key in self._tables:
             return
         rows = [self.rule(*op) for op in self.ops]
@@ -367,7 +378,7 @@ class RandAugmentBatch:
         b, _, h, w = x.shape
         dev = x.device
         self.prepare(h, w, dev)
-        t = self._tables[(h, w, str(dev))]
+        t = self._tables[(h, w, device_key(dev))]
         geo = geometry(h, w, dev)
         for _ in range(self.n):
             pick = torch.randint(len(self.ops), (b,), device=dev)

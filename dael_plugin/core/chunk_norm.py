@@ -158,7 +158,9 @@ class _GroupedBatchNorm(torch.autograd.Function):
             rstd = torch.rsqrt(var + eps)
             scale = rstd * w if w is not None else rstd
             shift = torch.addcmul(b, mean, scale, value=-1) if b is not None else -(mean * scale)
-            if low:  # in fp32, rounded once (y's terms can cancel)
+            # low precision: in fp32, rounded once (y's terms can cancel). Compiled: inductor fuses the
+            # copy, and dynamo refuses an out= that is not contiguous (a chunk's view of a channels_last y)
+            if low or torch.compiler.is_compiling():
                 yv.copy_(torch.addcmul(shift, xv, scale))
             else:
                 torch.addcmul(shift, xv, scale, out=yv)
@@ -201,7 +203,7 @@ class _GroupedBatchNorm(torch.autograd.Function):
                 # with a = scale * rstd^2 * mean(g * (x - mean)); in fp32, rounded once
                 a = torch.mul(scale, rstd).mul_(rstd).mul_(mean_gxc)
                 shift = torch.mul(scale, mean_g).neg_()
-                if low:  # in fp32, rounded once: the terms largely cancel
+                if low or torch.compiler.is_compiling():  # low: in fp32, rounded once (the terms cancel)
                     out.copy_(torch.addcmul(shift, xc, a, value=-1).addcmul_(g, scale))
                 else:
                     torch.addcmul(shift, xc, a, value=-1, out=out).addcmul_(g, scale)

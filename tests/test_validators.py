@@ -1,0 +1,127 @@
+"""The unsupervised validators against numbers worked by hand (dael_plugin.core.validators)."""
+
+import math
+
+import pytest
+import torch
+
+from dael_plugin.core import validators as V
+
+LN2 = math.log(2)
+
+
+def test_entropy_and_im_by_hand():
+    p = torch.tensor([[1.0, 0.0], [0.5, 0.5]])
+    # H = [0, ln 2]; the score is minus their mean
+    assert V.entropy_score(p).item() == pytest.approx(-LN2 / 2)
+    # mean prediction [0.75, 0.25]: H = -(0.75 ln 0.75 + 0.25 ln 0.25) = 0.562335
+    diversity = -(0.75 * math.log(0.75) + 0.25 * math.log(0.25))
+    assert V.im_score(p).item() == pytest.approx(diversity - LN2 / 2)
+    assert V.im_score(p).item() == pytest.approx(0.215762, abs=1e-6)
+    # confident and diverse beats confident and collapsed
+    assert V.im_score(torch.eye(2)).item() == pytest.approx(LN2)
+    assert V.im_score(torch.tensor([[1.0, 0.0], [1.0, 0.0]])).item() == pytest.approx(0.0, abs=1e-6)
+
+
+def test_bnm_by_hand():
+    # identity: singular values 1, 1 -> nuclear norm 2, over N = 2
+    assert V.bnm_score(torch.eye(2)).item() == pytest.approx(1.0)
+    # both rows the same class: one singular value sqrt(2), over 2
+    assert V.bnm_score(torch.tensor([[1.0, 0.0], [1.0, 0.0]])).item() == pytest.approx(math.sqrt(2) / 2)
+    # uniform rows: rank one, singular value sqrt(N * 0.5) = 1 for N = 2, C = 2 -> 0.5
+    assert V.bnm_score(torch.full((2, 2), 0.5)).item() == pytest.approx(0.5)
+    # N = 3, C = 2: P^T P = diag(2, 1), singular values sqrt(2) and 1, over N = 3
+    assert V.bnm_score(torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])).item() == pytest.approx(
+        (math.sqrt(2) + 1) / 3
+    )
+
+
+def test_snd_by_hand():
+    # samples 1 and 2 are the same class, 3 another: cosine similarities s12 = 1, s13 = s23 = 0.
+    p = torch.tensor([[1.0, 0.0], [1.0, 0.0], [0.0, 1.0]])
+    q = 1 / (1 + math.exp(-1 / 0.05))  # row 1: softmax of [s12, s13] / tau = [20, 0]
+    h_close = -(q * math.log(q) + (1 - q) * math.log(1 - q))
+    expected = (2 * h_close + LN2) / 3  # row 3: [0, 0] / tau -> uniform over its two neighbours
+    assert V.snd_score(p).item() == pytest.approx(expected, rel=1e-5)
+    # the same in blocks of one row (the blocking changes nothing)
+    assert V.snd_score(p, block=1).item() == pytest.approx(expected, rel=1e-5)
+    a = 1 / (1 + math.exp(-1.0))  # tau = 1: softmax of [1, 0]
+    h = -(a * math.log(a) + (1 - a) * math.log(1 - a))
+    assert V.snd_score(p, tau=1.0).item() == pytest.approx((2 * h + LN2) / 3, rel=1e-5)
+
+
+def test_expert_agreement_and_mask_rate_by_hand():
+    # sample 1: experts say 0, 0, 1 (ensemble 0) -> 2/3; sample 2: all say 1 -> 1
+    e = torch.tensor(
+        [
+            [[0.96, 0.04], [0.6, 0.4], [0.3, 0.7]],
+            [[0.2, 0.8], [0.1, 0.9], [0.4, 0.6]],
+        ]
+    )
+    assert V.expert_agreement(e).item() == pytest.approx((2 / 3 + 1) / 2)
+    # the most confident expert: 0.96 (>= 0.95: kept), 0.9 (dropped)
+    assert V.mask_rate(e, 0.95).item() == pytest.approx(0.5)
+    assert V.mask_rate(e, 0.9).item() == pytest.approx(1.0)
+
+
+def test_dev_risk_by_hand():
+    # w = [0.5, 1.5], e = [2, 0]: l = [1, 0]; cov(l, w) = -0.5, var(w) = 0.5, eta = 1;
+    # risk = mean(l) + eta * mean(w) - eta = 0.5 + 1 - 1 = 0.5
+    assert V.dev_risk(torch.tensor([0.5, 1.5]), torch.tensor([2.0, 0.0])).item() == pytest.approx(0.5)
+    # equal errors: the control variate removes the weights entirely, risk = the error
+    w = torch.tensor([0.1, 3.0, 0.7, 9.0])
+    assert V.dev_risk(w, torch.full((4,), 0.3)).item() == pytest.approx(0.3)
+    # equal weights: no variance, eta = 0, the plain mean
+    assert V.dev_risk(torch.ones(3), torch.tensor([1.0, 2.0, 6.0])).item() == pytest.approx(3.0)
+    # DEVN: w / max = [1/3, 1], shifted to mean 1 -> [2/3, 4/3]; l = [4/3, 0]; cov = -4/9,
+    # var = 2/9, eta = 2; risk = 2/3 + 2 * 1 - 2 = 2/3
+    got = V.dev_risk(torch.tensor([0.5, 1.5]), torch.tensor([2.0, 0.0]), normalize=True).item()
+    assert got == pytest.approx(2 / 3)
+
+
+def test_density_ratios_see_the_shift():
+    g = torch.Generator().manual_seed(0)
+    src = torch.randn(400, 4, generator=g)
+    tgt_same = torch.randn(200, 4, generator=g)
+    tgt_far = torch.randn(200, 4, generator=g) + torch.tensor([3.0, 0, 0, 0])
+    val = torch.randn(100, 4, generator=g)
+    w_same, acc_same = V.density_ratios(src, tgt_same, val)
+    w_far, acc_far = V.density_ratios(src, tgt_far, val)
+    # alike domains: the classifier is near the prior (2/3 source), the ratios near N_s/N_t * 1/2 = 1
+    assert acc_same.item() < 0.75 and w_same.mean().item() == pytest.approx(1.0, abs=0.35)
+    # shifted target: the classifier separates, and the source samples nearest the target weigh most
+    assert acc_far.item() > 0.9
+    order = w_far.argsort()
+    assert val[order[-10:], 0].mean() > val[order[:10], 0].mean() + 1.0
+
+
+def test_class_ami_by_hand():
+    g = torch.Generator().manual_seed(0)
+    centres = torch.eye(3) * 10
+    feats = torch.cat([centres[c] + 0.1 * torch.randn(20, 3, generator=g) for c in range(3)])
+    truth = torch.arange(3).repeat_interleave(20)
+    assert V.class_ami(feats, truth, 3) == pytest.approx(1.0)
+    assert V.class_ami(feats, (truth + 1) % 3, 3) == pytest.approx(1.0)  # the names of clusters do not matter
+    noise = torch.randint(3, (60,), generator=g)
+    assert abs(V.class_ami(feats, noise, 3)) < 0.15
+    # with the source's true labels beside the target's predictions
+    assert V.class_ami(feats[:30], truth[:30], 3, source_feats=feats[30:], source_labels=truth[30:]) == pytest.approx(
+        1.0
+    )
+
+
+def test_validators_prefer_the_better_checkpoint():
+    """Not a proof, a sanity check: on a target whose clusters are the classes, a model that
+    predicts them confidently outscores one that hedges, under every validator that reads
+    predictions."""
+    g = torch.Generator().manual_seed(0)
+    truth = torch.arange(4).repeat_interleave(25)
+    good = torch.nn.functional.one_hot(truth, 4).float() * 0.9 + 0.025
+    hedge = torch.full((100, 4), 0.25) + 0.05 * torch.rand(100, 4, generator=g)
+    hedge = hedge / hedge.sum(1, keepdim=True)
+    for fn in (V.entropy_score, V.im_score, V.bnm_score):
+        assert fn(good) > fn(hedge), fn.__name__
+    # SND is left out: it scores a set whose predictions all hedge alike as one dense neighbourhood
+    # (every cosine similarity near 1), higher than clean clusters: Musgrave et al. report it can
+    # reward such collapse, which is why validators are ranked, not trusted one by one.
+    assert V.snd_score(hedge) > V.snd_score(good)

@@ -498,3 +498,25 @@ def test_compiled_step_on_two_processes_equals_one(tmp_path):
     for ga, gb in zip(a["grads"], b["grads"]):
         for k in ga:
             assert (ga[k] - gb[k]).abs().max().item() < 1e-5, k
+
+
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+def test_records_under_torchrun_hold_the_one_process_split(tmp_path, tiny_root, engine):
+    """Per-epoch records under torchrun: every rank draws the same held-out source split (checked
+    by the ranks themselves), rank 0 alone writes epochs.jsonl, and the records' sizes and
+    accuracies are the one-process run's."""
+    if engine == "dassl":
+        pytest.importorskip("dassl")
+    extra = EPOCH + ["SELECTION.EVAL_FREQ", "1", "SELECTION.TARGET_CAP", "40", "SELECTION.KEEP_BEST", "['source_val']"]
+    one = run_train(_args(tiny_root, tmp_path / "one", engine, extra=extra), env_hide_dassl=engine == "builtin")
+    assert one.returncode == 0, one.stderr[-3000:]
+    two = torchrun([TRAIN] + _args(tiny_root, tmp_path / "two", engine, extra=extra))
+    assert two.returncode == 0, two.stderr[-3000:]
+    ra, rb = (json.loads((tmp_path / n / "epochs.jsonl").read_text().splitlines()[0]) for n in ("one", "two"))
+    for key in ("source_val_size", "target_val_size", "target_test_size"):
+        assert ra[key] == rb[key], key
+    assert abs(ra["source_val_accuracy"] - rb["source_val_accuracy"]) <= 1.0
+    sa, sb = (json.loads((tmp_path / n / "results.json").read_text())["source_val_split"] for n in ("one", "two"))
+    assert sa == sb and sa["size"] > 0
+    assert two.stdout.count("epoch record 1") == 1
+    assert os.listdir(tmp_path / "two").count("model-best-source_val.pth.tar") == 1

@@ -26,6 +26,7 @@ from yacs.config import CfgNode as CN
 from dael_plugin.builtin import data as bdata
 from dael_plugin.config import uses_target_data
 from dael_plugin.data.folders import load_splits
+from dael_plugin.data.holdout import holdout_split
 from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed
@@ -33,6 +34,7 @@ from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
 from dael_plugin.engine.loop import eval_loader, sync_batch_norm, train_epoch
+from dael_plugin.engine.selection import Selection, keep_list, same_on_every_rank, subsample
 from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_test_transform, check_names
@@ -73,6 +75,7 @@ class BuiltinTrainer:
         self.is_da = self.has_target_train and uses_target_data(cfg)
         self.seed = max(int(cfg.SEED), 0)
         self.bad_images: Set[str] = set()
+        self._source_val_split()
         self.build_loaders()
         self._shard_loaders()
         self.val_loader = self._test_loader(self.splits["val"]) if self.splits["val"] else None
@@ -89,6 +92,7 @@ class BuiltinTrainer:
         self.last_accuracy: Optional[float] = None
         self.loaded_epoch: Optional[int] = None
         self.writer: Optional[SummaryWriter] = None
+        self.selection = self._build_selection()
         self._summary()
 
     # -- to override ----------------------------------------------------
@@ -113,6 +117,73 @@ class BuiltinTrainer:
     def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, K, C)`` class probabilities of each expert (K=1 for a single classifier)."""
         raise NotImplementedError
+
+    def features_and_experts(self, x: torch.Tensor):
+        """The backbone's features ``(B, D)`` and :meth:`predict_experts` (the records' validators)."""
+        raise NotImplementedError
+
+    # -- model selection: the source validation split and the per-epoch records ----------
+    def _source_val_split(self) -> None:
+        """With records on (``SELECTION.EVAL_FREQ``), the sources' validation split: the dataset's
+        own, or a stratified held-out part of each source's train split, never trained on."""
+        sel = self.cfg.get("SELECTION", None)
+        self.source_val_items, self.source_val_info = [], None
+        if sel is None or int(sel.EVAL_FREQ) <= 0:
+            return
+        if self.splits["val"]:
+            self.source_val_items = list(self.splits["val"])
+            kind, fraction = "the dataset's val split of the sources", None
+        else:
+            fraction = float(sel.HOLDOUT_FRACTION)
+            train, held = holdout_split(self.splits["train_x"], fraction, self.seed)
+            self.splits = dict(self.splits, train_x=train)
+            self.source_val_items = held
+            kind = "held out of each source domain's train split (stratified by class)"
+            same_on_every_rank([it.impath for it in held], "held-out source validation splits")
+        per = {d: sum(1 for it in self.source_val_items if it.domain == i) for i, d in enumerate(self.sources)}
+        self.source_val_info = {
+            "kind": kind,
+            "fraction": fraction,
+            "seed": self.seed,
+            "size": len(self.source_val_items),
+            "per_domain": per,
+        }
+
+    def _build_selection(self):
+        sel = self.cfg.get("SELECTION", None)
+        if sel is None or int(sel.EVAL_FREQ) <= 0:
+            return None
+        cap = int(sel.TARGET_CAP)
+        loaders = {
+            "source_val": self._test_loader(self.source_val_items) if self.source_val_items else None,
+            "source_train": self._test_loader(subsample(self.splits["train_x"], cap, self.seed)),
+            "target": self._test_loader(subsample(self.splits["train_u"], cap, self.seed))
+            if self.has_target_train
+            else None,
+            "test": self.test_loader,
+        }
+        da = self.is_da
+        return Selection(
+            self.cfg.OUTPUT_DIR,
+            int(sel.EVAL_FREQ),
+            self.cfg.OPTIM.MAX_EPOCH,
+            self.sources,
+            self.num_classes,
+            float(getattr(getattr(self, "hparams", None), "conf_thre", 0.95)),
+            self.seed,
+            da,
+            self.features_and_experts,
+            self.device,
+            loaders,
+            [str(v).lower() for v in sel.VALIDATORS],
+            keep_list(sel.KEEP_BEST, da),
+            self.modules.eval,
+            self._save_best,
+            self.bad_images,
+        )
+
+    def _save_best(self, path: str) -> None:
+        ckpt.save_checkpoint(self._state(self.epoch + 1), path)
 
     # -- shared machinery ------------------------------------------------
     def _test_loader(self, items):
@@ -293,6 +364,8 @@ class BuiltinTrainer:
     def train(self) -> None:
         cfg = self.cfg
         self.start_epoch = self.resume_if_exists()
+        if self.selection is not None:
+            self.selection.resume(self.start_epoch)  # the records of epochs this run redoes go
         self.writer = SummaryWriter(os.path.join(cfg.OUTPUT_DIR, "tensorboard")) if self.world.is_main else None
         if self.eval_each_epoch and self.eval_split_each_epoch() == "test":
             print(
@@ -309,6 +382,8 @@ class BuiltinTrainer:
                 )
             if self.eval_each_epoch and not cfg.TEST.NO_TEST:
                 self.test(split=self.eval_split_each_epoch())
+            if self.selection is not None:
+                self.selection.after_epoch(self.epoch + 1)
             self.save(self.epoch)  # last: the saved RNG state is the next epoch's starting state
         print("Finish training")
         if not cfg.TEST.NO_TEST:

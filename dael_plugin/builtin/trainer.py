@@ -100,6 +100,9 @@ class DAELBuiltin(BuiltinTrainer):
     def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         return self.algorithm.predict_experts(x)
 
+    def features_and_experts(self, x: torch.Tensor):
+        return self.algorithm.features_and_experts(x)
+
 
 class SourceOnlyBuiltin(BuiltinTrainer):
     """One classifier trained with cross-entropy on the pooled source domains."""
@@ -147,6 +150,10 @@ class SourceOnlyBuiltin(BuiltinTrainer):
 
     def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         return torch.softmax(self.modules["C"](self.modules["F"](x)), dim=-1).unsqueeze(1)
+
+    def features_and_experts(self, x: torch.Tensor):
+        feats = self.modules["F"](x)
+        return feats, torch.softmax(self.modules["C"](feats), dim=-1).unsqueeze(1)
 
 
 TRAINERS = {"DAEL": DAELBuiltin, "DAELDG": DAELBuiltin, "SourceOnly": SourceOnlyBuiltin, "Vanilla": SourceOnlyBuiltin}

@@ -11,7 +11,7 @@ from dataclasses import dataclass, fields
 
 from yacs.config import CfgNode as CN
 
-from dael_plugin.config.table import BY_NAME, DEFAULTS, EXECUTION_KEYS, KEYS, METHOD_KEYS, TOP_KEYS
+from dael_plugin.config.table import BY_NAME, DEFAULTS, EXECUTION_KEYS, KEYS, METHOD_KEYS, SELECTION_KEYS, TOP_KEYS
 from dael_plugin.core.hparams import DAELHparams
 from dael_plugin.errors import DAELConfigError
 
@@ -40,6 +40,11 @@ def add_dael_config(cfg: CN) -> CN:
     for key in TOP_KEYS:
         if key.name not in cfg:
             cfg[key.name] = key.default
+    if "SELECTION" not in cfg:
+        cfg.SELECTION = CN()
+    for key in SELECTION_KEYS:
+        if key.name not in cfg.SELECTION:
+            cfg.SELECTION[key.name] = key.default
     return cfg
 
 
@@ -149,6 +154,33 @@ def check_run_values(cfg: CN) -> None:
             raise DAELConfigError(f"{key}={value!r} is invalid: {what} must be an integer from {low} to {high}")
     if not float(cfg.OPTIM.LR) > 0:
         raise DAELConfigError(f"OPTIM.LR={cfg.OPTIM.LR!r} is invalid: the learning rate must be > 0")
+    check_selection(cfg)
+
+
+def check_selection(cfg: CN) -> None:
+    """The SELECTION node's values (absent keys read as their defaults: Dassl's own tools/train.py)."""
+    sel = cfg.get("SELECTION", CN())
+    freq = sel.get("EVAL_FREQ", 0)
+    if not isinstance(freq, int) or isinstance(freq, bool) or not 0 <= freq <= 10**6:
+        raise DAELConfigError(f"SELECTION.EVAL_FREQ={freq!r} is invalid: epochs between records, 0 (none) to 1000000")
+    frac = sel.get("HOLDOUT_FRACTION", 0.2)
+    if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0.0 <= float(frac) < 1.0:
+        raise DAELConfigError(
+            f"SELECTION.HOLDOUT_FRACTION={frac!r} is invalid: a share from 0 to below 1 (0.2: DomainBed's)"
+        )
+    cap = sel.get("TARGET_CAP", 1000)
+    if not isinstance(cap, int) or isinstance(cap, bool) or not 0 <= cap <= 10**7:
+        raise DAELConfigError(f"SELECTION.TARGET_CAP={cap!r} is invalid: target images to read, 0 (all) to 10000000")
+    from dael_plugin.core.validators import NAMES, SCORED_PROTOCOLS
+
+    unknown = [v for v in sel.get("VALIDATORS", ()) if str(v).lower() not in NAMES]
+    if unknown:
+        raise DAELConfigError(f"SELECTION.VALIDATORS: unknown validator(s) {unknown}; choose from {', '.join(NAMES)}")
+    unknown = [v for v in sel.get("KEEP_BEST", ("all",)) if str(v).lower() not in ("all",) + SCORED_PROTOCOLS]
+    if unknown:
+        raise DAELConfigError(
+            f"SELECTION.KEEP_BEST: unknown protocol(s) {unknown}; choose from all, {', '.join(SCORED_PROTOCOLS)}"
+        )
 
 
 def check_dael_cfg(cfg: CN) -> None:

@@ -31,7 +31,7 @@ IN_EVERY_CHECKPOINT = object()  # a key every checkpoint has had
 class Key:
     name: str
     default: object
-    kind: str  # "method" | "execution" | "views"
+    kind: str  # "method" | "execution" | "views" | "selection"
     choices: Tuple = ()
     legacy: object = IN_EVERY_CHECKPOINT  # what a checkpoint written before the key existed ran with
     dassl: bool = False
@@ -112,6 +112,40 @@ TOP_KEYS: Tuple[Key, ...] = (
         "execution",
         legacy=True,
         doc="on CUDA, TF32 for fp32 matmuls and convolutions (before the key: torch's own CUDA defaults)",
+    ),
+)
+
+# The SELECTION node (per-epoch records for model selection, engine/selection.py), for every trainer.
+SELECTION_KEYS: Tuple[Key, ...] = (
+    Key(
+        "EVAL_FREQ",
+        0,
+        "selection",
+        legacy=0,
+        doc="write OUTPUT_DIR/epochs.jsonl every N epochs (and at the last); 0: no records, no held-out source split",
+    ),
+    Key(
+        "HOLDOUT_FRACTION",
+        0.2,
+        "selection",
+        legacy=0.2,
+        doc="with records, the share of each source domain's train split held out for validation (DomainBed's "
+        "holdout_fraction) where the dataset has no val split of its sources; never trained on",
+    ),
+    Key("TARGET_CAP", 1000, "selection", legacy=1000, doc="target train images the validators and the oracle read"),
+    Key(
+        "VALIDATORS",
+        ("entropy", "im", "bnm", "snd", "classami", "dev", "devn", "agreement", "mask_rate"),
+        "selection",
+        legacy=("entropy", "im", "bnm", "snd", "classami", "dev", "devn", "agreement", "mask_rate"),
+        doc="the unsupervised validators each DA record holds (core/validators.py)",
+    ),
+    Key(
+        "KEEP_BEST",
+        ("all",),
+        "selection",
+        legacy=("all",),
+        doc="protocols whose current choice is kept as model-best-<protocol>.pth.tar ('all', or names; () for none)",
     ),
 )
 

@@ -8,7 +8,7 @@ the backward pass and optimiser step itself.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Sequence
+from typing import Callable, Dict, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -131,6 +131,12 @@ class DAEL:
             logits_u_p = pieces[-1]
 
         return dael_losses(logits_x_t, logits_x_p, labels, expert_idx, hp, logits_u_t, logits_u_p)
+
+    def features_and_experts(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The backbone's features ``(B, D)`` and each expert's class probabilities ``(B, K, C)``
+        (the inputs of the selection validators)."""
+        feats = self.featurizer(x)
+        return feats, torch.softmax(self.heads(feats), dim=-1)
 
     def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         """Each expert's class probabilities, ``(B, K, C)``."""

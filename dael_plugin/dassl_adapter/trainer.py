@@ -38,6 +38,7 @@ from dael_plugin.config import (
 from dael_plugin.core import DAEL, build_heads
 from dael_plugin.dassl_adapter.checks import check_dataset_cfg
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
+from dael_plugin.data.holdout import holdout_split
 from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.data.sampling import DasslDomainBatchSampler, SeededRandomBatchSampler
 from dael_plugin.engine import checkpoint as ckpt
@@ -46,6 +47,7 @@ from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
 from dael_plugin.engine.loop import eval_loader, local_share, sync_batch_norm, train_epoch
+from dael_plugin.engine.selection import Selection, keep_list, same_on_every_rank, subsample
 from dael_plugin.engine.step import DeviceMeters, format_meters, make_step, prepare_model
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_train_views, check_names
@@ -71,6 +73,7 @@ class DAELTrainer(TrainerXU):
         cuda_settings(cfg)  # also under Dassl's own tools/train.py
         super().__init__(cfg)
         self.expert_accuracy: List[float] = []
+        self.selection = self._build_selection()
 
     def check_cfg(self, cfg: CN):
         check_dael_cfg(cfg)
@@ -85,6 +88,7 @@ class DAELTrainer(TrainerXU):
         node = trainer_node(cfg)
         views = build_train_views(cfg, node, self.hparams.num_views, True, self.execution.aug_on_device)
         dm = DataManager(cfg, custom_tfm_train=views, dataset_wrapper=RobustDatasetWrapper)
+        self._source_val_split(dm.dataset)
         # Training loaders with Dassl's epochs but per-draw seeding and long-lived workers.
         has_target = dm.train_loader_u is not None
         self.is_da = has_target and uses_target_data(cfg)
@@ -107,6 +111,89 @@ class DAELTrainer(TrainerXU):
         print(f"DAEL setting: {'domain adaptation (L_u on)' if self.is_da else 'domain generalisation (no L_u)'}")
         if has_target and not self.is_da:
             print(f"{cfg.TRAINER.NAME} runs domain generalisation: the target train split is unused")
+
+    # -- model selection: the source validation split and the per-epoch records ----------
+    def _source_val_split(self, dataset) -> None:
+        """With records on (``SELECTION.EVAL_FREQ``): the dataset's own val split of the sources, or
+        a stratified held-out part of each source's train split, taken out of ``train_x`` before
+        any training loader is built (engine/selection.py)."""
+        sel = self.cfg.get("SELECTION", None)
+        self.source_val_items, self.source_val_info = [], None
+        if sel is None or int(sel.get("EVAL_FREQ", 0)) <= 0:
+            return
+        seed = max(int(self.cfg.SEED), 0)
+        if dataset.val:
+            self.source_val_items = list(dataset.val)
+            kind, fraction = "the dataset's val split of the sources", None
+        else:
+            fraction = float(sel.HOLDOUT_FRACTION)
+            train, held = holdout_split(dataset.train_x, fraction, seed)
+            dataset._train_x = train  # DatasetBase.train_x reads it
+            self.source_val_items = held
+            kind = "held out of each source domain's train split (stratified by class)"
+            same_on_every_rank([it.impath for it in held], "held-out source validation splits")
+        sources = list(self.cfg.DATASET.SOURCE_DOMAINS)
+        per = {d: sum(1 for it in self.source_val_items if it.domain == i) for i, d in enumerate(sources)}
+        self.source_val_info = {
+            "kind": kind,
+            "fraction": fraction,
+            "seed": seed,
+            "size": len(self.source_val_items),
+            "per_domain": per,
+        }
+
+    def _eval_loader(self, items) -> DataLoader:
+        """A test-time loader over ``items`` (this process's share under torchrun)."""
+        base = self.test_loader.dataset
+        ds = RobustDatasetWrapper(self.cfg, items, transform=base.transform, is_train=False)
+        w = distributed.world()
+        return DataLoader(
+            ds,
+            batch_size=self.cfg.DATALOADER.TEST.BATCH_SIZE,
+            sampler=distributed.test_indices(len(ds)) if w.distributed else None,
+            shuffle=False,
+            num_workers=self.cfg.DATALOADER.NUM_WORKERS,
+            pin_memory=torch.cuda.is_available() and self.cfg.USE_CUDA,
+        )
+
+    def _build_selection(self):
+        sel = self.cfg.get("SELECTION", None)
+        if sel is None or int(sel.get("EVAL_FREQ", 0)) <= 0:
+            return None
+        cap, seed = int(sel.TARGET_CAP), max(int(self.cfg.SEED), 0)
+        data = self.dm.dataset
+        loaders = {
+            "source_val": self._eval_loader(self.source_val_items) if self.source_val_items else None,
+            "source_train": self._eval_loader(subsample(data.train_x, cap, seed)),
+            "target": self._eval_loader(subsample(data.train_u, cap, seed)) if data.train_u else None,
+            "test": self.test_loader,
+        }
+        return Selection(
+            self.output_dir,
+            int(sel.EVAL_FREQ),
+            self.max_epoch,
+            list(self.cfg.DATASET.SOURCE_DOMAINS),
+            self.num_classes,
+            self.hparams.conf_thre,
+            seed,
+            self.is_da,
+            self.algorithm.features_and_experts,
+            self.device,
+            loaders,
+            [str(v).lower() for v in sel.VALIDATORS],
+            keep_list(sel.KEEP_BEST, self.is_da),
+            lambda: self.set_model_mode("eval"),
+            self._save_best,
+            self.bad_images,
+        )
+
+    def _save_best(self, path: str) -> None:
+        ckpt.save_checkpoint(self._run_state(self.epoch + 1), path)
+
+    def before_train(self):
+        super().before_train()
+        if self.selection is not None:
+            self.selection.resume(self.start_epoch)  # the records of epochs this run redoes go
 
     def _train_loader(self, data_source, views, domains: bool) -> DataLoader:
         """Dassl's training loader, with the plugin's per-draw seeded samplers (Dassl's
@@ -292,6 +379,8 @@ class DAELTrainer(TrainerXU):
         # (Dassl's sampler length can differ from the real epoch length).
         self.update_lr()
         super().after_epoch()
+        if self.selection is not None:
+            self.selection.after_epoch(self.epoch + 1)
         self.save_last(self.epoch + 1)  # last: the saved RNG state is the next epoch's starting state
 
     # -- checkpoints -----------------------------------------------------
@@ -299,8 +388,11 @@ class DAELTrainer(TrainerXU):
         rng_ranks = ckpt.gather_rng()  # every process takes part; rank 0 alone writes
         if not distributed.world().is_main:
             return
+        ckpt.save_checkpoint(self._run_state(epochs_done, rng_ranks), osp.join(self.output_dir, ckpt.LAST))
+
+    def _run_state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
         names = self.get_model_names()
-        state = ckpt.run_state(
+        return ckpt.run_state(
             "dassl",
             self.cfg,
             epochs_done,
@@ -314,7 +406,6 @@ class DAELTrainer(TrainerXU):
             optims={n: self._optims[n].state_dict() for n in names if self._optims[n] is not None},
             scheds={n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None},
         )
-        ckpt.save_checkpoint(state, osp.join(self.output_dir, ckpt.LAST))
 
     def resume_model_if_exist(self, directory):
         path = osp.join(directory, ckpt.LAST)

@@ -553,6 +553,8 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         model_dir=os.path.abspath(args.model_dir) if args.eval_only else None,
         per_class_accuracy=getattr(trainer, "per_class_accuracy", None),
     )
+    if getattr(trainer, "source_val_info", None) is not None:  # the records' source validation split
+        record["source_val_split"] = trainer.source_val_info
     if not args.eval_only:  # the first-step check of the fused pass (CUDA), where this process ran one
         record["fast_path_check"] = getattr(getattr(trainer, "step", None), "fast_path_check", None)
     path = write_results(cfg.OUTPUT_DIR, record, name="results_eval.json" if args.eval_only else "results.json")

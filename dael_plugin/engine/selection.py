@@ -1,0 +1,360 @@
+"""Per-epoch records for model selection, shared by both engines.
+
+After every ``SELECTION.EVAL_FREQ`` epochs (and the last), a run appends one JSON object to
+``OUTPUT_DIR/epochs.jsonl`` with what each selection protocol reads:
+
+- ``source_val_accuracy`` (the mean over the sources) and ``source_val_accuracy_per_domain``: the
+  ensemble on the source validation split (the dataset's own ``val`` of the sources, or a held-out
+  part of each source's train split, :mod:`dael_plugin.data.holdout`); DomainBed's training-domain
+  validation;
+- ``validators`` (DA): unsupervised scores, higher is better (:mod:`dael_plugin.core.validators`),
+  from the ensemble's probabilities and the backbone's features on a capped subsample of the
+  target's train split. They never receive a target label;
+- ``target_val_accuracy``: the same subsample's labels, read by the ``oracle`` alone (never the
+  test split; in DA those images were trained on without labels, so the oracle is an upper bound);
+- ``target_test_accuracy`` and ``target_test_accuracy_per_expert``: for reporting only.
+
+Each protocol's current choice is kept as ``model-best-<protocol>.pth.tar`` (written atomically,
+on the earliest epoch of the best score). A resumed run first drops the records of epochs it will
+redo, so the file is exactly an uninterrupted run's. Rank 0 alone writes under torchrun; every
+process evaluates its shard and the outputs are gathered over the host group.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+from dataclasses import dataclass
+from typing import Any, Callable, Dict, Iterable, List, Optional, Sequence, Tuple
+
+import torch
+
+from dael_plugin.core import validators as V
+from dael_plugin.data.images import LEFT_OUT, note_unreadable
+from dael_plugin.engine import distributed
+
+EPOCHS = "epochs.jsonl"
+VALIDATORS = V.NAMES
+SCORED = V.SCORED_PROTOCOLS  # protocols with a per-epoch score in a record; "last" needs none
+PROTOCOLS = ("last",) + SCORED
+
+
+def best_name(protocol: str) -> str:
+    return f"model-best-{protocol}.pth.tar"
+
+
+def protocol_score(record: Dict[str, Any], protocol: str) -> Optional[float]:
+    """The score ``protocol`` reads from one epoch's record (higher is better), or None."""
+    if protocol == "source_val":
+        value = record.get("source_val_accuracy")
+    elif protocol == "oracle":
+        value = record.get("target_val_accuracy")
+    elif protocol == "last":
+        value = record.get("epoch")
+    else:
+        value = (record.get("validators") or {}).get(protocol)
+    if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
+        return None
+    return float(value)
+
+
+def same_on_every_rank(paths: Sequence[str], what: str) -> None:
+    """Under torchrun, stop (one line) unless every process drew the same ``paths``: the held-out
+    source split must be one split, or a rank would train on another rank's validation images."""
+    if not distributed.world().distributed:
+        return
+    import hashlib
+
+    digest = hashlib.sha256("\n".join(sorted(paths)).encode()).hexdigest()
+    if len(set(distributed.gather_objects(digest))) != 1:
+        from dael_plugin.errors import DAELConfigError
+
+        raise DAELConfigError(
+            f"the processes drew different {what}; every rank must read the same dataset (same --root and files)"
+        )
+
+
+def subsample(items: Sequence[Any], cap: int, seed: int) -> List[Any]:
+    """At most ``cap`` of ``items`` (all where ``cap <= 0``), drawn once from ``seed``, in their order."""
+    if cap <= 0 or len(items) <= cap:
+        return list(items)
+    keep = torch.randperm(len(items), generator=torch.Generator().manual_seed(int(seed) + 17))[:cap]
+    return [items[i] for i in sorted(keep.tolist())]
+
+
+@dataclass
+class Outputs:
+    """A split's features ``(N, D)``, experts' probabilities ``(N, K, C)``, labels and source
+    domains ``(N,)``, on the device, over every process's shard."""
+
+    feats: torch.Tensor
+    probs: torch.Tensor
+    labels: torch.Tensor
+    domains: torch.Tensor
+
+    @property
+    def ensemble(self) -> torch.Tensor:
+        return self.probs.mean(1)
+
+
+@torch.no_grad()
+def collect(
+    encode: Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]],
+    loader: Iterable[dict],
+    device: torch.device,
+    bad_images: Optional[set] = None,
+) -> Optional[Outputs]:
+    """``encode(x) -> (features, experts' probabilities)`` over ``loader`` (this process's shard),
+    gathered over the processes; unreadable images left out. None when no image was readable."""
+    parts: List[Tuple[torch.Tensor, ...]] = []
+    for batch in loader:
+        img, label, domain = batch["img"], batch["label"], batch.get("domain", torch.zeros_like(batch["label"]))
+        if "valid" in batch:
+            valid = batch["valid"]
+            if bad_images is not None:
+                note_unreadable(bad_images, batch["bad_path"], LEFT_OUT)
+            img, label, domain = img[valid], label[valid], domain[valid]
+        if label.numel() == 0:
+            continue
+        feats, probs = encode(img.to(device, non_blocking=True))
+        parts.append((feats.float(), probs.float(), label.to(device), domain.to(device)))
+    mine = [torch.cat(t) for t in zip(*parts)] if parts else None
+    if distributed.world().distributed:
+        everyone = distributed.gather_objects([t.cpu() for t in mine] if mine is not None else None)
+        kept = [p for p in everyone if p is not None]
+        mine = [torch.cat(t).to(device) for t in zip(*kept)] if kept else None
+    return Outputs(*mine) if mine is not None else None
+
+
+def _accuracy(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    return 100.0 * (probs.argmax(-1) == labels).float().mean()
+
+
+def validator_scores(
+    target: Outputs,
+    num_classes: int,
+    conf_thre: float,
+    seed: int,
+    names: Sequence[str] = VALIDATORS,
+    source_val: Optional[Outputs] = None,
+    source_train: Optional[Outputs] = None,
+) -> Dict[str, float]:
+    """Every validator in ``names`` on the target's outputs. ``target.labels`` are never read (a
+    test scrambles them); the source's labels are (DEV's losses, ClassAMI's source half)."""
+    p = target.ensemble
+    out: Dict[str, torch.Tensor | float] = {}
+    for name in names:
+        if name == "entropy":
+            out[name] = V.entropy_score(p)
+        elif name == "im":
+            out[name] = V.im_score(p)
+        elif name == "bnm":
+            out[name] = V.bnm_score(p)
+        elif name == "snd":
+            out[name] = V.snd_score(p)
+        elif name == "agreement":
+            out[name] = V.expert_agreement(target.probs)
+        elif name == "mask_rate":
+            out[name] = V.mask_rate(target.probs, conf_thre)
+        elif name == "classami":
+            pseudo = p.argmax(-1)
+            src = (source_val.feats, source_val.labels) if source_val is not None else (None, None)
+            out[name] = V.class_ami(target.feats, pseudo, num_classes, seed, *src)
+        elif name in ("dev", "devn"):
+            if source_val is None or source_train is None:
+                continue  # DEV needs the source's validation split
+            losses = -source_val.ensemble.gather(1, source_val.labels[:, None]).clamp_min(1e-12).log().squeeze(1)
+            out[name] = V.dev_score(source_train.feats, target.feats, source_val.feats, losses, name == "devn")
+        else:
+            raise ValueError(f"unknown validator {name!r}; choose from {', '.join(VALIDATORS)}")
+    values = [v for v in out.values() if isinstance(v, torch.Tensor)]
+    read = torch.stack([v.float() for v in values]).tolist() if values else []  # one host read
+    it = iter(read)
+    return {k: round(float(next(it) if isinstance(v, torch.Tensor) else v), 6) for k, v in out.items()}
+
+
+def epoch_record(
+    epoch: int,
+    source_names: Sequence[str],
+    test: Optional[Outputs],
+    num_classes: int,
+    conf_thre: float,
+    seed: int,
+    source_val: Optional[Outputs] = None,
+    target: Optional[Outputs] = None,
+    source_train: Optional[Outputs] = None,
+    validators: Sequence[str] = VALIDATORS,
+    da: bool = True,
+) -> Dict[str, Any]:
+    """One epoch's record (module docstring). ``epoch``: epochs done (1-based)."""
+    rec: Dict[str, Any] = {"epoch": int(epoch)}
+    if source_val is not None:
+        per = {}
+        for d, name in enumerate(source_names):
+            sel = source_val.domains == d
+            if bool(sel.any()):
+                per[name] = round(float(_accuracy(source_val.ensemble[sel], source_val.labels[sel])), 4)
+        rec["source_val_accuracy"] = round(sum(per.values()) / len(per), 4) if per else None
+        rec["source_val_accuracy_per_domain"] = per
+        rec["source_val_size"] = int(source_val.labels.numel())
+    if target is not None:
+        if da:
+            rec["validators"] = validator_scores(
+                target, num_classes, conf_thre, seed, validators, source_val, source_train
+            )
+        rec["target_val_accuracy"] = round(float(_accuracy(target.ensemble, target.labels)), 4)
+        rec["target_val_size"] = int(target.labels.numel())
+    if test is not None:
+        rec["target_test_accuracy"] = round(float(_accuracy(test.ensemble, test.labels)), 4)
+        if test.probs.shape[1] > 1:
+            hits = (test.probs.argmax(-1) == test.labels[:, None]).float().mean(0) * 100.0
+            rec["target_test_accuracy_per_expert"] = {
+                n: round(float(v), 4) for n, v in zip(source_names, hits.tolist())
+            }
+        rec["target_test_size"] = int(test.labels.numel())
+    return rec
+
+
+class EpochRecords:
+    """``OUTPUT_DIR/epochs.jsonl``: read, cut back on resume, appended (each write replaces the file
+    atomically), and the protocols' best checkpoints kept beside it."""
+
+    def __init__(self, output_dir: str) -> None:
+        self.output_dir = output_dir
+        self.path = os.path.join(output_dir, EPOCHS)
+
+    def read(self) -> List[Dict[str, Any]]:
+        """The records, skipping a line that is not a JSON object (named once)."""
+        if not os.path.isfile(self.path):
+            return []
+        out = []
+        with open(self.path, encoding="utf-8") as f:
+            for n, line in enumerate(f, 1):
+                if not line.strip():
+                    continue
+                try:
+                    rec = json.loads(line)
+                except ValueError:
+                    rec = None
+                if not isinstance(rec, dict) or not isinstance(rec.get("epoch"), int):
+                    print(f"warning: {self.path} line {n} is not an epoch record; skipped")
+                    continue
+                out.append(rec)
+        return out
+
+    def _write(self, records: List[Dict[str, Any]]) -> None:
+        from dael_plugin.engine.atomic import write_text
+
+        write_text(self.path, "".join(json.dumps(r, sort_keys=True) + "\n" for r in records))
+
+    def truncate(self, epochs_done: int) -> None:
+        """Drop the records of epochs after ``epochs_done`` (a resume redoes them)."""
+        if not distributed.world().is_main:
+            return
+        records = self.read()
+        kept = [r for r in records if r["epoch"] <= epochs_done]
+        if len(kept) != len(records) or (records and not os.path.isfile(self.path)):
+            self._write(kept)
+
+    def append(self, record: Dict[str, Any], save_best: Callable[[str], None], keep: Sequence[str]) -> List[str]:
+        """Add ``record``; for each protocol in ``keep`` whose score beats every earlier epoch's,
+        ``save_best(path)``. Returns the protocols whose choice moved to this epoch. Rank 0 only."""
+        if not distributed.world().is_main:
+            return []
+        earlier = [r for r in self.read() if r["epoch"] < record["epoch"]]
+        moved = []
+        for protocol in keep:
+            score = protocol_score(record, protocol)
+            if score is None:
+                continue
+            before = [s for s in (protocol_score(r, protocol) for r in earlier) if s is not None]
+            if not before or score > max(before):
+                save_best(os.path.join(self.output_dir, best_name(protocol)))
+                moved.append(protocol)
+        self._write(earlier + [record])
+        return moved
+
+
+class Selection:
+    """What a host runs for the records: given its loaders (built with test-time transforms) and an
+    ``encode`` function, evaluates every ``eval_freq`` epochs and writes the record and the best
+    checkpoints. The host calls :meth:`resume` once and :meth:`after_epoch` after each epoch,
+    before its "last" checkpoint."""
+
+    def __init__(
+        self,
+        output_dir: str,
+        eval_freq: int,
+        max_epoch: int,
+        source_names: Sequence[str],
+        num_classes: int,
+        conf_thre: float,
+        seed: int,
+        da: bool,
+        encode: Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]],
+        device: torch.device,
+        loaders: Dict[str, Any],
+        validators: Sequence[str],
+        keep: Sequence[str],
+        set_eval: Callable[[], None],
+        save_best: Callable[[str], None],
+        bad_images: Optional[set] = None,
+    ) -> None:
+        self.records = EpochRecords(output_dir)
+        self.eval_freq, self.max_epoch = int(eval_freq), int(max_epoch)
+        self.source_names, self.num_classes = list(source_names), int(num_classes)
+        self.conf_thre, self.seed, self.da = float(conf_thre), int(seed), bool(da)
+        self.encode, self.device, self.loaders = encode, device, loaders
+        self.validators, self.keep = list(validators), list(keep)
+        self.set_eval, self.save_best, self.bad_images = set_eval, save_best, bad_images
+
+    def resume(self, epochs_done: int) -> None:
+        self.records.truncate(epochs_done)
+
+    def due(self, epochs_done: int) -> bool:
+        return self.eval_freq > 0 and (epochs_done % self.eval_freq == 0 or epochs_done == self.max_epoch)
+
+    def after_epoch(self, epochs_done: int) -> Optional[Dict[str, Any]]:
+        if not self.due(epochs_done):
+            return None
+        self.set_eval()
+        cuda = [self.device] if self.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda):  # evaluation draws nothing from the training streams
+            outs = {
+                k: (collect(self.encode, ld, self.device, self.bad_images) if ld is not None else None)
+                for k, ld in self.loaders.items()
+            }
+            rec = epoch_record(
+                epochs_done,
+                self.source_names,
+                outs.get("test"),
+                self.num_classes,
+                self.conf_thre,
+                self.seed,
+                source_val=outs.get("source_val"),
+                target=outs.get("target"),
+                source_train=outs.get("source_train"),
+                validators=self.validators,
+                da=self.da,
+            )
+        moved = self.records.append(rec, self.save_best, self.keep)
+        if distributed.world().is_main:
+            shown = {k: rec.get(k) for k in ("source_val_accuracy", "target_val_accuracy") if rec.get(k) is not None}
+            print(
+                f"epoch record {epochs_done}: "
+                + ", ".join(f"{k} {v:.2f}" for k, v in shown.items())
+                + (f", validators {len(rec.get('validators', {}))}" if "validators" in rec else "")
+                + (f"; best so far under {', '.join(moved)}" if moved else "")
+                + f" ({EPOCHS})"
+            )
+        return rec
+
+
+def keep_list(names: Sequence[str], da: bool) -> List[str]:
+    """``SELECTION.KEEP_BEST`` resolved (checked in config/keys.py): ``all`` is every scored
+    protocol of this setting."""
+    names = [str(n).lower() for n in names]
+    if "all" in names:
+        return ["source_val", "oracle"] + (list(VALIDATORS) if da else [])
+    return [n for n in names if da or n not in VALIDATORS]

@@ -1,0 +1,206 @@
+"""Model selection's inputs: the source validation split, the per-epoch records and the protocols'
+best checkpoints (engine/selection.py), on both engines."""
+
+import json
+from collections import namedtuple
+
+import pytest
+import torch
+from test_gpu_stand_ins import _cfg
+
+from dael_plugin.data.holdout import holdout_split
+from dael_plugin.engine import selection as S
+
+It = namedtuple("It", "impath label domain")
+
+
+def _items(n_per=10, domains=3, classes=4):
+    return [It(f"/d{d}/c{c}/{i}.png", c, d) for d in range(domains) for c in range(classes) for i in range(n_per)]
+
+
+def test_holdout_is_stratified_deterministic_and_disjoint():
+    items = _items()
+    train, val = holdout_split(items, 0.2, seed=3)
+    assert len(val) == 3 * 4 * 2 and len(train) == len(items) - len(val)
+    assert not {it.impath for it in train} & {it.impath for it in val}
+    for d in range(3):
+        for c in range(4):
+            assert sum(1 for it in val if (it.domain, it.label) == (d, c)) == 2  # every class of every domain
+    assert holdout_split(items, 0.2, seed=3) == (train, val)
+    assert holdout_split(list(reversed(items)), 0.2, seed=3)[1] == list(reversed(val))  # not the listing order
+    assert holdout_split(items, 0.2, seed=4)[1] != val
+    # a group of one image keeps it for training; fraction 0 holds nothing out
+    one = [It("/a.png", 0, 0)] + _items(5, 1, 1)
+    assert It("/a.png", 0, 0) in holdout_split(one, 0.5, 0)[0] or len(holdout_split(one, 0.5, 0)[1]) == 3
+    assert holdout_split(items, 0.0, 1) == (items, [])
+    with pytest.raises(ValueError):
+        holdout_split(items, 1.0, 1)
+
+
+def _outputs(labels, domains=None, seed=0, k=3, c=4, d=5):
+    g = torch.Generator().manual_seed(seed)
+    n = len(labels)
+    probs = torch.softmax(torch.randn(n, k, c, generator=g) * 3, -1)
+    return S.Outputs(
+        torch.randn(n, d, generator=g),
+        probs,
+        torch.tensor(labels),
+        torch.tensor(domains if domains is not None else [0] * n),
+    )
+
+
+def test_no_protocol_but_the_oracle_reads_target_labels():
+    """Scrambling the target's labels (its train subsample and its test split) changes the oracle's
+    and the reported test accuracies, and nothing any other protocol reads."""
+    src_val = _outputs([0, 1, 2, 3] * 6, [0, 1, 2] * 8, seed=1)
+    src_train = _outputs([0, 1, 2, 3] * 10, [0, 1, 2] * 13 + [0], seed=2)
+    target = _outputs([0, 1, 2, 3] * 8, seed=3)
+    test = _outputs([3, 2, 1, 0] * 5, seed=4)
+    names = ["hand", "street", "font"]
+
+    def record(tgt, tst):
+        return S.epoch_record(4, names, tst, 4, 0.5, 7, src_val, tgt, src_train)
+
+    base = record(target, test)
+    flipped = record(
+        S.Outputs(target.feats, target.probs, (target.labels + 1) % 4, target.domains),
+        S.Outputs(test.feats, test.probs, (test.labels + 2) % 4, test.domains),
+    )
+    oracle_only = {"target_val_accuracy", "target_test_accuracy", "target_test_accuracy_per_expert"}
+    assert {k: v for k, v in base.items() if k not in oracle_only} == {
+        k: v for k, v in flipped.items() if k not in oracle_only
+    }
+    assert base["target_val_accuracy"] != flipped["target_val_accuracy"]
+    assert set(base["validators"]) == set(S.VALIDATORS)
+    for p in S.SCORED:
+        if p != "oracle":
+            assert S.protocol_score(base, p) == S.protocol_score(flipped, p), p
+
+
+def test_records_skip_a_corrupt_line_and_keep_the_earliest_best(tmp_path, capsys):
+    rec = S.EpochRecords(str(tmp_path))
+    saved = []
+    for epoch, acc in [(1, 10.0), (2, 30.0), (3, 30.0), (4, 20.0)]:
+        rec.append(
+            {"epoch": epoch, "source_val_accuracy": acc}, lambda p, e=epoch: saved.append((e, p)), ["source_val"]
+        )
+    assert [e for e, _ in saved] == [1, 2]  # a tie keeps the earlier epoch
+    assert saved[-1][1].endswith("model-best-source_val.pth.tar")
+    with open(rec.path, "a") as f:
+        f.write("{not json\n")
+    assert [r["epoch"] for r in rec.read()] == [1, 2, 3, 4]
+    assert "line 5 is not an epoch record" in capsys.readouterr().out
+    rec.truncate(2)
+    assert [r["epoch"] for r in rec.read()] == [1, 2]
+
+
+def _builtin(out, root, epochs, workers=0, **extra):
+    from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+
+    cfg = _cfg(out, root, "builtin", epochs=epochs)
+    cfg.defrost()
+    cfg.SELECTION.EVAL_FREQ = 1
+    cfg.SELECTION.TARGET_CAP = 40
+    cfg.DATALOADER.NUM_WORKERS = workers
+    for k, v in extra.items():
+        cfg.SELECTION[k] = v
+    set_random_seed(1)
+    return build_builtin_trainer(cfg)
+
+
+def _dassl(out, root, epochs, workers=0, **extra):
+    from dael_plugin.dassl_adapter import DAELTrainer
+
+    cfg = _cfg(out, root, "dassl", epochs=epochs)
+    cfg.defrost()
+    cfg.SELECTION.EVAL_FREQ = 1
+    cfg.SELECTION.TARGET_CAP = 40
+    cfg.DATALOADER.NUM_WORKERS = workers
+    for k, v in extra.items():
+        cfg.SELECTION[k] = v
+    from dassl.utils import set_random_seed
+
+    set_random_seed(1)
+    return DAELTrainer(cfg)
+
+
+def _train_paths(tr, engine):
+    if engine == "builtin":
+        return {it.impath for it in tr.splits["train_x"]}, {it.impath for it in tr.source_val_items}
+    return {d.impath for d in tr.dm.dataset.train_x}, {d.impath for d in tr.source_val_items}
+
+
+def _loaded_paths(loader):
+    ds = loader.dataset
+    source = getattr(ds, "items", None) or getattr(ds, "data_source", None)
+    return {getattr(it, "impath", None) for it in source}
+
+
+ENGINES = ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)]
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_records_on_each_engine_and_a_source_split_never_trained_on(tmp_path, tiny_root, engine):
+    if engine == "dassl":
+        pytest.importorskip("dassl")
+    build = _builtin if engine == "builtin" else _dassl
+    tr = build(tmp_path / "run", tiny_root, 2)
+    train, val = _train_paths(tr, engine)
+    assert val and not train & val
+    assert not _loaded_paths(tr.train_loader_x) & val  # the training loader reads the train part only
+    tr.train()
+    recs = [json.loads(line) for line in open(tmp_path / "run" / S.EPOCHS)]
+    assert [r["epoch"] for r in recs] == [1, 2]
+    for r in recs:
+        assert set(r["source_val_accuracy_per_domain"]) == {"hand", "street", "font"}
+        assert set(r["validators"]) == set(S.VALIDATORS)
+        assert r["target_val_size"] == 40 and r["source_val_size"] == len(val)
+        assert 0 <= r["target_test_accuracy"] <= 100
+    for p in S.SCORED:  # each protocol's best checkpoint holds the epoch its score chose
+        scores = [(S.protocol_score(r, p), -r["epoch"]) for r in recs]
+        chosen = -max(scores)[1]
+        state = torch.load(tmp_path / "run" / S.best_name(p), map_location="cpu", weights_only=True)
+        assert state["epoch"] == chosen, p
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_records_are_exact_on_resume(tmp_path, tiny_root, engine):
+    """A run killed after an epoch's record but before its checkpoint redoes that epoch on resume:
+    its records are then exactly an uninterrupted run's (failure injected in the checkpoint save)."""
+    if engine == "dassl":
+        pytest.importorskip("dassl")
+    build = _builtin if engine == "builtin" else _dassl
+    whole = build(tmp_path / "whole", tiny_root, 3)
+    whole.train()
+    expected = open(tmp_path / "whole" / S.EPOCHS).read()
+
+    killed = build(tmp_path / "cut", tiny_root, 3)
+    calls = {"n": 0}
+    name = "save" if engine == "builtin" else "save_last"
+    real = getattr(killed, name)
+
+    def dies_at_the_second(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("killed")
+        return real(*a, **k)
+
+    setattr(killed, name, dies_at_the_second)
+    with pytest.raises(KeyboardInterrupt):
+        killed.train()
+    cut = open(tmp_path / "cut" / S.EPOCHS).read()
+    assert [json.loads(x)["epoch"] for x in cut.splitlines()] == [1, 2]  # epoch 2's record, no checkpoint
+    build(tmp_path / "cut", tiny_root, 3).train()
+    assert open(tmp_path / "cut" / S.EPOCHS).read() == expected
+
+
+def test_ranks_that_drew_different_splits_stop_in_one_line(monkeypatch):
+    from dael_plugin.engine import distributed
+    from dael_plugin.errors import DAELConfigError
+
+    monkeypatch.setattr(distributed, "world", lambda: distributed.World(0, 2, 0, True))
+    monkeypatch.setattr(distributed, "gather_objects", lambda obj: [obj, obj])
+    S.same_on_every_rank(["a.png", "b.png"], "splits")  # the same draw: nothing to say
+    monkeypatch.setattr(distributed, "gather_objects", lambda obj: [obj, "another"])
+    with pytest.raises(DAELConfigError, match="different splits"):
+        S.same_on_every_rank(["a.png", "b.png"], "splits")

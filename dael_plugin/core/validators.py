@@ -142,10 +142,13 @@ def dev_score(
     source_val_feats: torch.Tensor,
     source_val_losses: torch.Tensor,
     normalize: bool = False,
+    weights: Optional[torch.Tensor] = None,
 ) -> torch.Tensor:
     """DEV (``normalize=False``) or DEVN: minus the weighted source-validation risk (higher is
-    better), the per-sample losses being the ensemble's cross-entropy ``-log p_y``."""
-    weights, _ = density_ratios(source_train_feats, target_feats, source_val_feats)
+    better), the per-sample losses being the ensemble's cross-entropy ``-log p_y``. ``weights``:
+    :func:`density_ratios` already computed (DEV and DEVN share them)."""
+    if weights is None:
+        weights, _ = density_ratios(source_train_feats, target_feats, source_val_feats)
     return -dev_risk(weights, source_val_losses, normalize).float()
 
 
@@ -162,7 +165,8 @@ def class_ami(
     adjusted mutual information between the clusters and the class labels: the target's predicted
     labels, and the source's true labels where ``source_feats`` are given (the paper's form, source
     and target together). 1 where the clusters are the classes; about 0 for chance. scikit-learn's
-    k-means (n_init 4, ``seed``) on the CPU: cap the samples before calling."""
+    k-means (k-means++ seeding, one run, ``seed``: scikit-learn's ``n_init="auto"``, as pytorch-adapt
+    runs it) on the CPU: cap the samples before calling."""
     from sklearn.cluster import KMeans
     from sklearn.metrics import adjusted_mutual_info_score
 
@@ -171,5 +175,5 @@ def class_ami(
         x, y = torch.cat([x, source_feats.float()]), torch.cat([y, source_labels])
     x = torch.nn.functional.normalize(x, dim=1).cpu().double().numpy()
     k = min(int(num_classes), len(x))
-    clusters = KMeans(n_clusters=k, n_init=4, random_state=seed).fit_predict(x)
+    clusters = KMeans(n_clusters=k, n_init=1, random_state=seed).fit_predict(x)
     return float(adjusted_mutual_info_score(y.cpu().numpy(), clusters))

@@ -143,6 +143,7 @@ def validator_scores(
     """Every validator in ``names`` on the target's outputs. ``target.labels`` are never read (a
     test scrambles them); the source's labels are (DEV's losses, ClassAMI's source half)."""
     p = target.ensemble
+    ratios = None
     out: Dict[str, torch.Tensor | float] = {}
     for name in names:
         if name == "entropy":
@@ -165,7 +166,9 @@ def validator_scores(
             if source_val is None or source_train is None:
                 continue  # DEV needs the source's validation split
             losses = -source_val.ensemble.gather(1, source_val.labels[:, None]).clamp_min(1e-12).log().squeeze(1)
-            out[name] = V.dev_score(source_train.feats, target.feats, source_val.feats, losses, name == "devn")
+            if ratios is None:  # one domain classifier for DEV and DEVN
+                ratios, _ = V.density_ratios(source_train.feats, target.feats, source_val.feats)
+            out[name] = V.dev_score(source_train.feats, target.feats, source_val.feats, losses, name == "devn", ratios)
         else:
             raise ValueError(f"unknown validator {name!r}; choose from {', '.join(VALIDATORS)}")
     values = [v for v in out.values() if isinstance(v, torch.Tensor)]
@@ -318,6 +321,9 @@ class Selection:
     def after_epoch(self, epochs_done: int) -> Optional[Dict[str, Any]]:
         if not self.due(epochs_done):
             return None
+        import time
+
+        start = time.perf_counter()
         self.set_eval()
         cuda = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):  # evaluation draws nothing from the training streams
@@ -325,6 +331,7 @@ class Selection:
                 k: (collect(self.encode, ld, self.device, self.bad_images) if ld is not None else None)
                 for k, ld in self.loaders.items()
             }
+            forward = time.perf_counter() - start
             rec = epoch_record(
                 epochs_done,
                 self.source_names,
@@ -346,7 +353,7 @@ class Selection:
                 + ", ".join(f"{k} {v:.2f}" for k, v in shown.items())
                 + (f", validators {len(rec.get('validators', {}))}" if "validators" in rec else "")
                 + (f"; best so far under {', '.join(moved)}" if moved else "")
-                + f" ({EPOCHS})"
+                + f" ({EPOCHS}; {forward:.1f} s forward, {time.perf_counter() - start - forward:.1f} s scores)"
             )
         return rec
 

@@ -1,6 +1,8 @@
 """Tables from a sweep's ``results.json`` records (DomainBed's ``collect_results``, for Dassl runs).
 
     python scripts/collect.py DIR [--latex] [--paper]
+    python scripts/collect.py DIR --select PROTOCOL [--per-setting]    (model selection, docs/selection.md)
+    python scripts/collect.py DIR --validators                         (the validators ranked)
 
 One table per dataset and setting (DA/DG): a row per trainer and override
 setting, a column per target domain plus the average, each cell the mean ±
@@ -260,10 +262,21 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("dir", help="a sweep's --output-dir (or any folder holding results.json files)")
     p.add_argument("--latex", action="store_true", help="also print LaTeX tables")
     p.add_argument("--paper", action="store_true", help="add the paper's published numbers as rows")
+    p.add_argument(
+        "--select",
+        metavar="PROTOCOL",
+        help="choose each trainer's grid setting and epoch per seed from the runs' epochs.jsonl: last, source_val, "
+        "oracle, leave_one_domain_out, or a validator (entropy, im, bnm, snd, classami, dev, devn, agreement, "
+        "mask_rate); see docs/selection.md",
+    )
+    p.add_argument("--per-setting", action="store_true", help="with --select: a row per setting, the epoch chosen")
+    p.add_argument("--validators", action="store_true", help="rank the validators against target test accuracy (DA)")
     args = p.parse_args(argv)
     if not os.path.isdir(args.dir):
         print(f"error: {args.dir} is not a folder; pass a sweep's --output-dir", file=sys.stderr)
         return 2
+    if args.select or args.validators:
+        return _select_main(args)
     try:
         tables = build(args.dir, args.paper, warn=lambda line: print(line, file=sys.stderr))
     except CollectError as exc:
@@ -281,6 +294,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     write_text(os.path.join(args.dir, "results.md"), md + "\n")
     write_text(os.path.join(args.dir, "results.csv"), buf.getvalue())
     print(f"wrote {os.path.join(args.dir, 'results.md')} and results.csv")
+    return 0
+
+
+def _select_main(args) -> int:
+    from dael_plugin.tools import select as sel
+
+    warn = lambda line: print(line, file=sys.stderr)  # noqa: E731
+    try:
+        if args.validators:
+            ranked = sel.rank_validators(args.dir, warn)
+            if not ranked:
+                print(f"error: no DA run under {args.dir} has epoch records (SELECTION.EVAL_FREQ)", file=sys.stderr)
+                return 2
+            md, name = sel.render_ranking(ranked), "validators.md"
+        else:
+            tables = sel.select(args.dir, args.select, args.per_setting, warn)
+            if not tables:
+                print(f"error: no results.json under {args.dir}", file=sys.stderr)
+                return 2
+            md = sel.render_selected(tables, args.select)
+            name = f"select_{args.select}{'_per_setting' if args.per_setting else ''}.md"
+    except (sel.SelectError, CollectError) as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+    print(md)
+    write_text(os.path.join(args.dir, name), md + "\n")
+    print(f"wrote {os.path.join(args.dir, name)}")
     return 0
 
 

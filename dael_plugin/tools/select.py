@@ -1,0 +1,350 @@
+"""Model selection over a sweep's per-epoch records (``epochs.jsonl``, engine/selection.py), as
+DomainBed's ``model_selection.py`` does it for its protocols.
+
+    python scripts/collect.py DIR --select PROTOCOL [--per-setting]
+    python scripts/collect.py DIR --validators
+
+For each table (dataset, DA/DG), each trainer and each target, and for each seed on its own, the
+protocol chooses the grid setting (the sweep's settings of that trainer) *and* the epoch; the cell
+is the target test accuracy of that choice, over seeds. ``--per-setting`` keeps one row per
+setting and chooses the epoch alone. Each protocol reads only what its docstring says; the
+``oracle`` alone reads target labels, and its table says it is an upper bound.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import statistics
+from collections import defaultdict
+from dataclasses import dataclass, field
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from dael_plugin.core.validators import NAMES
+from dael_plugin.engine.records import Record, read_records
+from dael_plugin.engine.selection import EPOCHS, EpochRecords, protocol_score
+
+
+# -- the protocols: each names what it may read ----------------------------------------------------
+@dataclass(frozen=True)
+class Protocol:
+    name: str
+    reads: str  # what the protocol reads, for the table's header and the docs
+    last_epoch_only: bool = False  # DomainBed's oracle reads the final checkpoint only
+    upper_bound: bool = False
+
+    def score(self, record: dict) -> Optional[float]:
+        key = "source_val" if self.name == "last" else self.name
+        return protocol_score(record, key)
+
+
+PROTOCOLS: Dict[str, Protocol] = {
+    "last": Protocol(
+        "last",
+        "the last epoch; among grid settings, the best last-epoch source-validation accuracy",
+        last_epoch_only=True,
+    ),
+    "source_val": Protocol(
+        "source_val", "source-validation accuracy (DomainBed's training-domain validation), every epoch"
+    ),
+    "oracle": Protocol(
+        "oracle",
+        "target accuracy on a labelled part of the target's train split (never the test split), last epoch "
+        "(DomainBed's test-domain oracle): an upper bound, not a result",
+        last_epoch_only=True,
+        upper_bound=True,
+    ),
+    **{v: Protocol(v, f"the unsupervised validator {v!r} (no target label), every epoch") for v in NAMES},
+    "leave_one_domain_out": Protocol(
+        "leave_one_domain_out",
+        "DG: the mean target-test accuracy of the runs that left each source domain out, at each epoch",
+    ),
+}
+
+
+class SelectError(ValueError):
+    """A selection that cannot be made as asked (one line)."""
+
+
+@dataclass
+class Run:
+    record: Record
+    epochs: List[dict]
+
+    @property
+    def seed(self):
+        return self.record.data.get("seed")
+
+
+@dataclass
+class Choice:
+    setting: str
+    epoch: int
+    test: float
+
+
+@dataclass
+class CellChoice:
+    values: List[float] = field(default_factory=list)
+    choices: Dict[object, Choice] = field(default_factory=dict)
+    missing: List[str] = field(default_factory=list)  # runs a protocol needs and the sweep lacks
+
+    def text(self) -> str:
+        if not self.values:
+            return "missing runs" if self.missing else "no records"
+        mean = statistics.fmean(self.values)
+        if len(self.values) == 1:
+            return f"{mean:.2f} (n=1)"
+        std = statistics.stdev(self.values)
+        return f"{mean:.2f} ± {std:.2f} [{std / math.sqrt(len(self.values)):.2f}]"
+
+
+def _setting_label(rec: Record, root: str) -> str:
+    rel = os.path.relpath(rec.dir, root).split(os.sep)
+    if len(rel) >= 4 and rel[-1].startswith("seed"):
+        return "/".join(rel[1:-2])
+    return str(rec.data.get("trainer"))
+
+
+def _table_key(rec: Record) -> Tuple[str, str]:
+    from dael_plugin.tools.collect import _setting
+
+    return str(rec.data.get("dataset")), _setting(rec.data)
+
+
+def read_sweep(root: str, warn: Callable[[str], None] = print) -> List[Tuple[Record, List[dict], str]]:
+    """Every finished run under ``root`` with its epoch records (a corrupt line skipped and named)."""
+    walk = read_records(root)
+    for problem in walk.problems:
+        warn(problem.warning())
+    out = []
+    for rec in walk.records:
+        epochs = EpochRecords(rec.dir).read() if os.path.isfile(os.path.join(rec.dir, EPOCHS)) else []
+        out.append((rec, epochs, _setting_label(rec, root)))
+    return out
+
+
+def _candidates(protocol: Protocol, runs: Dict[str, Run]) -> List[Tuple[float, int, str, dict]]:
+    """(score, -epoch, setting, record) over the settings' epochs that the protocol may read."""
+    out = []
+    for setting, run in sorted(runs.items()):
+        epochs = run.epochs[-1:] if protocol.last_epoch_only else run.epochs
+        for r in epochs:
+            s = protocol.score(r)
+            if s is not None and r.get("target_test_accuracy") is not None:
+                out.append((s, -int(r["epoch"]), setting, r))
+    return out
+
+
+def choose(protocol: Protocol, runs: Dict[str, Run]) -> Optional[Choice]:
+    """The protocol's choice among ``runs`` (one per grid setting, one seed): the highest score;
+    ties go to the earliest epoch, then the first setting by name."""
+    if protocol.name == "last" and len(runs) == 1:  # one setting: its last epoch, records or not
+        ((setting, run),) = runs.items()
+        if run.epochs:
+            return Choice(setting, int(run.epochs[-1]["epoch"]), float(run.epochs[-1]["target_test_accuracy"]))
+        return Choice(setting, int(run.record.data.get("epochs") or 0), float(run.record.data["accuracy"]))
+    cands = _candidates(protocol, runs)
+    if not cands:
+        return None
+    best = max(cands, key=lambda c: (c[0], c[1], [-ord(ch) for ch in c[2]]))
+    return Choice(best[2], -best[1], float(best[3]["target_test_accuracy"]))
+
+
+def _lodo_choice(
+    runs: Dict[str, Run], all_runs: List[Tuple[Record, List[dict], str]], seed, missing: List[str]
+) -> Optional[Choice]:
+    """Leave one domain out (DomainBed's ``LeaveOneOutSelectionMethod``): for a setting with sources
+    S, the score at epoch e is the mean over j in S of the epoch-e target-test accuracy of the
+    same setting's run on sources S - {j} and target j (a training domain, held out); the cell is
+    the full run's epoch-e test accuracy."""
+    cands = []
+    for setting, run in sorted(runs.items()):
+        sources = list(run.record.data.get("source_domains") or [])
+        helpers = []
+        for j in sources:
+            want = sorted(s for s in sources if s != j)
+            found = [
+                ep
+                for rec, ep, label in all_runs
+                if label == setting
+                and rec.data.get("seed") == seed
+                and rec.data.get("target_domains") == [j]
+                and sorted(rec.data.get("source_domains") or []) == want
+            ]
+            if not found or not found[0]:
+                missing.append(f"{setting}: sources {' '.join(want)} -> target {j}, seed {seed}")
+                helpers = None
+                break
+            helpers.append({int(r["epoch"]): r.get("target_test_accuracy") for r in found[0]})
+        if helpers is None:
+            continue
+        for r in run.epochs:
+            e = int(r["epoch"])
+            vals = [h.get(e) for h in helpers]
+            if any(v is None for v in vals) or r.get("target_test_accuracy") is None:
+                continue
+            cands.append((statistics.fmean(vals), -e, setting, r))
+    if not cands:
+        return None
+    best = max(cands, key=lambda c: (c[0], c[1], [-ord(ch) for ch in c[2]]))
+    return Choice(best[2], -best[1], float(best[3]["target_test_accuracy"]))
+
+
+def select(
+    root: str, protocol_name: str, per_setting: bool = False, warn: Callable[[str], None] = print
+) -> List[Tuple[Tuple[str, str], List[str], Dict[str, Dict[str, CellChoice]]]]:
+    """``[(table key, targets, {row: {target: CellChoice}})]`` under ``protocol_name``."""
+    if protocol_name not in PROTOCOLS:
+        raise SelectError(f"unknown protocol {protocol_name!r}; choose from {', '.join(PROTOCOLS)}")
+    protocol = PROTOCOLS[protocol_name]
+    all_runs = read_sweep(root, warn)
+    # table -> row -> target -> seed -> setting -> Run
+    grid: Dict[tuple, Dict[str, Dict[str, Dict[object, Dict[str, Run]]]]] = defaultdict(
+        lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
+    )
+    for rec, epochs, label in all_runs:
+        table = _table_key(rec)
+        if protocol.name == "leave_one_domain_out" and table[1] != "DG":
+            continue
+        row = label if per_setting else str(rec.data.get("trainer"))
+        slot = grid[table][row][rec.target][rec.data.get("seed")]
+        if label in slot:
+            raise SelectError(
+                f"two records for {label} -> {rec.target} seed {rec.data.get('seed')}: "
+                f"{slot[label].record.path} and {rec.path}; keep one"
+            )
+        slot[label] = Run(rec, epochs)
+    if protocol.name == "leave_one_domain_out" and not grid:
+        raise SelectError("leave_one_domain_out is a DG protocol, and the sweep holds no DG run")
+    out = []
+    for table in sorted(grid):
+        rows = grid[table]
+        targets = sorted({t for r in rows.values() for t in r})
+        cells: Dict[str, Dict[str, CellChoice]] = {}
+        for row in sorted(rows):
+            cells[row] = {}
+            for t in targets:
+                cell = CellChoice()
+                for seed, runs in sorted(rows[row].get(t, {}).items(), key=lambda kv: str(kv[0])):
+                    if protocol.name == "leave_one_domain_out":
+                        c = _lodo_choice(runs, all_runs, seed, cell.missing)
+                    else:
+                        c = choose(protocol, runs)
+                    if c is not None:
+                        cell.values.append(c.test)
+                        cell.choices[seed] = c
+                cells[row][t] = cell
+        out.append((table, targets, cells))
+    return out
+
+
+def render_selected(tables, protocol_name: str) -> str:
+    p = PROTOCOLS[protocol_name]
+    md = []
+    for (dataset, setting), targets, cells in tables:
+        head = "UPPER BOUND (reads target labels): " if p.upper_bound else ""
+        md.append(
+            f"### {head}{dataset} ({setting}), target test accuracy (%) of the model chosen by "
+            f"`{protocol_name}`: mean ± std over seeds [standard error]"
+        )
+        md.append(f"Reads: {p.reads}.")
+        md.append("")
+        md.append("| | " + " | ".join(targets) + " | Avg |")
+        md.append("|---" * (len(targets) + 2) + "|")
+        for row, by_t in cells.items():
+            means = [statistics.fmean(c.values) if c.values else None for c in by_t.values()]
+            avg = "—" if any(m is None for m in means) else f"{statistics.fmean(means):.2f}"
+            md.append(f"| {row} | " + " | ".join(by_t[t].text() for t in targets) + f" | {avg} |")
+        md.append("")
+        md.append("Choices (seed: setting @ epoch):")
+        for row, by_t in cells.items():
+            for t in targets:
+                c = by_t[t]
+                picks = "; ".join(f"{s}: {ch.setting} @ {ch.epoch}" for s, ch in c.choices.items())
+                md.append(f"- {row} -> {t}: {picks or '—'}")
+                for m in c.missing:
+                    md.append(f"  - needs the run {m}")
+        md.append("")
+    return "\n".join(md)
+
+
+# -- ranking the validators (Musgrave et al. 2022) --------------------------------------------------
+def weighted_spearman(scores: Sequence[float], accs: Sequence[float], power: float = 2.0) -> float:
+    """Musgrave et al.'s weighted Spearman correlation: Pearson's correlation of the ranks, each
+    pair weighted by ``(rank of its accuracy / n) ** power`` (Sec. 5.1), so that agreement among the
+    best checkpoints counts most. ``power=0`` is the plain Spearman correlation."""
+    from scipy.stats import rankdata
+
+    s, a = rankdata(scores), rankdata(accs)
+    n = len(s)
+    if n < 2:
+        return float("nan")
+    w = (a / n) ** power
+    w = w / w.sum()
+    ms, ma = (w * s).sum(), (w * a).sum()
+    cov = (w * (s - ms) * (a - ma)).sum()
+    var = math.sqrt((w * (s - ms) ** 2).sum() * (w * (a - ma) ** 2).sum())
+    return float(cov / var) if var > 0 else float("nan")
+
+
+def rank_validators(root: str, warn: Callable[[str], None] = print):
+    """For each DA table and target: every validator's Spearman and weighted Spearman correlation
+    with target test accuracy over all evaluated checkpoints (every epoch of every run), and its
+    regret: the best test accuracy minus that of the checkpoint it scores highest, mean over seeds."""
+    all_runs = read_sweep(root, warn)
+    by: Dict[Tuple[str, str, str], List[Tuple[object, dict]]] = defaultdict(list)
+    for rec, epochs, _ in all_runs:
+        table = _table_key(rec)
+        if table[1] != "DA":
+            continue
+        for r in epochs:
+            if r.get("target_test_accuracy") is not None:
+                by[(table[0], table[1], rec.target)].append((rec.data.get("seed"), r))
+    out = []
+    for key in sorted(by):
+        points = by[key]
+        rows = []
+        for name in ("source_val",) + NAMES:
+            pairs = [(protocol_score(r, name), r["target_test_accuracy"], seed) for seed, r in points]
+            pairs = [p for p in pairs if p[0] is not None]
+            if len(pairs) < 3:
+                continue
+            sc, acc = [p[0] for p in pairs], [p[1] for p in pairs]
+            regrets = []
+            for seed in sorted({p[2] for p in pairs}, key=str):
+                mine = [p for p in pairs if p[2] == seed]
+                chosen = max(mine, key=lambda p: p[0])[1]
+                regrets.append(max(p[1] for p in mine) - chosen)
+            rows.append(
+                {
+                    "validator": name,
+                    "spearman": weighted_spearman(sc, acc, 0.0),
+                    "weighted_spearman": weighted_spearman(sc, acc, 2.0),
+                    "regret": statistics.fmean(regrets),
+                    "checkpoints": len(pairs),
+                }
+            )
+        rows.sort(key=lambda r: -r["weighted_spearman"] if not math.isnan(r["weighted_spearman"]) else math.inf)
+        out.append((key, rows))
+    return out
+
+
+def render_ranking(ranked) -> str:
+    md = []
+    for (dataset, setting, target), rows in ranked:
+        md.append(
+            f"### {dataset} ({setting}) -> {target}: validators against target test accuracy over every "
+            "evaluated checkpoint (Musgrave et al.'s weighted Spearman, power 2; regret in accuracy points, "
+            "mean over seeds)"
+        )
+        md.append("")
+        md.append("| validator | weighted Spearman | Spearman | regret | checkpoints |")
+        md.append("|---|---|---|---|---|")
+        for r in rows:
+            md.append(
+                f"| {r['validator']} | {r['weighted_spearman']:.3f} | {r['spearman']:.3f} | "
+                f"{r['regret']:.2f} | {r['checkpoints']} |"
+            )
+        md.append("")
+    return "\n".join(md)

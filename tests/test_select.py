@@ -1,0 +1,170 @@
+"""collect.py --select and --validators on fixture sweeps (dael_plugin/tools/select.py)."""
+
+import json
+import math
+import os
+
+import pytest
+
+from dael_plugin.tools import collect
+from dael_plugin.tools import select as sel
+
+
+def _run(root, setting, target, seed, epochs, trainer="DAEL", sources=("a", "b", "c"), table_setting="DA"):
+    d = os.path.join(root, "Set", trainer, setting, target, f"seed{seed}")
+    os.makedirs(d, exist_ok=True)
+    last = epochs[-1]
+    rec = {
+        "accuracy": last["target_test_accuracy"],
+        "target_domains": [target],
+        "source_domains": list(sources),
+        "dataset": "Set",
+        "trainer": trainer,
+        "seed": seed,
+        "setting": table_setting,
+        "epochs": last["epoch"],
+    }
+    with open(os.path.join(d, "results.json"), "w") as f:
+        json.dump(rec, f)
+    with open(os.path.join(d, "epochs.jsonl"), "w") as f:
+        for e in epochs:
+            f.write(json.dumps(e) + "\n")
+    return d
+
+
+def _ep(epoch, test, src=None, tval=None, **validators):
+    r = {"epoch": epoch, "target_test_accuracy": test}
+    if src is not None:
+        r["source_val_accuracy"] = src
+    if tval is not None:
+        r["target_val_accuracy"] = tval
+    if validators:
+        r["validators"] = validators
+    return r
+
+
+@pytest.fixture
+def sweep(tmp_path):
+    """Two settings x two seeds, three epochs; the protocols disagree by construction:
+    - last: the last epoch; the setting with the better last-epoch source_val (lam=1: 60 > 55);
+    - source_val: lam=0.5 epoch 2 (src 70);
+    - im: lam=0.5 epoch 1 (im 0.9);
+    - oracle: last epoch, the better target_val (lam=0.5: 80 > 50)."""
+    root = str(tmp_path / "sweep")
+    for seed, bump in ((1, 0.0), (2, 1.0)):
+        _run(
+            root,
+            "lam=0.5",
+            "t",
+            seed,
+            [
+                _ep(1, 40 + bump, 50, 30, im=0.9),
+                _ep(2, 50 + bump, 70, 40, im=0.1),
+                _ep(3, 45 + bump, 55, 80, im=0.2),
+            ],
+        )
+        _run(
+            root,
+            "lam=1",
+            "t",
+            seed,
+            [
+                _ep(1, 30 + bump, 20, 10, im=0.3),
+                _ep(2, 35 + bump, 40, 20, im=0.4),
+                _ep(3, 60 + bump, 60, 50, im=0.5),
+            ],
+        )
+    return root
+
+
+def _cell(root, protocol, per_setting=False):
+    ((table, targets, cells),) = sel.select(root, protocol, per_setting)
+    return cells
+
+
+def test_protocols_choose_setting_and_epoch_per_seed(sweep):
+    cases = {
+        "last": ("DAEL/lam=1", 3, [60.0, 61.0]),
+        "source_val": ("DAEL/lam=0.5", 2, [50.0, 51.0]),
+        "im": ("DAEL/lam=0.5", 1, [40.0, 41.0]),
+        "oracle": ("DAEL/lam=0.5", 3, [45.0, 46.0]),
+    }
+    for protocol, (setting, epoch, values) in cases.items():
+        cell = _cell(sweep, protocol)["DAEL"]["t"]
+        assert cell.values == values, protocol
+        assert {(c.setting, c.epoch) for c in cell.choices.values()} == {(setting, epoch)}, protocol
+    # std of [50, 51] = 0.71; standard error 0.5
+    assert _cell(sweep, "source_val")["DAEL"]["t"].text() == "50.50 ± 0.71 [0.50]"
+    per = _cell(sweep, "source_val", per_setting=True)
+    assert per["DAEL/lam=1"]["t"].values == [60.0, 61.0] and per["DAEL/lam=0.5"]["t"].values == [50.0, 51.0]
+
+
+def test_no_protocol_but_the_oracle_reads_target_labels(sweep):
+    """Scramble every target-labelled figure a protocol could read as a score (target_val_accuracy):
+    every other protocol keeps its choices."""
+    before = {p: _cell(sweep, p)["DAEL"]["t"].choices for p in sel.PROTOCOLS if p != "leave_one_domain_out"}
+    for dirpath, _, files in os.walk(sweep):
+        if "epochs.jsonl" in files:
+            path = os.path.join(dirpath, "epochs.jsonl")
+            recs = [json.loads(x) for x in open(path)]
+            for i, r in enumerate(recs):
+                r["target_val_accuracy"] = 99 - i if "lam=1" in dirpath else i  # lam=1 now the better
+            with open(path, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in recs)
+    after = {p: _cell(sweep, p)["DAEL"]["t"].choices for p in before}
+    assert {p: v for p, v in before.items() if p != "oracle"} == {p: v for p, v in after.items() if p != "oracle"}
+    assert before["oracle"] != after["oracle"]
+
+
+def test_a_corrupt_line_is_skipped_and_named(sweep, capsys):
+    path = os.path.join(sweep, "Set", "DAEL", "lam=0.5", "t", "seed1", "epochs.jsonl")
+    with open(path, "a") as f:
+        f.write('{"epoch": 4, "target_test\n')
+    cell = _cell(sweep, "source_val")["DAEL"]["t"]
+    assert cell.values == [50.0, 51.0]
+    assert "line 4 is not an epoch record" in capsys.readouterr().out
+
+
+def test_the_cli_labels_the_oracle_and_says_what_plus_minus_is(sweep, capsys):
+    assert collect.main([sweep, "--select", "oracle"]) == 0
+    out = capsys.readouterr().out
+    assert "UPPER BOUND (reads target labels)" in out and "mean ± std over seeds [standard error]" in out
+    assert os.path.isfile(os.path.join(sweep, "select_oracle.md"))
+    assert collect.main([sweep, "--select", "nope"]) == 2
+    assert "unknown protocol 'nope'" in capsys.readouterr().err
+
+
+def test_leave_one_domain_out_names_the_runs_it_needs_then_uses_them(tmp_path):
+    root = str(tmp_path / "dg")
+    kw = dict(trainer="DAELDG", table_setting="DG")
+    for setting, accs in (("x=1", (50, 60)), ("x=2", (70, 40))):
+        _run(root, setting, "t", 1, [_ep(1, accs[0]), _ep(2, accs[1])], sources=("a", "b"), **kw)
+    cell = _cell(root, "leave_one_domain_out")["DAELDG"]["t"]
+    assert cell.text() == "missing runs"
+    assert any("sources b -> target a, seed 1" in m for m in cell.missing)
+    # the runs that leave a (then b) out: x=2 scores best at epoch 1 (mean 90), x=1 at epoch 2 (mean 60)
+    for setting, held in (("x=1", ((10, 50), (20, 70))), ("x=2", ((95, 5), (85, 15)))):
+        _run(root, setting, "a", 1, [_ep(1, held[0][0]), _ep(2, held[0][1])], sources=("b",), **kw)
+        _run(root, setting, "b", 1, [_ep(1, held[1][0]), _ep(2, held[1][1])], sources=("a",), **kw)
+    cell = _cell(root, "leave_one_domain_out")["DAELDG"]["t"]
+    assert cell.values == [70.0] and cell.choices[1].setting == "DAELDG/x=2" and cell.choices[1].epoch == 1
+
+
+def test_weighted_spearman_by_hand_and_the_ranking(sweep):
+    assert sel.weighted_spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
+    assert sel.weighted_spearman([4, 3, 2, 1], [10, 20, 30, 40]) == pytest.approx(-1.0)
+    assert sel.weighted_spearman([1, 2, 3, 4], [10, 20, 30, 40], 0.0) == pytest.approx(1.0)
+    # ranks s = [1, 2, 4, 3], a = [1, 2, 3, 4]; power 0 is Spearman's rho = 1 - 6 * 2 / (4 * 15) = 0.8
+    assert sel.weighted_spearman([1, 2, 4, 3], [1, 2, 3, 4], 0.0) == pytest.approx(0.8)
+    # weighted (a / n)^2 = [1, 4, 9, 16] / 16: the swap among the best two costs more than rho's 0.8
+    # by hand: w = [1, 4, 9, 16] / 30, weighted means 3.1 (s) and 10/3 (a), weighted covariance
+    # 7 / 30, variances 16.7 / 30 and 62 / 90: 0.23333 / sqrt(0.55667 * 0.68889) = 0.37679
+    w = sel.weighted_spearman([1, 2, 4, 3], [1, 2, 3, 4])
+    assert w == pytest.approx(0.37679, abs=1e-4) and not math.isnan(w)
+    ((key, rows),) = sel.rank_validators(sweep)
+    by = {r["validator"]: r for r in rows}
+    assert set(by) == {"source_val", "im"}
+    # regret of source_val: seed 1 best test 60, chosen 50 -> 10; seed 2: 61 - 51 -> 10
+    assert by["source_val"]["regret"] == pytest.approx(10.0)
+    assert by["im"]["regret"] == pytest.approx(20.0)  # chose 40 (41)
+    assert by["source_val"]["checkpoints"] == 12

@@ -161,6 +161,9 @@ def test_weighted_spearman_by_hand_and_the_ranking(sweep):
     # 7 / 30, variances 16.7 / 30 and 62 / 90: 0.23333 / sqrt(0.55667 * 0.68889) = 0.37679
     w = sel.weighted_spearman([1, 2, 4, 3], [1, 2, 3, 4])
     assert w == pytest.approx(0.37679, abs=1e-4) and not math.isnan(w)
+    # a 3-cycle (a swap cannot tell the score's ranks from the accuracy's as weights): s = [2, 3, 1, 4];
+    # weighted means 2.9 and 10/3, covariance 19 / 30, variances 52.7 / 30 and 62 / 90 -> 0.57572
+    assert sel.weighted_spearman([2, 3, 1, 4], [1, 2, 3, 4]) == pytest.approx(0.57572, abs=1e-4)
     ((key, rows),) = sel.rank_validators(sweep)
     by = {r["validator"]: r for r in rows}
     assert set(by) == {"source_val", "im"}

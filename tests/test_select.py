@@ -171,3 +171,11 @@ def test_weighted_spearman_by_hand_and_the_ranking(sweep):
     assert by["source_val"]["regret"] == pytest.approx(10.0)
     assert by["im"]["regret"] == pytest.approx(20.0)  # chose 40 (41)
     assert by["source_val"]["checkpoints"] == 12
+
+
+def test_the_validators_figure(sweep, tmp_path):
+    pytest.importorskip("matplotlib")
+    from dael_plugin.tools import plots
+
+    assert plots.main([sweep, "--out", str(tmp_path / "figs"), "--only", "validators"]) == 0
+    assert os.path.getsize(tmp_path / "figs" / "validators.png") > 1000

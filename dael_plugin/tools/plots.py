@@ -9,7 +9,9 @@
 - ``experts``: each expert's accuracy against the ensemble's (Fig. 6), from
   ``expert_accuracy`` in the records;
 - ``curves``: the pseudo-label mask rate ``mask_u`` and the kept pseudo-labels'
-  accuracy ``pl_acc_u`` over training, read from each run's TensorBoard events.
+  accuracy ``pl_acc_u`` over training, read from each run's TensorBoard events;
+- ``validators``: each unsupervised validator's weighted Spearman correlation with
+  target test accuracy over every evaluated checkpoint (runs with ``epochs.jsonl``).
 
 - ``top3``: each expert's and the ensemble's top-3 predictions on a few target
   test images (Fig. 7), from a DAEL run's checkpoint;
@@ -207,11 +209,49 @@ def curves(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[st
     return _save(fig, out, "curves"), None
 
 
+def validators(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[str]]:
+    """Each validator's weighted Spearman correlation with target test accuracy over every evaluated
+    checkpoint, per DA target (``collect.py --validators`` gives the numbers and the regrets)."""
+    import matplotlib.pyplot as plt
+
+    from dael_plugin.engine.selection import EpochRecords
+    from dael_plugin.tools.collect import _setting
+    from dael_plugin.tools.select import rank_runs
+
+    runs = [
+        (
+            str(r.get("dataset")),
+            _setting(r),
+            ",".join(r.get("target_domains") or []),
+            r.get("seed"),
+            EpochRecords(r["_dir"]).read(),
+        )
+        for r in recs
+    ]
+    ranked = [(key, rows) for key, rows in rank_runs(runs) if rows]
+    if not ranked:
+        return None, "validators needs DA runs with epoch records (SELECTION.EVAL_FREQ > 0)"
+    names = sorted({row["validator"] for _, rows in ranked for row in rows})
+    fig, ax = plt.subplots(figsize=(6.0, 0.35 * len(names) + 1.5))
+    height = 0.8 / len(ranked)
+    for i, ((_, _, target), rows) in enumerate(ranked):
+        by = {row["validator"]: row["weighted_spearman"] for row in rows}
+        ax.barh([j + i * height for j in range(len(names))], [by.get(n, 0.0) for n in names], height, label=target)
+    ax.set_yticks([j + height * (len(ranked) - 1) / 2 for j in range(len(names))], names)
+    ax.axvline(0.0, color="k", lw=0.8)
+    ax.set_xlim(-1, 1)
+    ax.set_xlabel("weighted Spearman with target test accuracy (Musgrave et al.)")
+    ax.set_title("Validators over every evaluated checkpoint")
+    ax.legend(title="target", fontsize=8)
+    return _save(fig, out, "validators"), None
+
+
 FIGURES = {
     "loss_ablation": loss_ablation,
     "weight_u": weight_u,
     "experts": experts,
     "curves": curves,
+    "validators": validators,
     "top3": top3,
     "tsne": tsne,
 }

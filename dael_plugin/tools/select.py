@@ -292,15 +292,19 @@ def rank_validators(root: str, warn: Callable[[str], None] = print):
     """For each DA table and target: every validator's Spearman and weighted Spearman correlation
     with target test accuracy over all evaluated checkpoints (every epoch of every run), and its
     regret: the best test accuracy minus that of the checkpoint it scores highest, mean over seeds."""
-    all_runs = read_sweep(root, warn)
+    runs = [(*_table_key(rec), rec.target, rec.data.get("seed"), epochs) for rec, epochs, _ in read_sweep(root, warn)]
+    return rank_runs(runs)
+
+
+def rank_runs(runs: Sequence[Tuple[str, str, str, object, List[dict]]]):
+    """:func:`rank_validators` over ``(dataset, setting, target, seed, epoch records)`` per run."""
     by: Dict[Tuple[str, str, str], List[Tuple[object, dict]]] = defaultdict(list)
-    for rec, epochs, _ in all_runs:
-        table = _table_key(rec)
-        if table[1] != "DA":
+    for dataset, setting, target, seed, epochs in runs:
+        if setting != "DA":
             continue
         for r in epochs:
             if r.get("target_test_accuracy") is not None:
-                by[(table[0], table[1], rec.target)].append((rec.data.get("seed"), r))
+                by[(dataset, setting, target)].append((seed, r))
     out = []
     for key in sorted(by):
         points = by[key]

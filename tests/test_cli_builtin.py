@@ -269,3 +269,31 @@ def test_every_dataset_config_says_which_engine_reads_it():
             )
             assert len(tag) == 1, name
             assert ("needs Dassl" in tag[0]) == (dataset not in SPECS), (name, dataset, tag[0])
+
+
+@pytest.mark.parametrize("kind", ["gpu", "host"])
+def test_out_of_memory_is_one_line_with_the_settings_to_lower(tmp_path, tiny_root, capsys, monkeypatch, kind):
+    """An out-of-memory stop in a step (failure injected) is one error line naming the memory, the
+    batch sizes and the way out, exit code 4 and a failed.json; no traceback."""
+    import json
+
+    import torch
+
+    from dael_plugin.builtin.trainer import DAELBuiltin
+    from dael_plugin.tools.train import main
+
+    exc = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB") if kind == "gpu" else MemoryError()
+
+    def oom(self, *a, **k):
+        raise exc
+
+    monkeypatch.setattr(DAELBuiltin, "forward_backward", oom)
+    out = tmp_path / "oom"
+    code = main(["--engine", "builtin"] + base_args(tiny_root, out) + FAST)
+    err = capsys.readouterr().err
+    assert code == 4, err
+    lines = err.strip().splitlines()
+    assert len(lines) == 1 and "Traceback" not in err, err
+    assert lines[0].startswith(f"error: out of {'GPU' if kind == 'gpu' else 'host'} memory")
+    assert "DATALOADER.TRAIN_X.BATCH_SIZE" in lines[0] and "another --output-dir" in lines[0]
+    assert "out of" in json.loads((out / "failed.json").read_text())["error"]

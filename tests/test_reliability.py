@@ -403,3 +403,20 @@ def test_exif_orientation_is_not_applied_as_in_dassl(tmp_path):
     exif[0x0112] = 6  # "rotate 90 degrees clockwise to display"
     img.save(tmp_path / "rotated.jpg", exif=exif)
     assert decode(str(tmp_path / "rotated.jpg")).size == (20, 10)
+
+
+@pytest.mark.parametrize("accuracy", ["70", 1e5, [70.0], float("nan"), None, True, -1])
+def test_a_record_with_a_bad_accuracy_is_corrupt_never_averaged(tmp_path, capsys, accuracy):
+    """A hand-edited results.json whose accuracy is a string, out of range, a list, NaN, null or a
+    bool is marked corrupt with a warning naming it: never averaged, never dropped silently."""
+    from dael_plugin.tools.collect import main as collect
+
+    for target, acc in (("blend", 70.0), ("street", accuracy)):
+        d = tmp_path / "EmbeddedDigits" / "DAEL" / target / "seed1"
+        d.mkdir(parents=True)
+        rec = {"dataset": "EmbeddedDigits", "trainer": "DAEL", "target_domains": [target], "seed": 1, "accuracy": acc}
+        (d / "results.json").write_text(json.dumps(rec))  # NaN is written as the token NaN
+    assert collect([str(tmp_path)]) == 0
+    cap = capsys.readouterr()
+    assert "warning: skipping" in cap.err and "street" in cap.err and "accuracy" in cap.err, cap.err
+    assert "| DAEL | 70.00 ± 0.00 | corrupt | — |" in cap.out, cap.out

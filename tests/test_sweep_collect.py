@@ -92,6 +92,9 @@ def test_the_plan(tmp_path, capsys):
             "--workers comes after the KEY VALUE options OPTIM.LR",
         ),
         (["--trainers", "DAEL", "--workers", "0"], "--workers 0: give at least 1"),
+        (["--trainers", "DAEL", "--seeds", "1", "1"], "--seeds names 1 twice"),
+        (["--trainers", "DAEL", "DAEL"], "--trainers names DAEL twice"),
+        (["--trainers", "DAEL", "--grid", "OPTIM.LR", "0.1", "0.1"], "--grid OPTIM.LR names 0.1 twice"),
     ],
 )
 def test_bad_sweeps_are_one_line(tmp_path, capsys, argv, msg):

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import stat
 from dataclasses import dataclass, field
@@ -96,6 +97,11 @@ def _read(path: str):
         return None, f"holds a JSON {type(data).__name__}, not a run record"
     if "accuracy" not in data or not isinstance(data.get("target_domains"), list):
         return None, "not a run record (no accuracy or target_domains)"
+    acc = data["accuracy"]
+    if acc is None:
+        return None, "accuracy is null (a run with TEST.NO_TEST, or an edited record): nothing to average"
+    if isinstance(acc, bool) or not isinstance(acc, (int, float)) or not math.isfinite(acc) or not 0 <= acc <= 100:
+        return None, f"accuracy {acc!r} is not a percentage from 0 to 100 (an edited or foreign record)"
     return data, None
 
 
@@ -110,7 +116,7 @@ def read_records(root: str) -> Walk:
             data, why = _read(path)
             if why is not None:
                 out.problems.append(Problem(path, why))
-            elif data.get("accuracy") is not None:
+            else:
                 out.records.append(Record(path, data))
         elif FAILED in filenames:
             out.failed.append(dirpath)

@@ -163,6 +163,16 @@ def main(argv: Optional[List[str]] = None) -> int:
         bad = [g for g in args.grid if len(g) < 2]
         if bad:
             raise DAELConfigError(f"--grid {bad[0][0]} has no values; use --grid KEY V1 [V2 ...]")
+        for flag, values in [
+            ("--seeds", args.seeds),
+            ("--trainers", args.trainers),
+            ("--targets", args.targets or []),
+        ] + [(f"--grid {g[0]}", g[1:]) for g in args.grid]:
+            twice = sorted({str(v) for v in values if list(values).count(v) > 1})
+            if twice:
+                raise DAELConfigError(
+                    f"{flag} names {', '.join(twice)} twice: two runs would share one folder; give each value once"
+                )
         flags_late = [o for o in args.opts if o.startswith("--") and not _NUMBER.match(o)]
         if flags_late:
             raise DAELConfigError(

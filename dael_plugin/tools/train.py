@@ -38,6 +38,7 @@ from dael_plugin.engine.runlock import BusyError, RunLock
 from dael_plugin.errors import DAELConfigError, NonFiniteLossError, Terminated, say
 
 EXIT_BUSY = 75  # the output directory is held by another live run (EX_TEMPFAIL: try again later)
+EXIT_OOM = 4  # out of device or host memory: one line with the settings to lower
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -351,6 +352,39 @@ def _expand_user(args: argparse.Namespace) -> None:
             setattr(args, name, os.path.expanduser(value))
 
 
+def _oom_types() -> tuple:
+    import torch
+
+    return (torch.OutOfMemoryError, MemoryError)
+
+
+def _out_of_memory(exc: BaseException, state: dict) -> str:
+    """One line for an out-of-memory stop: where, and what to lower. A smaller batch is another
+    run, so it needs another output directory; the same command resumes this one."""
+    import torch
+
+    cfg = state.get("cfg")
+    on_gpu = isinstance(exc, torch.OutOfMemoryError)
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+    now = ""
+    if cfg is not None:
+        d = cfg.DATALOADER
+        u = d.TRAIN_X.BATCH_SIZE if d.TRAIN_U.SAME_AS_X else d.TRAIN_U.BATCH_SIZE
+        now = (
+            f" (now DATALOADER.TRAIN_X.BATCH_SIZE {d.TRAIN_X.BATCH_SIZE}, TRAIN_U {u}, TEST {d.TEST.BATCH_SIZE}, "
+            f"NUM_WORKERS {d.NUM_WORKERS}, INPUT.SIZE {tuple(cfg.INPUT.SIZE)})"
+        )
+    lower = (
+        "the batch sizes or INPUT.SIZE, or use TRAINER.DAEL.PREC bf16"
+        if on_gpu
+        else ("DATALOADER.NUM_WORKERS or the batch sizes")
+    )
+    return (
+        f"out of {'GPU' if on_gpu else 'host'} memory ({first}): lower {lower}{now}; a new setting is another "
+        "run, so give it another --output-dir (the same command resumes this one from its last checkpoint)"
+    )
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from dael_plugin.builtin.runlog import close_logger
 
@@ -384,6 +418,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         if distributed.world().is_main:
             say(f"interrupted: {_where_to_resume(state.get('output_dir'))}")
         return 130
+    except _oom_types() as exc:
+        line = _out_of_memory(exc, state)
+        if state.get("output_dir"):
+            write_failure(state["output_dir"], line)
+        say(f"error: {line}")
+        return EXIT_OOM
     finally:
         if state.get("lock") is not None:
             state["lock"].release()
@@ -493,6 +533,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         )
     w = distributed.init(cfg.USE_CUDA)  # under torchrun: join the run's processes (rank 0 writes)
     state["output_dir"] = cfg.OUTPUT_DIR
+    state["cfg"] = cfg
     finished = False
     if w.is_main:
         _prepare_output_dir(cfg.OUTPUT_DIR)

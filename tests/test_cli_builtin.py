@@ -297,3 +297,18 @@ def test_out_of_memory_is_one_line_with_the_settings_to_lower(tmp_path, tiny_roo
     assert lines[0].startswith(f"error: out of {'GPU' if kind == 'gpu' else 'host'} memory")
     assert "DATALOADER.TRAIN_X.BATCH_SIZE" in lines[0] and "another --output-dir" in lines[0]
     assert "out of" in json.loads((out / "failed.json").read_text())["error"]
+
+
+def test_a_key_value_pair_after_a_list_flag_is_named_and_the_double_dash_works(tmp_path, tiny_root, capsys):
+    from dael_plugin.tools.train import build_parser, main, setup_cfg
+
+    args = base_args(tiny_root, tmp_path / "x") + FAST
+    swallowed = args[: args.index("--output-dir")] + ["OPTIM.MAX_EPOCH", "2"] + args[args.index("--output-dir") :]
+    assert main(["--engine", "builtin"] + swallowed) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "'OPTIM.MAX_EPOCH' is a config key" in err[0] and "--target-domains street --" in err[0]
+    # the fix it names: the list ended with --
+    base = base_args(tiny_root, tmp_path / "x")
+    fixed = ["--engine", "builtin"] + base + ["--target-domains", "street", "--"] + FAST + ["OPTIM.MAX_EPOCH", "2"]
+    cfg = setup_cfg(build_parser().parse_args(fixed), "builtin")
+    assert list(cfg.DATASET.TARGET_DOMAINS) == ["street"] and cfg.OPTIM.MAX_EPOCH == 2

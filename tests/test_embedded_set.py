@@ -71,3 +71,12 @@ def test_a_root_that_cannot_be_written_is_one_line(tmp_path):
     not_a_dir.write_text("")
     with pytest.raises(DAELConfigError, match="cannot write the embedded set under .*pass a writable --root"):
         embedded.ensure_embedded(str(not_a_dir / "root"))
+
+
+def test_a_root_without_the_set_is_said_once_with_its_path(tmp_path, monkeypatch, capsys):
+    """A typo in --root would build a second 20 MB set quietly: the first use says where, once."""
+    monkeypatch.setattr(embedded, "generate", _fake_generate([]))
+    embedded.ensure_embedded(str(tmp_path / "typo"))
+    embedded.ensure_embedded(str(tmp_path / "typo"))
+    err = capsys.readouterr().err
+    assert err.count("no embedded set under") == 1 and str(tmp_path / "typo") in err

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import tempfile
 from typing import Dict, List, Optional, Tuple
 
@@ -225,6 +226,12 @@ def ensure_embedded(root: str, seed: int = 0) -> str:
                 if stale.startswith(f".{DATASET_DIR}-") and os.path.isdir(os.path.join(root, stale)):
                     shutil.rmtree(os.path.join(root, stale), ignore_errors=True)
             tmp = tempfile.mkdtemp(prefix=f".{DATASET_DIR}-", dir=root)
+            # Said once, with the path: a typo in --root would otherwise build a second set quietly.
+            print(
+                f"dael_plugin: no embedded set under {root}: generating it there (about 20 MB, once); "
+                "if --root has a typo, stop now and fix it",
+                file=sys.stderr,
+            )
             try:
                 generate(tmp, seed)
                 with open(os.path.join(tmp, "VERSION"), "w") as f:

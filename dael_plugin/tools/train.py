@@ -204,6 +204,7 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     method = _merge_file(cfg, args.config_file, engine) if args.config_file else {}
     reset_cfg(cfg, args)
     _check_method_file_fits(method, args.config_file, str(cfg.TRAINER.NAME))
+    _check_list_flags(args)
     opts = list(args.opts or [])
     if opts and opts[0] == "--":
         opts = opts[1:]
@@ -350,6 +351,25 @@ def _expand_user(args: argparse.Namespace) -> None:
         value = getattr(args, name, None)
         if isinstance(value, str) and value.startswith("~"):
             setattr(args, name, os.path.expanduser(value))
+
+
+_KEY_LIKE = re.compile(r"^[A-Z][A-Z0-9_]*(\.[A-Z0-9_]+)+$")
+
+
+def _check_list_flags(args: argparse.Namespace) -> None:
+    """A ``KEY VALUE`` pair typed after a list flag is swallowed by it (``--target-domains blend
+    OPTIM.MAX_EPOCH 3`` reads three domains): name it, with the two ways to write it."""
+    for flag in ("source_domains", "target_domains", "transforms"):
+        values = getattr(args, flag, None) or []
+        keys = [v for v in values if _KEY_LIKE.match(v)]
+        if keys:
+            name = "--" + flag.replace("_", "-")
+            at = values.index(keys[0])
+            raise DAELConfigError(
+                f"{name} {' '.join(values)}: {keys[0]!r} is a config key, read as one of {name}'s values because "
+                f"{name} takes a list; end the list with -- ({name} {' '.join(values[:at])} -- "
+                f"{' '.join(values[at:])}) or put the KEY VALUE pairs last, after a flag that takes one value"
+            )
 
 
 def _oom_types() -> tuple:

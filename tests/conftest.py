@@ -33,6 +33,16 @@ def pytest_collection_modifyitems(config, items):
             item.add_marker(skip)
 
 
+def pytest_runtest_logreport(report):
+    """Name a failing test the moment it fails (on the controller under xdist), so that a run cut
+    short by a time limit still says which tests failed; the summary at the end says it again."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        return  # the controller says it, once
+    if report.failed:
+        sys.stderr.write(f"\nFAILED {report.nodeid} ({report.when})\n")
+        sys.stderr.flush()
+
+
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory):
     """The embedded set, generated once per session."""

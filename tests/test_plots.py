@@ -38,6 +38,7 @@ def seen(monkeypatch):
         seen[name] = [(ax.get_xlabel(), ax.get_ylabel(), ax.get_title()) for ax in fig.axes]
         seen[name + "_lines"] = [[(ln.get_label(), list(ln.get_ydata())) for ln in ax.get_lines()] for ax in fig.axes]
         seen[name + "_ylim"] = [tuple(ax.get_ylim()) for ax in fig.axes]
+        seen[name + "_suptitle"] = fig._suptitle.get_text() if fig._suptitle is not None else ""
         return real(fig, out, name)
 
     from dael_plugin.tools import model_figures
@@ -139,3 +140,13 @@ def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys, seen):
     assert plots.main([str(sweep), "--out", str(tmp_path / "figs2"), "--run", str(single)]) == 0
     assert [t for _, _, t in seen["tsne"]][1] == "DAEL (CLASSIFIER=single), target street, seed 3"
     assert [y for _, y, _ in seen["top3"] if y] == ["classifier"]  # one classifier: no expert rows
+
+
+def test_experts_with_one_seed_says_one_seed_and_no_spread(tmp_path, seen):
+    from dael_plugin.tools import plots
+
+    _rec(str(tmp_path), "blend", 1, 70.0)
+    assert plots.main([str(tmp_path), "--out", str(tmp_path / "f"), "--only", "experts"]) == 0
+    ((xlabel, ylabel, title),) = seen["experts"]
+    assert title == "target blend (1 seed)"
+    assert "one seed, so no spread is shown" in seen["experts_suptitle"]

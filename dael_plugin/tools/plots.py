@@ -139,8 +139,12 @@ def experts(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[s
             )
         ax.set_xticks(range(len(names) + 1), [f"E[{n}]" for n in names] + ["ensemble"], rotation=30)
         ax.set_ylabel("target test accuracy (%)")
-        ax.set_title(f"target {target} ({len(rs)} seeds)")
-    fig.suptitle("Experts against their ensemble (Fig. 6): mean ± std over seeds")
+        ax.set_title(f"target {target} ({len(rs)} seed{'s' if len(rs) != 1 else ''})")
+    one = all(len(rs) == 1 for rs in groups.values())
+    fig.suptitle(
+        "Experts against their ensemble (Fig. 6): "
+        + ("one seed, so no spread is shown" if one else "mean ± std over seeds")
+    )
     return _save(fig, out, "experts"), None
 
 

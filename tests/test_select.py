@@ -179,3 +179,8 @@ def test_the_validators_figure(sweep, tmp_path):
 
     assert plots.main([sweep, "--out", str(tmp_path / "figs"), "--only", "validators"]) == 0
     assert os.path.getsize(tmp_path / "figs" / "validators.png") > 1000
+
+
+def test_a_cell_with_another_seed_count_says_so():
+    assert sel.CellChoice([1.0, 2.0, 3.0]).text(2) == "2.00 ± 1.00 [0.58] (n=3)"
+    assert sel.CellChoice([1.0, 2.0, 3.0]).text(3) == "2.00 ± 1.00 [0.58]"

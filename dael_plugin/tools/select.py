@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 import os
 import statistics
-from collections import defaultdict
+from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
@@ -89,14 +89,15 @@ class CellChoice:
     choices: Dict[object, Choice] = field(default_factory=dict)
     missing: List[str] = field(default_factory=list)  # runs a protocol needs and the sweep lacks
 
-    def text(self) -> str:
+    def text(self, usual_n: int = 0) -> str:
         if not self.values:
             return "missing runs" if self.missing else "no records"
         mean = statistics.fmean(self.values)
         if len(self.values) == 1:
             return f"{mean:.2f} (n=1)"
         std = statistics.stdev(self.values)
-        return f"{mean:.2f} ± {std:.2f} [{std / math.sqrt(len(self.values)):.2f}]"
+        n = f" (n={len(self.values)})" if usual_n and len(self.values) != usual_n else ""
+        return f"{mean:.2f} ± {std:.2f} [{std / math.sqrt(len(self.values)):.2f}]{n}"
 
 
 def _setting_label(rec: Record, root: str) -> str:
@@ -250,12 +251,16 @@ def render_selected(tables, protocol_name: str) -> str:
         )
         md.append(f"Reads: {p.reads}.")
         md.append("")
+        counts = Counter(len(c.values) for by_t in cells.values() for c in by_t.values() if c.values)
+        usual = counts.most_common(1)[0][0] if counts else 0
+        md.append(f"Seeds per cell: {usual} (another count is marked n= in its cell).")
+        md.append("")
         md.append("| | " + " | ".join(targets) + " | Avg |")
         md.append("|---" * (len(targets) + 2) + "|")
         for row, by_t in cells.items():
             means = [statistics.fmean(c.values) if c.values else None for c in by_t.values()]
             avg = "—" if any(m is None for m in means) else f"{statistics.fmean(means):.2f}"
-            md.append(f"| {row} | " + " | ".join(by_t[t].text() for t in targets) + f" | {avg} |")
+            md.append(f"| {row} | " + " | ".join(by_t[t].text(usual) for t in targets) + f" | {avg} |")
         md.append("")
         md.append("Choices (seed: setting @ epoch):")
         for row, by_t in cells.items():

@@ -127,7 +127,15 @@ def test_switch_losses_ablation():
 def test_switch_ensemble_pseudo_label_on_hand_example():
     # Ensemble of u0's weak view: [0.63, 0.37] < 0.95, so nothing is kept.
     out = run(DAELHparams(pseudo_label="ensemble"))
-    assert out["loss_u"].item() == 0.0
+    assert out["loss_u"].item() == 0.0 and out["mask_u"].item() == 0.0
+    # At 0.62 the ensemble keeps u0 (0.63, class 0) and drops u1 (its ensemble [0.4, 0.6]); the most
+    # confident expert keeps both (0.96 and 0.8). Strong ensembles: u0 [0.6, 0.4], u1 [0.9, 0.1].
+    out = run(DAELHparams(pseudo_label="ensemble", conf_thre=0.62))
+    assert out["mask_u"].item() == pytest.approx(0.5)
+    assert out["loss_u"].item() == pytest.approx(-math.log(0.6) / 2, abs=1e-12)
+    out = run(DAELHparams(pseudo_label="expert", conf_thre=0.62))
+    assert out["mask_u"].item() == pytest.approx(1.0)
+    assert out["loss_u"].item() == pytest.approx((-math.log(0.6) - math.log(0.1)) / 2, abs=1e-12)
 
 
 def test_single_classifier_is_its_own_ensemble():

@@ -293,7 +293,16 @@ def test_timm_backbone_under_dassl(tmp_path, tiny_root):
         "configs/trainers/da/dael/embedded_digits.yaml",
         extra=["MODEL.BACKBONE.NAME", "timm_test_convnext"],
     )
-    assert res["backbone"] == "timm_test_convnext"
+    assert res["backbone"] == "timm_test_convnext"  # the config, echoed; the weights say what trained:
+    import timm
+    import torch
+
+    state = torch.load(tmp_path / "DAEL" / "checkpoint.pth.tar", map_location="cpu", weights_only=True)
+    f = state["models"]["F"]
+    ref = timm.create_model("test_convnext", pretrained=False, num_classes=0).state_dict()
+    ours = {k.split("backbone.", 1)[-1].removeprefix("model."): v.shape for k, v in f.items() if "backbone." in k}
+    assert ours == {k: v.shape for k, v in ref.items()}
+    assert state["models"]["E"]["weight"].shape == (3, 10, 64)  # 3 experts read its 64 features
 
 
 def test_eval_only_reloads_the_last_checkpoint(tmp_path, tiny_root):

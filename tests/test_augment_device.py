@@ -81,6 +81,41 @@ def test_rotation_by_90_degrees_is_pils():
     torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
 
 
+@pytest.mark.parametrize(
+    "name,v,pil",
+    [
+        (
+            "TranslateXabs",
+            3.0,
+            lambda im: im.transform((20, 20), Image.AFFINE, (1, 0, 3, 0, 1, 0), resample=Image.BILINEAR),
+        ),
+        (
+            "TranslateYabs",
+            -4.0,
+            lambda im: im.transform((20, 20), Image.AFFINE, (1, 0, 0, 0, 1, -4), resample=Image.BILINEAR),
+        ),
+        (
+            "ShearX",
+            0.25,
+            lambda im: im.transform((20, 20), Image.AFFINE, (1, 0.25, 0, 0, 1, 0), resample=Image.BILINEAR),
+        ),
+        ("Rotate", 90.0, lambda im: im.rotate(90)),
+    ],
+)
+def test_the_policy_that_runs_warps_as_pil(name, v, pil):
+    """Through ``RandAugmentBatch`` itself (what the views call: each slot's warp from its table
+    of basis rows), one operation always applied at magnitude ``v``: PIL's image."""
+    imgs = _images(b=3, h=20, w=20)
+    policy = ad.RandAugmentBatch([(name, 0.0, 1.0)], 1, 1.0, lambda *_: (0.0, v, 0.0, False))
+    ours = policy(imgs.float() / 255)
+    ref = torch.stack([_back(pil(_pil(t))) for t in imgs])
+    if name == "Rotate":  # a quarter turn maps pixels onto pixels: exact
+        torch.testing.assert_close(ours, ref, atol=1e-5, rtol=0)
+    else:
+        inner = (slice(None), slice(None), slice(2, -2), slice(5, -5))  # away from the uncovered border
+        assert (ours - ref)[inner].abs().mean().item() < 2 / 255
+
+
 def test_draws_are_per_sample_and_the_views_independent():
     torch.manual_seed(0)
     same = _images(b=1).expand(64, -1, -1, -1).contiguous()

@@ -88,8 +88,18 @@ def test_backbones_report_out_features(name, size):
     with torch.no_grad():
         y = b(torch.randn(2, 3, size, size))
     assert y.shape == (2, b.out_features)
+    assert not torch.allclose(y[0], y[1])  # the features depend on the image
     if isinstance(b, TimmBackbone):
         assert b.out_features == (getattr(b.model, "head_hidden_size", None) or b.model.num_features)
+        # The features are timm's own model's (its pooled pre-logits), with the same weights.
+        import timm
+
+        ref = timm.create_model(name.removeprefix("timm_"), pretrained=False, num_classes=0).eval()
+        ref.load_state_dict(b.model.state_dict())
+        with torch.no_grad():
+            torch.manual_seed(0)
+            x = torch.randn(2, 3, size, size)
+            torch.testing.assert_close(b(x), ref(x), atol=1e-5, rtol=1e-4)
 
 
 def test_timm_pretrained_from_local_file(tmp_path):

@@ -410,3 +410,26 @@ def test_views_built_for_cuda_find_their_tables_when_a_step_runs_on_cuda_0():
         weak, strong_view = views(images)
         assert weak.shape == strong_view.shape == (4, 3, 32, 32) and strong_view.is_cuda
         assert (dict(O._GEOMETRY), [dict(op._tables) for op in policies]) == made, "tables made inside the step"
+
+
+def test_counting_launches_keeps_the_profilers_log_off_the_terminal():
+    """libkineto writes ``USDT:... profiler_start`` (and, without a GPU, ``ERROR:... gpuGetDeviceCount
+    failed``) to file descriptor 2 on every profiled region: bench.py printed 17 such lines.
+    Anything else written meanwhile still reaches stderr. (In a fresh process, as bench.py runs:
+    libkineto binds its log to the descriptor it finds at its first use.)"""
+    import subprocess
+    import sys
+
+    code = (
+        "import os, torch\n"
+        "from dael_plugin.engine.profiling import count_launches\n"
+        "def work():\n"
+        "    os.write(2, b'a line of the program s own\\n')\n"
+        "    return torch.ones(3) + 1\n"
+        "for _ in range(2):\n"
+        "    assert count_launches(work).ops['aten::add'] == 1\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.count("a line of the program s own") == 2, proc.stderr
+    assert "USDT:" not in proc.stderr and "gpuGetDeviceCount" not in proc.stderr, proc.stderr

@@ -31,7 +31,12 @@ data (the loader's CPU batch) may be read.
 from __future__ import annotations
 
 import collections
+import contextlib
 import functools
+import os
+import re
+import sys
+import tempfile
 from dataclasses import dataclass, field
 from typing import Callable, Counter, Iterable, List, Optional
 
@@ -162,12 +167,44 @@ def _numel(shape) -> int:
     return n
 
 
+# libkineto's own log lines (``USDT:... profiler_start``, and ``ERROR:... gpuGetDeviceCount failed``
+# on a machine without a GPU), written to file descriptor 2 by C++ on every profiled region.
+_KINETO_LINE = re.compile(r"^(USDT|ERROR|WARNING|INFO):\d{4}-\d\d-\d\d [^\]]*\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def _quiet_kineto():
+    """The profiler's C++ log lines kept off the terminal; anything else written meanwhile passes."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no file descriptor 2 to redirect: nothing to quiet
+        yield
+        return
+    with tempfile.TemporaryFile() as tmp:
+        os.dup2(tmp.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            tmp.seek(0)
+            kept = [ln for ln in tmp.read().decode(errors="replace").splitlines(True) if not _KINETO_LINE.match(ln)]
+            if kept:
+                sys.stderr.write("".join(kept))
+                sys.stderr.flush()
+
+
 def count_launches(fn: Callable[[], object]) -> LaunchCount:
     """Run ``fn()`` once under the CPU profiler and count its operator launches (module docstring)."""
     from torch.profiler import ProfilerActivity, profile
 
-    with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
-        fn()
+    with _quiet_kineto():  # the profiler logs at its start, its stop and while its events are read
+        with profile(activities=[ProfilerActivity.CPU], record_shapes=True, profile_memory=True) as prof:
+            fn()
+        events = prof.events()
+        del prof  # its C++ side logs once more as it goes
     out = LaunchCount()
 
     def walk(e) -> int:
@@ -186,7 +223,7 @@ def count_launches(fn: Callable[[], object]) -> LaunchCount:
             out.copy_bytes += max(int(e.self_cpu_memory_usage), 0)
         return 1
 
-    for e in prof.events():
+    for e in events:
         if e.name.startswith("aten::") and not _has_aten_parent(e):
             walk(e)
     return out

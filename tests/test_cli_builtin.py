@@ -312,3 +312,20 @@ def test_a_key_value_pair_after_a_list_flag_is_named_and_the_double_dash_works(t
     fixed = ["--engine", "builtin"] + base + ["--target-domains", "street", "--"] + FAST + ["OPTIM.MAX_EPOCH", "2"]
     cfg = setup_cfg(build_parser().parse_args(fixed), "builtin")
     assert list(cfg.DATASET.TARGET_DOMAINS) == ["street"] and cfg.OPTIM.MAX_EPOCH == 2
+
+
+def test_ctrl_c_during_eval_only_says_the_evaluation_stopped(tmp_path, tiny_root, capsys, monkeypatch):
+    from dael_plugin.builtin.loop import BuiltinTrainer
+    from dael_plugin.tools.train import main
+
+    assert main(["--engine", "builtin"] + base_args(tiny_root, tmp_path / "run") + FAST) == 0
+
+    def interrupted(self, *a, **k):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(BuiltinTrainer, "test", interrupted)
+    args = base_args(tiny_root, tmp_path / "eval") + ["--eval-only", "--model-dir", str(tmp_path / "run")] + FAST
+    capsys.readouterr()
+    assert main(["--engine", "builtin"] + args) == 130
+    last = capsys.readouterr().err.strip().splitlines()[-1]
+    assert last.startswith("interrupted: the evaluation stopped") and "checkpoint" not in last, last

@@ -420,7 +420,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return _main(args, state)
     except Terminated:
         if distributed.world().is_main:  # torchrun stops every rank: one of them says so
-            say(f"terminated (SIGTERM): {_where_to_resume(state.get('output_dir'))}")
+            say(f"terminated (SIGTERM): {_where_to_resume(state.get('output_dir'), args.eval_only)}")
         return 143
     except BusyError as exc:
         say(f"error: {exc}")
@@ -436,7 +436,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 3
     except KeyboardInterrupt:
         if distributed.world().is_main:
-            say(f"interrupted: {_where_to_resume(state.get('output_dir'))}")
+            say(f"interrupted: {_where_to_resume(state.get('output_dir'), args.eval_only)}")
         return 130
     except _oom_types() as exc:
         line = _out_of_memory(exc, state)
@@ -481,7 +481,9 @@ def _finished(cfg: CN, args: argparse.Namespace) -> bool:
     return True
 
 
-def _where_to_resume(output_dir: Optional[str]) -> str:
+def _where_to_resume(output_dir: Optional[str], eval_only: bool = False) -> str:
+    if eval_only:
+        return "the evaluation stopped before its results_eval.json; the model it read is unchanged: rerun it"
     if not output_dir:
         return "nothing was saved"
     path = os.path.join(output_dir, LAST)

@@ -329,3 +329,23 @@ def test_ctrl_c_during_eval_only_says_the_evaluation_stopped(tmp_path, tiny_root
     assert main(["--engine", "builtin"] + args) == 130
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert last.startswith("interrupted: the evaluation stopped") and "checkpoint" not in last, last
+
+
+@pytest.mark.dassl
+def test_a_source_domain_smaller_than_its_batch_share_is_one_line_on_dassl(tmp_path, tiny_root):
+    """Dassl's DataManager built its own RandomDomainSampler first, which stopped with a traceback
+    ("Sample larger than population") before the plugin's sampler could name the domain."""
+    import shutil
+
+    root = tmp_path / "data"
+    shutil.copytree(tiny_root, root)
+    train = root / "embedded_digits" / "hand" / "train"
+    for folder in train.iterdir():
+        for img in sorted(folder.glob("*.png"))[1:]:
+            img.unlink()  # one image per class: 10, and the batch share is 12
+    big = ["DATALOADER.TRAIN_X.BATCH_SIZE", "36"]
+    proc = run_train(["--engine", "dassl"] + base_args(str(root), tmp_path / "run") + FAST + big)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith("error: source domain") and "fewer than its per-batch share of 12" in last, last

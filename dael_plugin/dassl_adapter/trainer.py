@@ -87,7 +87,13 @@ class DAELTrainer(TrainerXU):
         cfg = self.cfg
         node = trainer_node(cfg)
         views = build_train_views(cfg, node, self.hparams.num_views, True, self.execution.aug_on_device)
-        dm = DataManager(cfg, custom_tfm_train=views, dataset_wrapper=RobustDatasetWrapper)
+        # Dassl's DataManager builds its own source loader, which this trainer replaces below; built
+        # with Dassl's domain sampler it would stop a source domain smaller than its share of a batch
+        # with "Sample larger than population" before the plugin's sampler can say so in one line.
+        dm_cfg = cfg.clone()
+        dm_cfg.defrost()
+        dm_cfg.DATALOADER.TRAIN_X.SAMPLER = "RandomSampler"
+        dm = DataManager(dm_cfg, custom_tfm_train=views, dataset_wrapper=RobustDatasetWrapper)
         self._source_val_split(dm.dataset)
         # Training loaders with Dassl's epochs but per-draw seeding and long-lived workers.
         has_target = dm.train_loader_u is not None

@@ -420,3 +420,26 @@ def test_a_record_with_a_bad_accuracy_is_corrupt_never_averaged(tmp_path, capsys
     cap = capsys.readouterr()
     assert "warning: skipping" in cap.err and "street" in cap.err and "accuracy" in cap.err, cap.err
     assert "| DAEL | 70.00 ± 0.00 | corrupt | — |" in cap.out, cap.out
+
+
+def test_rows_of_two_engines_are_named_by_the_engine(tmp_path, capsys):
+    """Runs of the two engines differ in keys only one engine's config holds (Dassl's
+    K_TRANSFORMS); their rows are named by the engine, not by such a key."""
+    from dael_plugin.tools.collect import main as collect
+
+    for engine, extra in (("builtin", ""), ("dassl", "INPUT:\n  K_TRANSFORMS: 1\n")):
+        d = tmp_path / engine / "seed1"
+        d.mkdir(parents=True)
+        rec = {
+            "dataset": "EmbeddedDigits",
+            "trainer": "DAEL",
+            "target_domains": ["blend"],
+            "seed": 1,
+            "accuracy": 70.0 if engine == "builtin" else 71.0,
+            "engine": engine,
+            "provenance": {"config": "OPTIM:\n  MAX_EPOCH: 15\n" + extra},
+        }
+        (d / "results.json").write_text(json.dumps(rec))
+    assert collect([str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "| DAEL [engine=builtin] | 70.00" in out and "| DAEL [engine=dassl] | 71.00" in out, out

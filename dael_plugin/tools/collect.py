@@ -147,7 +147,16 @@ def read_runs(root: str, warn=print):
 def _setting_names(label: str, by_setting: Dict[Optional[str], List[Record]]) -> Dict[Optional[str], str]:
     if len(by_setting) == 1:
         return {k: label for k in by_setting}
-    keys = differing([recs[0] for recs in by_setting.values()])
+    firsts = [recs[0] for recs in by_setting.values()]
+    keys = differing(firsts)
+    # Name the rows by what a reader set: the engine first, then keys every record has (a key only
+    # one engine's config holds, such as Dassl's K_TRANSFORMS, says nothing about the setting).
+    every = [setting_items(r) for r in firsts]
+    shared = [k for k in keys if k != "engine" and all(k in i for i in every)]
+    if "engine" in keys:
+        keys = ["engine"] + shared
+    else:
+        keys = shared or keys
     names = {}
     for key, recs in by_setting.items():
         items = setting_items(recs[0])

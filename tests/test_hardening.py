@@ -418,8 +418,10 @@ def test_processes_racing_for_the_lock_never_hold_it_together(tmp_path):
 
 def test_ctrl_c_exits_cleanly_naming_the_last_checkpoint(tmp_path, tiny_root):
     out = tmp_path / "int"
-    proc = spawn(args_for(tiny_root, out, epochs=50))
-    assert wait_for(str(out / "log.txt"), "epoch [2/50] batch [3/", proc)
+    # 2000 epochs: the run cannot finish before the signal, however loaded the machine (with 50
+    # it once did, and exited 0)
+    proc = spawn(args_for(tiny_root, out, epochs=2000))
+    assert wait_for(str(out / "log.txt"), "epoch [2/2000] batch [3/", proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 130, err[-2000:]

@@ -99,11 +99,14 @@ def test_each_fp32_option_keeps_the_numbers(option):
 
 
 @needs_compiled_fused
-def test_compiled_step_is_one_graph_and_the_same_numbers():
+@pytest.mark.parametrize("impl,cl", [("split", False), ("grouped", False), ("grouped", True)])
+def test_compiled_step_is_one_graph_and_the_same_numbers(impl, cl):
     # aot_eager compiles the same graph as inductor without a C++ build (fast on
     # CPU); fullgraph=True makes any host sync or other graph break an error.
-    eager, fe, _ = _make()
-    compiled, fc, _ = _make(compile_mode="default", compile_backend="aot_eager")
+    # grouped with channels_last is CUDA's default: the compiled form of its kernels is its own code.
+    eager, fe, _ = _make(channels_last=cl)
+    compiled, fc, _ = _make(compile_mode="default", compile_backend="aot_eager", channels_last=cl)
+    eager.algorithm.chunk_bn = compiled.algorithm.chunk_bn = impl
     for a, b in zip(_run(eager), _run(compiled)):
         for k in a:
             assert a[k] == pytest.approx(b[k], abs=1e-5), k

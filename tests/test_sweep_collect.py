@@ -269,7 +269,9 @@ def test_an_interrupted_submitit_job_is_requeued_and_its_run_resumes(tmp_path, t
     from dael_plugin.tools.sweep import LOG, RunJob, build_parser, plan
 
     args = build_parser().parse_args(base(tiny_root, tmp_path, "--trainers", "SourceOnly", "--targets", "street"))
-    args.opts = FAST[:1] + ["15"] + FAST[2:]  # 15 epochs: long enough to interrupt after the first
+    # 40 epochs of about 0.3 s: long enough to interrupt after the first even on a loaded machine
+    # (with 15, a loaded run finished before the signal came), short enough to finish once requeued.
+    args.opts = FAST[:1] + ["40"] + FAST[2:]
     args.root, args.output_dir = os.path.abspath(args.root), os.path.abspath(args.output_dir)
     args.dataset_config_file = os.path.abspath(args.dataset_config_file)
     (run,) = plan(args)
@@ -294,7 +296,7 @@ def test_an_interrupted_submitit_job_is_requeued_and_its_run_resumes(tmp_path, t
     log = open(os.path.join(run.output_dir, LOG)).read()
     assert "sweep: job interrupted (time limit or preemption); requeued, the run resumes" in log, log[-3000:]
     assert log.count("$ ") == 2 and "will resume training from epoch" in log, log[-3000:]
-    assert json.load(open(os.path.join(run.output_dir, "results.json")))["epochs"] == 15
+    assert json.load(open(os.path.join(run.output_dir, "results.json")))["epochs"] == 40
 
 
 def test_a_sweep_from_a_wheel_installed_outside_the_checkout(tmp_path, tiny_root):

@@ -152,15 +152,21 @@ class _GroupedBatchNorm(torch.autograd.Function):
         ]
         if group is not None:
             stats = _combine_over_processes(stats, runs, c, group, world)
-        y = torch.empty_like(x)  # x's memory format; each run is written into its view of y
-        means, vars_, saved = [], [], []
-        for xv, yv, (var, mean) in zip(views, _run_views(y, runs), stats):
+        # Eager: x's memory format, each run written into its view of y. Compiled: each run's output
+        # made out of place and concatenated (inductor fuses it): dynamo refuses an out= into a chunk's
+        # view of a channels_last y, and a copy_ into a traced reshape of y can be a copy's, not y's
+        # (two processes' weights then parted: the compiled DDP test).
+        compiling = torch.compiler.is_compiling()
+        y = None if compiling else torch.empty_like(x)
+        y_runs = [None] * len(views) if compiling else _run_views(y, runs)
+        outs, means, vars_, saved = [], [], [], []
+        for xv, yv, (var, mean) in zip(views, y_runs, stats):
             rstd = torch.rsqrt(var + eps)
             scale = rstd * w if w is not None else rstd
             shift = torch.addcmul(b, mean, scale, value=-1) if b is not None else -(mean * scale)
-            # low precision: in fp32, rounded once (y's terms can cancel). Compiled: inductor fuses the
-            # copy, and dynamo refuses an out= that is not contiguous (a chunk's view of a channels_last y)
-            if low or torch.compiler.is_compiling():
+            if compiling:  # low precision: in fp32, rounded once, as below
+                outs.append(torch.addcmul(shift, xv, scale).to(x.dtype).reshape(-1, *x.shape[1:]))
+            elif low:  # in fp32, rounded once (y's terms can cancel)
                 yv.copy_(torch.addcmul(shift, xv, scale))
             else:
                 torch.addcmul(shift, xv, scale, out=yv)
@@ -169,6 +175,8 @@ class _GroupedBatchNorm(torch.autograd.Function):
             saved += [mean, rstd, scale]
         ctx.save_for_backward(x, weight, *saved)
         ctx.runs, ctx.group, ctx.world = runs, group, world
+        if compiling:
+            y = torch.cat(outs)  # a new tensor even for one run: a returned view could not be modified in place
         mean, var = (means[0], vars_[0]) if len(means) == 1 else (torch.cat(means), torch.cat(vars_))
         ctx.mark_non_differentiable(mean, var)
         ctx.set_materialize_grads(False)  # no zero gradients made for mean and var
@@ -192,18 +200,24 @@ class _GroupedBatchNorm(torch.autograd.Function):
         means = local
         if ctx.group is not None:  # the global chunks' means, in one all-reduce for every chunk
             means = _mean_over_processes(local, ctx.runs, c, ctx.group, ctx.world)
-        dx = torch.empty_like(x) if ctx.needs_input_grad[0] else None
+        compiling = torch.compiler.is_compiling()  # out of place and concatenated, as in forward
+        want_dx = ctx.needs_input_grad[0]
+        dx = torch.empty_like(x) if want_dx and not compiling else None
         dx_runs = _run_views(dx, ctx.runs) if dx is not None else [None] * len(ctx.runs)
+        dx_parts = []
         dw = db = None
         for (xc, _, _), (mean_g, mean_gxc), (_, rstd, scale), g, out, (lg, lgx) in zip(
             parts, means, stats, _run_views(gy, ctx.runs), dx_runs, local
         ):
-            if out is not None:
+            if want_dx:
                 # dx = scale * (g - mean_g - xhat * mean(g * xhat)) = scale * g - scale * mean_g - a * (x - mean),
                 # with a = scale * rstd^2 * mean(g * (x - mean)); in fp32, rounded once
                 a = torch.mul(scale, rstd).mul_(rstd).mul_(mean_gxc)
                 shift = torch.mul(scale, mean_g).neg_()
-                if low or torch.compiler.is_compiling():  # low: in fp32, rounded once (the terms cancel)
+                if compiling:
+                    part = torch.addcmul(shift, xc, a, value=-1).addcmul_(g, scale)
+                    dx_parts.append(part.to(x.dtype).reshape(-1, *x.shape[1:]))
+                elif low:  # in fp32, rounded once (the terms largely cancel)
                     out.copy_(torch.addcmul(shift, xc, a, value=-1).addcmul_(g, scale))
                 else:
                     torch.addcmul(shift, xc, a, value=-1, out=out).addcmul_(g, scale)
@@ -214,6 +228,8 @@ class _GroupedBatchNorm(torch.autograd.Function):
             if ctx.needs_input_grad[2]:
                 part = lg.sum(0).view(c).mul_(count)
                 db = part if db is None else db + part
+        if dx_parts:
+            dx = torch.cat(dx_parts)
         if dw is not None:
             dw = dw.to(weight.dtype)
         if db is not None:

@@ -125,6 +125,14 @@ def read_records(root: str) -> Walk:
     return out
 
 
+DG_TRAINERS = ("DAELDG", "Vanilla")
+
+
+def setting_of(data: dict) -> str:
+    """DA or DG: records since the run integrity work say it; older ones: DG trainers by name, else DA."""
+    return data.get("setting") or ("DG" if data.get("trainer") in DG_TRAINERS else "DA")
+
+
 def _flatten(d, prefix: str = "") -> Dict[str, object]:
     flat: Dict[str, object] = {}
     for k, v in d.items():
@@ -161,4 +169,14 @@ def differing(records: List[Record]) -> List[str]:
     return [k for k in keys if len({json.dumps(i.get(k), default=str) for i in items}) > 1]
 
 
-__all__ = ["Problem", "Record", "Walk", "differing", "read_records", "setting_items", "setting_key"]
+__all__ = [
+    "DG_TRAINERS",
+    "Problem",
+    "Record",
+    "Walk",
+    "differing",
+    "read_records",
+    "setting_items",
+    "setting_key",
+    "setting_of",
+]

@@ -33,15 +33,16 @@ from typing import Dict, List, Optional, Tuple
 
 from dael_plugin.engine.atomic import write_text
 from dael_plugin.engine.records import (
+    DG_TRAINERS,
     Record,
     differing,
     read_records,
     setting_items,
     setting_key,
+    setting_of,
 )
 
 PAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_results.json")
-DG_TRAINERS = ("DAELDG", "Vanilla")
 
 
 class CollectError(ValueError):
@@ -76,9 +77,7 @@ class Cell:
         return out
 
 
-def _setting(rec: dict) -> str:
-    # Records since the run integrity work say it; older ones: DG trainers by name, else DA.
-    return rec.get("setting") or ("DG" if rec.get("trainer") in DG_TRAINERS else "DA")
+_setting = setting_of  # DA or DG (engine/records.py)
 
 
 def _row_label(rec_dir: str, root: str, trainer: str) -> str:

@@ -218,8 +218,8 @@ def validators(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optiona
     checkpoint, per DA target (``collect.py --validators`` gives the numbers and the regrets)."""
     import matplotlib.pyplot as plt
 
+    from dael_plugin.engine.records import setting_of as _setting
     from dael_plugin.engine.selection import EpochRecords
-    from dael_plugin.tools.collect import _setting
     from dael_plugin.tools.select import rank_runs
 
     runs = [

@@ -108,7 +108,7 @@ def _setting_label(rec: Record, root: str) -> str:
 
 
 def _table_key(rec: Record) -> Tuple[str, str]:
-    from dael_plugin.tools.collect import _setting
+    from dael_plugin.engine.records import setting_of as _setting
 
     return str(rec.data.get("dataset")), _setting(rec.data)
 

@@ -420,7 +420,9 @@ def test_ctrl_c_exits_cleanly_naming_the_last_checkpoint(tmp_path, tiny_root):
     out = tmp_path / "int"
     # 2000 epochs: the run cannot finish before the signal, however loaded the machine (with 50
     # it once did, and exited 0)
-    proc = spawn(args_for(tiny_root, out, epochs=2000))
+    # Started with SIGINT ignored, as a background job of a script (and a pytest-xdist worker's
+    # children) are: the run must still stop on it.
+    proc = spawn(args_for(tiny_root, out, epochs=2000), preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_IGN))
     assert wait_for(str(out / "log.txt"), "epoch [2/2000] batch [3/", proc)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)

@@ -416,6 +416,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     previous = (
         signal.signal(signal.SIGTERM, _terminate) if threading.current_thread() is threading.main_thread() else None
     )
+    previous_int = None
+    if previous is not None and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        # Started with SIGINT ignored (a background job of a script, a pytest-xdist worker's child):
+        # Python then leaves it ignored, and the sweep's clean stop (SIGINT) would do nothing.
+        previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         return _main(args, state)
     except Terminated:
@@ -451,6 +456,8 @@ def main(argv: Optional[List[str]] = None) -> int:
         distributed.finish()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+        if previous_int is not None:
+            signal.signal(signal.SIGINT, previous_int)
 
 
 def _finished(cfg: CN, args: argparse.Namespace) -> bool:

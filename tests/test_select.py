@@ -184,3 +184,11 @@ def test_the_validators_figure(sweep, tmp_path):
 def test_a_cell_with_another_seed_count_says_so():
     assert sel.CellChoice([1.0, 2.0, 3.0]).text(2) == "2.00 ± 1.00 [0.58] (n=3)"
     assert sel.CellChoice([1.0, 2.0, 3.0]).text(3) == "2.00 ± 1.00 [0.58]"
+
+
+def test_ties_go_to_the_earliest_epoch_then_the_first_setting(tmp_path):
+    root = str(tmp_path / "ties")
+    for setting in ("b", "a"):
+        _run(root, setting, "t", 1, [_ep(1, 40, 50), _ep(2, 60, 50)])
+    (choice,) = _cell(root, "source_val")["DAEL"]["t"].choices.values()
+    assert (choice.setting, choice.epoch, choice.test) == ("DAEL/a", 1, 40.0)

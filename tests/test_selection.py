@@ -1,6 +1,7 @@
 """Model selection's inputs: the source validation split, the per-epoch records and the protocols'
 best checkpoints (engine/selection.py), on both engines."""
 
+import functools
 import json
 from collections import namedtuple
 
@@ -94,31 +95,22 @@ def test_records_skip_a_corrupt_line_and_keep_the_earliest_best(tmp_path, capsys
     assert [r["epoch"] for r in rec.read()] == [1, 2]
 
 
-def _builtin(out, root, epochs, workers=0, **extra):
-    from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
-
-    cfg = _cfg(out, root, "builtin", epochs=epochs)
+def _build(engine, out, root, epochs, **extra):
+    """A trainer of ``engine`` with records every epoch (``extra``: other SELECTION keys)."""
+    cfg = _cfg(out, root, engine, epochs=epochs)
     cfg.defrost()
     cfg.SELECTION.EVAL_FREQ = 1
     cfg.SELECTION.TARGET_CAP = 40
-    cfg.DATALOADER.NUM_WORKERS = workers
     for k, v in extra.items():
         cfg.SELECTION[k] = v
-    set_random_seed(1)
-    return build_builtin_trainer(cfg)
+    if engine == "builtin":
+        from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
 
-
-def _dassl(out, root, epochs, workers=0, **extra):
-    from dael_plugin.dassl_adapter import DAELTrainer
-
-    cfg = _cfg(out, root, "dassl", epochs=epochs)
-    cfg.defrost()
-    cfg.SELECTION.EVAL_FREQ = 1
-    cfg.SELECTION.TARGET_CAP = 40
-    cfg.DATALOADER.NUM_WORKERS = workers
-    for k, v in extra.items():
-        cfg.SELECTION[k] = v
+        set_random_seed(1)
+        return build_builtin_trainer(cfg)
     from dassl.utils import set_random_seed
+
+    from dael_plugin.dassl_adapter import DAELTrainer
 
     set_random_seed(1)
     return DAELTrainer(cfg)
@@ -143,7 +135,7 @@ ENGINES = ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)]
 def test_records_on_each_engine_and_a_source_split_never_trained_on(tmp_path, tiny_root, engine):
     if engine == "dassl":
         pytest.importorskip("dassl")
-    build = _builtin if engine == "builtin" else _dassl
+    build = functools.partial(_build, engine)
     tr = build(tmp_path / "run", tiny_root, 2)
     train, val = _train_paths(tr, engine)
     assert val and not train & val
@@ -169,7 +161,7 @@ def test_records_are_exact_on_resume(tmp_path, tiny_root, engine):
     its records are then exactly an uninterrupted run's (failure injected in the checkpoint save)."""
     if engine == "dassl":
         pytest.importorskip("dassl")
-    build = _builtin if engine == "builtin" else _dassl
+    build = functools.partial(_build, engine)
     whole = build(tmp_path / "whole", tiny_root, 3)
     whole.train()
     expected = open(tmp_path / "whole" / S.EPOCHS).read()

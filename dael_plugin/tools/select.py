@@ -148,7 +148,7 @@ def choose(protocol: Protocol, runs: Dict[str, Run]) -> Optional[Choice]:
     cands = _candidates(protocol, runs)
     if not cands:
         return None
-    best = max(cands, key=lambda c: (c[0], c[1], [-ord(ch) for ch in c[2]]))
+    best = min(cands, key=lambda c: (-c[0], -c[1], c[2]))  # best score, earliest epoch, first setting
     return Choice(best[2], -best[1], float(best[3]["target_test_accuracy"]))
 
 
@@ -188,7 +188,7 @@ def _lodo_choice(
             cands.append((statistics.fmean(vals), -e, setting, r))
     if not cands:
         return None
-    best = max(cands, key=lambda c: (c[0], c[1], [-ord(ch) for ch in c[2]]))
+    best = min(cands, key=lambda c: (-c[0], -c[1], c[2]))  # best score, earliest epoch, first setting
     return Choice(best[2], -best[1], float(best[3]["target_test_accuracy"]))
 
 

@@ -48,6 +48,7 @@ def run(args, w, setting: str, fuse: int, chunk_bn: str, out_path: str) -> None:
         prec=args.prec,
         channels_last=bool(args.channels_last),
         compile_mode=args.compile,
+        compile_backend=args.compile_backend,
     )
     g = torch.Generator().manual_seed(args.data_seed)
     record = {"loss": [], "grads": [], "parts": []}
@@ -94,6 +95,7 @@ def main() -> None:
     p.add_argument("--data-seed", type=int, default=1)
     p.add_argument("--prec", default="fp32")
     p.add_argument("--compile", default="none")
+    p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--channels-last", type=int, default=0)
     p.add_argument("--case", action="append", help="SETTING:FUSE:CHUNK_BN, repeatable (outputs OUT.0, OUT.1, ...)")
     args = p.parse_args()

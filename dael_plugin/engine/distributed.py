@@ -31,6 +31,9 @@ from __future__ import annotations
 import builtins
 import datetime
 import os
+import re
+import signal
+import sys
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
@@ -78,6 +81,58 @@ def from_env() -> World:
     return World(int(os.environ.get("RANK", "0")), max(size, 1), int(os.environ.get("LOCAL_RANK", "0")), launched)
 
 
+PR_SET_PDEATHSIG = 1  # <linux/prctl.h>
+
+
+def die_with_launcher() -> bool:
+    """Ask Linux to send this worker SIGTERM when its torchrun dies (``PR_SET_PDEATHSIG``).
+
+    torchrun starts each worker in a session of its own, so ``kill -9`` of torchrun, or of its
+    process group, leaves the workers training with nobody to reap them. With this, the kernel
+    stops them as a scheduler's SIGTERM does (each saves nothing more than its last epoch's
+    checkpoint and exits). Returns whether it was set (Linux only; elsewhere a no-op)."""
+    if not sys.platform.startswith("linux"):
+        return False
+    import ctypes
+
+    parent = os.getppid()
+    try:
+        libc = ctypes.CDLL(None, use_errno=True)
+        if libc.prctl(PR_SET_PDEATHSIG, signal.SIGTERM, 0, 0, 0) != 0:
+            return False
+    except (OSError, AttributeError):
+        return False
+    if os.getppid() != parent:  # torchrun died before the request: no signal will come
+        os.kill(os.getpid(), signal.SIGTERM)
+    return True
+
+
+# gloo's messages (its RuntimeErrors name their source file under .../gloo/...); NCCL's are DistErrors
+_LOST_PEER = ("connection closed by peer", "connection reset by peer", "timed out waiting", "/gloo/")
+
+
+def lost_peer(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective that failed because another process of the job died or
+    stalled (gloo's ``Connection closed by peer`` or ``Timed out``, NCCL's errors), under torchrun."""
+    if not world().distributed:
+        return False
+    if isinstance(exc, getattr(dist, "DistError", ())):
+        return True
+    return isinstance(exc, RuntimeError) and any(p in str(exc).lower() for p in _LOST_PEER)
+
+
+def lost_peer_line(exc: BaseException) -> str:
+    """The one line a surviving rank prints for :func:`lost_peer`."""
+    first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
+    first = re.sub(r"^\[[^\]]*\]\s*", "", first)[:160]  # gloo's "[../gloo/transport/tcp/pair.cc:534]" prefix
+    timeout = os.environ.get(TIMEOUT_ENV, "300")
+    return (
+        f"rank {world().rank} lost contact with another process of this torchrun job ({first}): a rank died, "
+        f"or stalled past {TIMEOUT_ENV}={timeout} s; torchrun's report below names the rank that failed. "
+        "Rerun the same command to resume from the last checkpoint"
+    )
+
+
 def init(use_cuda: bool) -> World:
     """Join the process group of a torchrun launch (once); returns this process's place."""
     global _WORLD
@@ -85,6 +140,8 @@ def init(use_cuda: bool) -> World:
     if not w.distributed or dist.is_initialized():
         _WORLD = w
         return w
+    if w.launched:
+        die_with_launcher()
     cuda = use_cuda and torch.cuda.is_available()
     if cuda:
         if torch.cuda.device_count() <= w.local_rank:

@@ -182,6 +182,15 @@ def _flatten(d, prefix: str = "") -> Dict[str, object]:
     return out
 
 
+def comparable_config(cfg: CN, free: Iterable[str] = RESUME_FREE_KEYS) -> str:
+    """The config's training-relevant keys as sorted ``KEY=value`` lines: two runs with the same
+    text are one run (the keys a resume may change, ``free``, are left out)."""
+    now = _flatten(yaml.safe_load(cfg.dump()) or {})
+    free = tuple(free)
+    keep = [k for k in sorted(now) if not any(k == f or (f.endswith(".") and k.startswith(f)) for f in free)]
+    return "\n".join(f"{k}={now[k]!r}" for k in keep)
+
+
 def config_diff(saved_yaml: str, cfg: CN, free: Iterable[str] = RESUME_FREE_KEYS) -> List[Tuple[str, object, object]]:
     """``(key, checkpoint value, current value)`` for each training-relevant difference."""
     saved = _flatten(yaml.safe_load(saved_yaml) or {})

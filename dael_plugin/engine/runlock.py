@@ -31,6 +31,11 @@ class BusyError(DAELConfigError):
     """The output directory is held by another live run (exit code 75: try again later)."""
 
 
+class ClashError(BusyError):
+    """The output directory is held by a live run of *other* settings: waiting will not help, this
+    command needs another folder (exit code 78, sysexits' EX_CONFIG)."""
+
+
 def _kernel_lock(path: str) -> filelock.BaseFileLock:
     """``flock`` itself: never filelock's soft fallback (a marker file no kernel releases)."""
     kwargs = {"timeout": 0}
@@ -40,8 +45,11 @@ def _kernel_lock(path: str) -> filelock.BaseFileLock:
 
 
 class RunLock:
-    def __init__(self, output_dir: str) -> None:
+    def __init__(self, output_dir: str, settings: Optional[str] = None) -> None:
+        """``settings``: a digest of the run's config, kept in the owner file so that a second run
+        is told whether the live one is the same run (wait) or another one (another folder)."""
         self.dir = output_dir
+        self.settings = settings
         self.path = os.path.join(output_dir, LOCK)
         self.owner_path = os.path.join(output_dir, OWNER)
         self._lock: Optional[filelock.BaseFileLock] = None
@@ -58,6 +66,10 @@ class RunLock:
         try:
             lock.acquire()
         except filelock.Timeout:
+            owner = self._owner()
+            theirs = owner.get("settings")
+            if self.settings and theirs and theirs != self.settings:
+                raise ClashError(self._clash_message(owner)) from None
             raise BusyError(self._busy_message()) from None
         except OSError as exc:
             raise DAELConfigError(
@@ -72,7 +84,12 @@ class RunLock:
             )
         write_json(
             self.owner_path,
-            {"pid": os.getpid(), "host": socket.gethostname(), "since": time.strftime("%Y-%m-%dT%H:%M:%S")},
+            {
+                "pid": os.getpid(),
+                "host": socket.gethostname(),
+                "since": time.strftime("%Y-%m-%dT%H:%M:%S"),
+                "settings": self.settings,
+            },
         )
         return self
 
@@ -94,6 +111,13 @@ class RunLock:
         return (
             f"output directory {self.dir} is in use by a live run ({who}); wait for it to finish, "
             "or pass another --output-dir"
+        )
+
+    def _clash_message(self, owner: dict) -> str:
+        return (
+            f"output directory {self.dir} is in use by a live run with other settings (pid {owner.get('pid')} "
+            f"on {owner.get('host')}, since {owner.get('since', '?')}); waiting will not help: pass another "
+            "--output-dir for these settings"
         )
 
     def release(self) -> None:

@@ -16,7 +16,7 @@ from typing import Dict, List, Optional, Sequence, Set
 
 from dael_plugin.engine.atomic import write_text
 from dael_plugin.errors import DAELConfigError
-from dael_plugin.tools.sweep_plan import DIST_ENV, EXIT_BUSY, JOB, LOG, PACKAGE_PARENT, Run
+from dael_plugin.tools.sweep_plan import DIST_ENV, EXIT_BUSY, EXIT_CLASH, JOB, LOG, PACKAGE_PARENT, Run
 
 
 def _die_with_parent(parent: int):
@@ -138,6 +138,11 @@ def _report(run: Run, code: int, n_done: int, total: int, seconds: float) -> str
         return (
             f"[{n_done}/{total}] running elsewhere {run.name}: another live process holds {run.output_dir} "
             "(another sweep on this folder, or a run left from a sweep that was killed); not started here"
+        )
+    if code == EXIT_CLASH:
+        return (
+            f"[{n_done}/{total}] FAILED {run.name}: a live run with other settings holds {run.output_dir} "
+            "(another sweep with other options on this folder); give this sweep another --output-dir"
         )
     return f"[{n_done}/{total}] FAILED {run.name}: exit {code}; log {run.log_path()}"
 

@@ -39,6 +39,8 @@ def seen(monkeypatch):
         seen[name + "_lines"] = [[(ln.get_label(), list(ln.get_ydata())) for ln in ax.get_lines()] for ax in fig.axes]
         seen[name + "_ylim"] = [tuple(ax.get_ylim()) for ax in fig.axes]
         seen[name + "_suptitle"] = fig._suptitle.get_text() if fig._suptitle is not None else ""
+        seen[name + "_legends"] = [[t.get_text() for t in lg.get_texts()] for lg in fig.legends]
+        seen[name + "_notes"] = [[t.get_text() for t in ax.texts] for ax in fig.axes]
         return real(fig, out, name)
 
     from dael_plugin.tools import model_figures
@@ -82,12 +84,29 @@ def test_every_figure_from_a_fixture_sweep(tmp_path, seen):
     (mask,), (pl,) = seen["curves_lines"]  # one line per target: the mean over its two default runs
     assert mask[0] == "street (2 seeds)" and mask[1] == pytest.approx([20.0, 50.0, 70.0])
     assert pl[1] == pytest.approx([81.0, 86.0, 91.0])
+    assert seen["curves_notes"] == [[], []]  # both panels have lines: no note
     # The axes show the differences: the mask rate from 0, the pseudo-label accuracy (80 to 93
     # over the seeds) from under its lowest value, the experts' bars (blend 60 to 72, street 50
     # to 70) not from 0 but from under their lowest bar.
     assert seen["curves_ylim"] == [(0.0, 100.0), (75.0, 100.0)]
     (b_low, b_high), (s_low, s_high) = seen["experts_ylim"]
     assert 50.0 < b_low < 60.0 and 40.0 < s_low < 50.0 and 72.0 < b_high <= 100.0 and 70.0 < s_high <= 100.0
+
+
+def test_curves_without_a_kept_pseudo_label_say_so(tmp_path, seen):
+    """After a short sweep no prediction reached CONF_THRE: the accuracy panel says why it is empty."""
+    from torch.utils.tensorboard import SummaryWriter
+
+    from dael_plugin.tools import plots
+
+    run = _rec(str(tmp_path), "street", 1, 50.0)
+    writer = SummaryWriter(os.path.join(run, "tensorboard"))
+    for step in range(3):
+        writer.add_scalar("train/mask_u", 0.0, step)
+    writer.close()
+    assert plots.main([str(tmp_path), "--out", str(tmp_path / "f"), "--only", "curves"]) == 0
+    mask_notes, pl_notes = seen["curves_notes"]
+    assert mask_notes == [] and len(pl_notes) == 1 and pl_notes[0].startswith("no pseudo-label was kept")
 
 
 def test_figures_the_sweep_cannot_support_are_skipped_with_a_reason(tmp_path, capsys):
@@ -133,6 +152,9 @@ def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys, seen):
         "DAEL (defaults), target street, seed 3",
     ]
     assert seen["tsne"][0][:2] == ("t-SNE 1", "t-SNE 2")
+    # tsne_class says which colour is which class, by the dataset's class names
+    ((names,),) = (seen["tsne_class_legends"],)
+    assert names and set(names) <= {str(c) for c in range(10)} and names == sorted(names, key=int)
     ylabels = [y for _, y, _ in seen["top3"] if y]
     assert ylabels == ["E[hand]", "E[blend]", "E[font]", "ensemble"]  # one row per expert, then the ensemble
     # A run named with --run is drawn, and the title says which.

@@ -211,7 +211,7 @@ def tsne(
     # Two figures of the same embeddings: by domain (are source and target mixed?) and by class
     # (``tsne_class``: are the classes aligned across domains?).
     fig, axes = plt.subplots(1, 2, figsize=(9, 4.2))
-    fig_c, axes_c = plt.subplots(1, 2, figsize=(9, 4.2))
+    fig_c, axes_c = plt.subplots(1, 2, figsize=(10, 4.2), layout="constrained")
     for ax, ax_c, (_, run) in zip(axes, axes_c, runs):
         src = _pick_items(run.source, per_domain * len(run.cfg["DATASET"]["SOURCE_DOMAINS"]))
         tgt = _pick_items(run.test, per_domain)
@@ -252,7 +252,19 @@ def tsne(
             a.set_title(describe(run.rec), fontsize=8)
             a.set_xlabel("t-SNE 1")
             a.set_ylabel("t-SNE 2")
-            a.legend(markerscale=3)
+            a.legend(markerscale=3, loc="upper right", fontsize=7)
+    # The colour of each class, by its name, once for both panels (markers: o source, x target).
+    from matplotlib.lines import Line2D
+
+    present = sorted(set(labels))
+    names = list(runs[1][1].classnames)
+    handles = [
+        Line2D(
+            [], [], linestyle="", marker="o", markersize=5, color=cmap(c), label=names[c] if c < len(names) else str(c)
+        )
+        for c in present
+    ]
+    fig_c.legend(handles=handles, title="class", loc="outside right center", fontsize=7, title_fontsize=7)
     fig.suptitle("Source and target features (Fig. 8)")
     fig_c.suptitle("The same features coloured by class (one colour a class)")
     by_class = _save(fig_c, out, "tsne_class")

@@ -172,6 +172,7 @@ def curves(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[st
         return None, "curves needs DAEL (DA) runs at the default settings with TensorBoard events holding train/mask_u"
     fig, (a1, a2) = plt.subplots(1, 2, figsize=(9, 3.4), layout="constrained")
     pl_low = 100.0
+    drawn = {0: False, 1: False}
     for i, (target, runs) in enumerate(sorted(groups.items())):
         color = f"C{i}"
         label = f"{target} ({len(runs)} seed{'s' if len(runs) > 1 else ''})"
@@ -179,6 +180,7 @@ def curves(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[st
             series = [run[which] for run in runs if run[which]]
             if not series:
                 continue
+            drawn[which] = True
             steps = sorted(set.intersection(*(set(x) for x in series)))
             vals = [[x[t] for x in series] for t in steps]
             # Each target its own colour, line style and marker, so a line on top of another still shows.
@@ -210,6 +212,18 @@ def curves(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[st
     a1.set_ylim(0, 100)
     a2.set_ylim(max(0.0, 10 * (pl_low // 10) - 5), 100)
     a1.legend(title="target: mean, band = seed range", fontsize=8, title_fontsize=8)
+    if not drawn[1]:  # no step kept a pseudo-label: say so, rather than an empty axis at -0.04..0.04
+        a2.set_xlim(a1.get_xlim())
+        a2.text(
+            0.5,
+            0.5,
+            "no pseudo-label was kept in these runs\n(no target prediction reached CONF_THRE);\n"
+            "their accuracy needs longer training",
+            ha="center",
+            va="center",
+            transform=a2.transAxes,
+            fontsize=9,
+        )
     return _save(fig, out, "curves"), None
 
 

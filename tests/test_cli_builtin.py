@@ -4,6 +4,7 @@ import glob
 import hashlib
 import json
 import os
+import sys
 
 import pytest
 import torch
@@ -137,9 +138,9 @@ BAD_INPUT = [
 ]
 
 
-# Both engines share the check functions. On the built-in engine every case runs
-# in-process (``cli.main`` is what scripts/train.py calls); on the Dassl engine a
-# subset runs as a subprocess, since Dassl's logger takes over sys.stdout.
+# Both engines share the check functions; every case runs in-process (``cli.main`` is what
+# scripts/train.py calls) on the built-in engine, and the cases that reach Dassl's own code
+# on the Dassl engine. One subprocess case holds the stderr contract of the script itself.
 DASSL_CASES = {"fewer than 2 sources", "unknown dataset", "unbalanced sampler", "unknown key", "indivisible batch"}
 
 
@@ -161,11 +162,24 @@ def test_bad_input_gives_one_clear_line_builtin(tmp_path, tiny_root, capsys, cas
     [c for c in BAD_INPUT if c[0] in DASSL_CASES],
     ids=[c[0] for c in BAD_INPUT if c[0] in DASSL_CASES],
 )
-def test_bad_input_gives_one_clear_line_dassl(tmp_path, tiny_root, case, kw, opts, message):
-    proc = run_train(["--engine", "dassl"] + base_args(tiny_root, tmp_path / "bad", **kw) + FAST + opts)
+def test_bad_input_gives_one_clear_line_dassl(tmp_path, tiny_root, capsys, case, kw, opts, message):
+    from dael_plugin.tools.train import main
+
+    code = main(["--engine", "dassl"] + base_args(tiny_root, tmp_path / "bad", **kw) + FAST + opts)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1, err
+    assert err.startswith("error: ") and message in err, err
+    assert not type(sys.stdout).__module__.startswith("dassl"), "Dassl's logger left on sys.stdout"
+
+
+@pytest.mark.dassl
+def test_a_dassl_engine_error_is_one_line_on_the_scripts_stderr(tmp_path, tiny_root):
+    """The script itself (a subprocess): one line on stderr, exit 2, no traceback."""
+    opts = ["DATALOADER.TRAIN_X.SAMPLER", "RandomSampler"]
+    proc = run_train(["--engine", "dassl"] + base_args(tiny_root, tmp_path / "bad") + FAST + opts)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
-    last = proc.stderr.strip().splitlines()[-1]
-    assert last.startswith("error: ") and message in last, last
+    assert proc.stderr.strip().splitlines() == [proc.stderr.strip()] and "not domain-balanced" in proc.stderr
     assert "Traceback" not in proc.stderr
 
 

@@ -34,11 +34,13 @@ from dael_plugin.engine.results import (
     write_failure,
     write_results,
 )
-from dael_plugin.engine.runlock import BusyError, RunLock
+from dael_plugin.engine.runlock import BusyError, ClashError, RunLock
 from dael_plugin.errors import DAELConfigError, NonFiniteLossError, Terminated, say
 
 EXIT_BUSY = 75  # the output directory is held by another live run (EX_TEMPFAIL: try again later)
+EXIT_CLASH = 78  # the output directory is held by a live run of other settings (EX_CONFIG)
 EXIT_OOM = 4  # out of device or host memory: one line with the settings to lower
+EXIT_LOST_PEER = 5  # under torchrun: another process of the job died or stalled
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -131,13 +133,12 @@ def _key_error(exc: Exception, engine: str, where: str, cfg: Optional[CN] = None
     msg = str(exc.args[0]) if exc.args else str(exc)
     key = msg.split(":", 1)[-1].strip() if "Non-existent" in msg else msg
     close = difflib.get_close_matches(key, _full_keys(cfg), n=1, cutoff=0.8) if cfg is not None else []
-    if engine == "builtin":  # the key may be one of Dassl's, which this engine lacks: say both
-        hint = f" (did you mean {close[0]}?)" if close else ""
+    if engine == "builtin" and not close:  # no near key: it may be one of Dassl's, which this engine lacks
         return (
-            f"{where} sets {key}, which the built-in engine does not support{hint}; "
-            "remove it, or install Dassl and use --engine dassl"
+            f"{where} sets {key}, which the built-in engine does not support; "
+            "remove it, or, if it is one of Dassl's keys, install Dassl and use --engine dassl"
         )
-    if close:
+    if close:  # a typo: the fix is the spelling, whatever the engine
         return f"{where} sets {key}, which is not a config key; did you mean {close[0]}?"
     return f"{where} sets {key}, which is not a config key (keys are upper case, e.g. OPTIM.LR)"
 
@@ -276,6 +277,34 @@ def _check_builtin_values(cfg: CN) -> None:
             )
 
 
+def settings_digest(cfg: CN) -> str:
+    """What makes a run this run: its config without the keys that only say how to run it (the same
+    ones a resume may change, engine/checkpoint.py), hashed."""
+    import hashlib
+
+    from dael_plugin.engine.checkpoint import comparable_config
+
+    return hashlib.sha256(comparable_config(cfg).encode()).hexdigest()[:16]
+
+
+def _say_config(cfg: CN, extra: str = "") -> None:
+    """The whole config (and Dassl's system info) to the run's log file; a few lines on the terminal:
+    what trains on what, for how long, and where the rest is written."""
+    from dael_plugin.builtin.runlog import log_only
+
+    logged = log_only("** Config **\n" + str(cfg) + "\n" + extra)
+    if not logged:
+        return
+    batch = cfg.DATALOADER.TRAIN_X.BATCH_SIZE
+    target = list(cfg.DATASET.TARGET_DOMAINS)
+    print(
+        f"{cfg.TRAINER.NAME} on {cfg.DATASET.NAME}: sources {list(cfg.DATASET.SOURCE_DOMAINS)} -> target {target}; "
+        f"backbone {cfg.MODEL.BACKBONE.NAME}, {cfg.OPTIM.MAX_EPOCH} epochs of batch {batch} at lr {cfg.OPTIM.LR}, "
+        f"seed {cfg.SEED}"
+    )
+    print(f"the whole config is in {logged}")
+
+
 def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     from dassl.engine import build_trainer
     from dassl.utils import collect_env_info, set_random_seed, setup_logger
@@ -289,9 +318,7 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
         setup_logger(cfg.OUTPUT_DIR)
     _say_threads()
     cuda_settings(cfg)  # every trainer, Dassl's baselines too
-    print("** Config **")
-    print(cfg)
-    print("** System info **\n{}\n".format(collect_env_info()))
+    _say_config(cfg, "** System info **\n{}\n".format(collect_env_info()))
     prepare_cfg(cfg)  # done by _check_names already; kept for callers of _run_dassl alone
     trainer = build_trainer(cfg)
     if cfg.TEST.FINAL_MODEL == "best_val" and getattr(trainer, "val_loader", None) is None:
@@ -372,6 +399,12 @@ def _check_list_flags(args: argparse.Namespace) -> None:
             )
 
 
+def torch_distributed():
+    import torch.distributed
+
+    return torch.distributed
+
+
 def _oom_types() -> tuple:
     import torch
 
@@ -427,6 +460,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if distributed.world().is_main:  # torchrun stops every rank: one of them says so
             say(f"terminated (SIGTERM): {_where_to_resume(state.get('output_dir'), args.eval_only)}")
         return 143
+    except ClashError as exc:
+        say(f"error: {exc}")
+        return EXIT_CLASH
     except BusyError as exc:
         say(f"error: {exc}")
         return EXIT_BUSY
@@ -449,6 +485,11 @@ def main(argv: Optional[List[str]] = None) -> int:
             write_failure(state["output_dir"], line)
         say(f"error: {line}")
         return EXIT_OOM
+    except (RuntimeError, getattr(torch_distributed(), "DistError", RuntimeError)) as exc:
+        if not distributed.lost_peer(exc):
+            raise
+        say(f"error: {distributed.lost_peer_line(exc)}")  # the first rank to see it; the others are stopped
+        return EXIT_LOST_PEER
     finally:
         if state.get("lock") is not None:
             state["lock"].release()
@@ -566,7 +607,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     finished = False
     if w.is_main:
         _prepare_output_dir(cfg.OUTPUT_DIR)
-        state["lock"] = RunLock(cfg.OUTPUT_DIR).acquire()
+        state["lock"] = RunLock(cfg.OUTPUT_DIR, settings=settings_digest(cfg)).acquire()
         for path in remove_stale_temps(cfg.OUTPUT_DIR):
             print(f"dael_plugin: removed {path}, left by a write that was killed")
         finished = not args.eval_only and not args.no_train and _finished(cfg, args)
@@ -586,8 +627,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         if w.is_main:
             setup_logger(cfg.OUTPUT_DIR)
         _say_threads()
-        print("** Config **")
-        print(cfg)
+        _say_config(cfg)
         trainer = build_builtin_trainer(cfg, eval_each_epoch=args.eval_each_epoch)
         recorded = {}
     distributed.seed_ranks(cfg.SEED)

@@ -24,7 +24,49 @@ import dael_plugin  # noqa: E402
 SKIP_REASON = "Dassl.pytorch is not installed (install it by hand, see README); Dassl tests skipped"
 
 
+# The tests that take 8 s or more on 2 cores (processes, torchrun, kill -9, sweeps, training to
+# an accuracy): marked ``slow``, left out by ``make test-fast``, and started first under xdist so
+# that the longest do not finish alone at the end of the run.
+SLOW = (
+    "test_accuracy.py",
+    "test_distributed.py",
+    "kill_9",
+    "submitit",
+    "test_bench_script",
+    "sweep",
+    "wheel",
+    "torchrun",
+    "through_the_same_script",
+    "resume_after",
+    "racing_for_the_lock",
+    "full_disk",
+    "worker_count",
+    "three_steps_match_dassls",
+    "eval_only_reloads",
+    "refuses_pickled_code_and_config",
+    "replaces_unreadable_images_and_check_data",
+    "host_values_never_go",
+    "top3_and_tsne",
+    "fp16_loss_scale",
+    "own_train_script_runs",
+    "through_train_script",
+    "ctrl_c_exits",
+    "sigterm_stops_a_run",
+    "relaunch_with_other_settings",
+    "timm_backbone_under_dassl",
+    "views_on_the_device_and_a_log",
+)
+
+
+def _slow(item) -> bool:
+    return "accuracy" in item.keywords or any(s in item.nodeid for s in SLOW)
+
+
 def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if _slow(item):
+            item.add_marker(pytest.mark.slow)
+    items.sort(key=lambda item: 0 if "accuracy" in item.keywords else 1 if _slow(item) else 2)  # stable
     if dael_plugin.HAS_DASSL:
         return
     skip = pytest.mark.skip(reason=SKIP_REASON)

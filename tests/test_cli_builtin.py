@@ -91,25 +91,33 @@ def test_auto_engine_without_dassl_runs_dael_da_and_writes_results(tmp_path, tin
     assert "pl_acc_u" in log and "* per-class accuracy: " in log
 
 
-def test_builtin_dg_and_rerun_into_a_finished_run(tmp_path, tiny_root):
+def test_builtin_dg_and_rerun_into_a_finished_run(tmp_path, tiny_root, capsys):
     """DG has no L_u. Rerunning the same command into a finished run does nothing and says so:
     its results.json is untouched (byte for byte). Another config there is refused, as on
-    resume; --retrain trains again and keeps the old files aside."""
+    resume; --retrain trains again and keeps the old files aside. (In-process: ``main`` is what
+    scripts/train.py calls.)"""
+    from dael_plugin.tools.train import main
+
+    def run(argv):
+        code = main(argv)
+        cap = capsys.readouterr()
+        return code, cap.out, cap.err
+
     out = tmp_path / "dg"
     cfg = os.path.join(ROOT, "configs/trainers/dg/daeldg/embedded_digits_dg.yaml")
     args = base_args(tiny_root, out, trainer="DAELDG", ds=DS_DG, cfg=cfg) + ["--engine", "builtin"] + FAST
-    proc = run_train(args, env_hide_dassl=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "setting DG" in proc.stdout and "loss_u" not in (out / "log.txt").read_text()
+    code, stdout, err = run(args)
+    assert code == 0, err[-3000:]
+    assert "setting DG" in stdout and "loss_u" not in (out / "log.txt").read_text()
     first = (out / "results.json").read_bytes()
-    proc = run_train(args, env_hide_dassl=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert "holds a finished run" in proc.stdout and "epoch [" not in proc.stdout
+    code, stdout, err = run(args)
+    assert code == 0, err[-3000:]
+    assert "holds a finished run" in stdout and "epoch [" not in stdout
     assert (out / "results.json").read_bytes() == first
-    proc = run_train(args + ["OPTIM.LR", "0.2"], env_hide_dassl=True)
-    assert proc.returncode == 2 and "OPTIM.LR" in proc.stderr and (out / "results.json").read_bytes() == first
-    proc = run_train(["--retrain"] + args, env_hide_dassl=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    code, stdout, err = run(args + ["OPTIM.LR", "0.2"])
+    assert code == 2 and "OPTIM.LR" in err and (out / "results.json").read_bytes() == first
+    code, stdout, err = run(["--retrain"] + args)
+    assert code == 0, err[-3000:]
     aside = [d for d in os.listdir(out) if d.startswith("replaced-")]
     assert len(aside) == 1 and (out / aside[0] / "results.json").read_bytes() == first
     assert json.loads((out / "results.json").read_text())["accuracy"] == json.loads(first)["accuracy"]
@@ -194,6 +202,19 @@ def test_unsupported_key_on_builtin_names_the_key(tmp_path, tiny_root, capsys):
     assert "INPUT.NO_TRANSFORM" in last and "built-in engine does not support" in last
     assert main(["--engine", "builtin"] + base_args(tiny_root, tmp_path / "x", trainer="M3SDA") + FAST) == 2
     assert "not available on the built-in engine" in capsys.readouterr().err
+
+
+@pytest.mark.dassl
+def test_the_list_of_dassls_keys_is_dassls():
+    """config/dassl_keys.py (names only, so that a machine without Dassl tells its keys from typos)
+    against the installed Dassl's defaults."""
+    pytest.importorskip("dassl")
+    from dassl.config import get_cfg_default
+
+    from dael_plugin.config.dassl_keys import DASSL_KEYS
+    from dael_plugin.tools.train import _full_keys
+
+    assert set(_full_keys(get_cfg_default())) == DASSL_KEYS
 
 
 def all_yaml_files():

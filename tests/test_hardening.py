@@ -656,12 +656,15 @@ def test_bad_files_and_folders_are_one_error_line(tmp_path, tiny_root, capsys, c
 
 TYPOS = [
     ("builtin", ["OPTIM.MAX_EPOHC", "2"], "did you mean OPTIM.MAX_EPOCH?"),
-    ("builtin", ["OPTIM.SOMETHING_ELSE", "2"], "if it is one of Dassl's keys, install Dassl"),
+    ("builtin", ["OPTIM.SOMETHING_ELSE", "2"], "OPTIM.SOMETHING_ELSE, which is not a config key"),
+    ("builtin", ["INPUT.NO_TRANSFORM", "True"], "one of Dassl's keys, which the built-in engine does not support"),
     pytest.param("dassl", ["OPTIM.MAX_EPOHC", "2"], "did you mean OPTIM.MAX_EPOCH?", marks=pytest.mark.dassl),
 ]
 
 
-@pytest.mark.parametrize("engine,opts,message", TYPOS, ids=["builtin typo", "builtin unknown", "dassl typo"])
+@pytest.mark.parametrize(
+    "engine,opts,message", TYPOS, ids=["builtin typo", "builtin unknown", "builtin Dassl's key", "dassl typo"]
+)
 def test_a_key_typo_gets_the_hint_that_fixes_it(tmp_path, tiny_root, capsys, engine, opts, message):
     """A near miss is a typo: the hint is the spelling, never "install Dassl", on either engine."""
     argv = args_for(tiny_root, tmp_path / "o") + opts

@@ -133,11 +133,14 @@ def _key_error(exc: Exception, engine: str, where: str, cfg: Optional[CN] = None
     msg = str(exc.args[0]) if exc.args else str(exc)
     key = msg.split(":", 1)[-1].strip() if "Non-existent" in msg else msg
     close = difflib.get_close_matches(key, _full_keys(cfg), n=1, cutoff=0.8) if cfg is not None else []
-    if engine == "builtin" and not close:  # no near key: it may be one of Dassl's, which this engine lacks
-        return (
-            f"{where} sets {key}, which the built-in engine does not support; "
-            "remove it, or, if it is one of Dassl's keys, install Dassl and use --engine dassl"
-        )
+    if engine == "builtin":
+        from dael_plugin.config.dassl_keys import DASSL_KEYS
+
+        if key in DASSL_KEYS:  # one of Dassl's keys, which this engine lacks: the fix is the engine
+            return (
+                f"{where} sets {key}, one of Dassl's keys, which the built-in engine does not support; "
+                "remove it, or install Dassl and use --engine dassl"
+            )
     if close:  # a typo: the fix is the spelling, whatever the engine
         return f"{where} sets {key}, which is not a config key; did you mean {close[0]}?"
     return f"{where} sets {key}, which is not a config key (keys are upper case, e.g. OPTIM.LR)"

@@ -25,8 +25,9 @@ SKIP_REASON = "Dassl.pytorch is not installed (install it by hand, see README); 
 
 
 # The tests that take 8 s or more on 2 cores (processes, torchrun, kill -9, sweeps, training to
-# an accuracy): marked ``slow``, left out by ``make test-fast``, and started first under xdist so
-# that the longest do not finish alone at the end of the run.
+# an accuracy): marked ``slow`` and left out by ``make test-fast``. The accuracy test, the longest,
+# starts first under xdist so that it does not finish alone at the end of the run (starting every
+# slow test first was a minute slower: they contend for the 2 cores).
 SLOW = (
     "test_accuracy.py",
     "test_distributed.py",
@@ -66,7 +67,7 @@ def pytest_collection_modifyitems(config, items):
     for item in items:
         if _slow(item):
             item.add_marker(pytest.mark.slow)
-    items.sort(key=lambda item: 0 if "accuracy" in item.keywords else 1 if _slow(item) else 2)  # stable
+    items.sort(key=lambda item: 0 if "accuracy" in item.keywords else 1)  # the longest first; stable
     if dael_plugin.HAS_DASSL:
         return
     skip = pytest.mark.skip(reason=SKIP_REASON)

@@ -543,6 +543,15 @@ def test_torchrun_with_views_on_the_device_and_channels_last(tmp_path, tiny_root
     proc = torchrun([TRAIN] + _args(tiny_root, tmp_path / "run", "builtin", 1, extra))
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert json.loads((tmp_path / "run" / "results.json").read_text())["world_size"] == 2
+    # The options took effect under DDP, as the saved state shows (not as the config echoes them):
+    # the convolutions' weights were trained in channels_last (torch.save keeps strides), and
+    # the optimiser is the fused one.
+    state = torch.load(tmp_path / "run" / "checkpoint.pth.tar", weights_only=True)
+    convs = [v for k, v in state["model"].items() if v.dim() == 4 and v.shape[1] > 1 and v.shape[-1] > 1]
+    assert convs and all(v.is_contiguous(memory_format=torch.channels_last) and not v.is_contiguous() for v in convs), [
+        tuple(v.stride()) for v in convs
+    ]
+    assert all(g.get("fused") for g in state["optim"]["param_groups"]), state["optim"]["param_groups"]
 
 
 def test_compiled_step_on_two_processes_equals_one(tmp_path):
@@ -584,3 +593,24 @@ def test_records_under_torchrun_hold_the_one_process_split(tmp_path, tiny_root, 
     assert sa == sb and sa["size"] > 0
     assert two.stdout.count("epoch record 1") == 1
     assert os.listdir(tmp_path / "two").count("model-best-source_val.pth.tar") == 1
+
+
+def test_a_torchrun_job_into_a_busy_folder_says_one_line(tmp_path, tiny_root):
+    """A second job into a folder a live run holds: rank 0 says it is busy (exit 75), once; rank 1,
+    which loses rank 0, adds no line of its own and no stack trace."""
+    from test_hardening import HOLDER
+
+    out = tmp_path / "run"
+    out.mkdir()
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        job = torchrun([TRAIN] + _args(tiny_root, out, "builtin", 1))
+    finally:
+        holder.kill()
+        holder.wait()
+    assert job.returncode != 0
+    said = [ln for ln in job.stderr.splitlines() if ln.startswith("error: ")]
+    assert len(said) == 1 and "is in use by a live run" in said[0], job.stderr[-3000:]
+    assert "dael_plugin" not in "".join(ln for ln in job.stderr.splitlines() if ln.lstrip().startswith("File "))

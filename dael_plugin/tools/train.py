@@ -491,7 +491,10 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (RuntimeError, getattr(torch_distributed(), "DistError", RuntimeError)) as exc:
         if not distributed.lost_peer(exc):
             raise
-        say(f"error: {distributed.lost_peer_line(exc)}")  # the first rank to see it; the others are stopped
+        # Rank 0 says it, once: another rank that lost rank 0 (which stopped with its own line, or
+        # died, which torchrun's report names) stays silent rather than add a second, wrong cause.
+        if distributed.world().is_main:
+            say(f"error: {distributed.lost_peer_line(exc)}")
         return EXIT_LOST_PEER
     finally:
         if state.get("lock") is not None:

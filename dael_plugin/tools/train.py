@@ -302,7 +302,8 @@ def _say_config(cfg: CN, extra: str = "") -> None:
     target = list(cfg.DATASET.TARGET_DOMAINS)
     print(
         f"{cfg.TRAINER.NAME} on {cfg.DATASET.NAME}: sources {list(cfg.DATASET.SOURCE_DOMAINS)} -> target {target}; "
-        f"backbone {cfg.MODEL.BACKBONE.NAME}, {cfg.OPTIM.MAX_EPOCH} epochs of batch {batch} at lr {cfg.OPTIM.LR}, "
+        f"backbone {cfg.MODEL.BACKBONE.NAME}, {cfg.OPTIM.MAX_EPOCH} epoch{'s' if cfg.OPTIM.MAX_EPOCH != 1 else ''} "
+        f"of batch {batch} at lr {cfg.OPTIM.LR}, "
         f"seed {cfg.SEED}"
     )
     print(f"the whole config is in {logged}")

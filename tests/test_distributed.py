@@ -52,6 +52,17 @@ def torchrun(args, nproc=2, timeout=300, **popen):
     return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
 
 
+class _Here:
+    """What a ``run_train`` subprocess returns, for a run made in this process (``main`` is what
+    scripts/train.py calls): the one-process reference runs need no process start of their own."""
+
+    def __init__(self, argv):
+        from dael_plugin.tools.train import main
+
+        self.stderr = ""
+        self.returncode = main(list(argv))
+
+
 def one_process(args, timeout=300):
     return subprocess.run(
         [sys.executable] + list(args), cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout
@@ -146,9 +157,7 @@ EPOCH = ["DATALOADER.TRAIN_X.BATCH_SIZE", "48", "DATALOADER.TRAIN_U.BATCH_SIZE",
 
 
 def _check_cli_matches(tmp_path, tiny_root, engine, trainer="DAEL"):
-    one = run_train(
-        _args(tiny_root, tmp_path / "one", engine, extra=EPOCH, trainer=trainer), env_hide_dassl=engine == "builtin"
-    )
+    one = _Here(_args(tiny_root, tmp_path / "one", engine, extra=EPOCH, trainer=trainer))
     assert one.returncode == 0, one.stderr[-3000:]
     two = torchrun([TRAIN] + _args(tiny_root, tmp_path / "two", engine, extra=EPOCH, trainer=trainer))
     assert two.returncode == 0, two.stderr[-3000:]
@@ -195,11 +204,11 @@ def test_dassls_own_trainers_under_torchrun_are_refused_in_one_line(tmp_path, ti
 def test_sharded_evaluation_equals_one_process(tmp_path, tiny_root):
     """--eval-only of one checkpoint: each process evaluates every second image and the tallies
     are gathered; accuracy, per-class and per-expert figures are the one-process figures."""
-    train = run_train(_args(tiny_root, tmp_path / "run", "builtin"), env_hide_dassl=True)
-    assert train.returncode == 0, train.stderr[-3000:]
+    train = _Here(_args(tiny_root, tmp_path / "run", "builtin"))
+    assert train.returncode == 0
     evals = {}
     for name, launch in (
-        ("one", lambda a: run_train(a, env_hide_dassl=True)),
+        ("one", _Here),
         ("two", lambda a: torchrun([TRAIN] + a)),
     ):
         args = _args(tiny_root, tmp_path / f"eval_{name}", "builtin")
@@ -581,7 +590,7 @@ def test_records_under_torchrun_hold_the_one_process_split(tmp_path, tiny_root, 
     if engine == "dassl":
         pytest.importorskip("dassl")
     extra = EPOCH + ["SELECTION.EVAL_FREQ", "1", "SELECTION.TARGET_CAP", "40", "SELECTION.KEEP_BEST", "['source_val']"]
-    one = run_train(_args(tiny_root, tmp_path / "one", engine, extra=extra), env_hide_dassl=engine == "builtin")
+    one = _Here(_args(tiny_root, tmp_path / "one", engine, extra=extra))
     assert one.returncode == 0, one.stderr[-3000:]
     two = torchrun([TRAIN] + _args(tiny_root, tmp_path / "two", engine, extra=extra))
     assert two.returncode == 0, two.stderr[-3000:]

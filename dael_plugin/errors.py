@@ -27,3 +27,8 @@ class NonFiniteLossError(RuntimeError):
 
 class Terminated(KeyboardInterrupt):
     """SIGTERM arrived: the run stops as Ctrl-C stops it (exit code 143)."""
+
+
+# Exit codes that train.py returns and the sweep reads (sysexits' names where one fits).
+EXIT_BUSY = 75  # the output directory is held by another live run of the same settings (EX_TEMPFAIL)
+EXIT_CLASH = 78  # ... by a live run of other settings: waiting will not help (EX_CONFIG)

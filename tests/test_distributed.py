@@ -607,18 +607,12 @@ def test_records_under_torchrun_hold_the_one_process_split(tmp_path, tiny_root, 
 def test_a_torchrun_job_into_a_busy_folder_says_one_line(tmp_path, tiny_root):
     """A second job into a folder a live run holds: rank 0 says it is busy (exit 75), once; rank 1,
     which loses rank 0, adds no line of its own and no stack trace."""
-    from test_hardening import HOLDER
+    from test_hardening import held
 
     out = tmp_path / "run"
     out.mkdir()
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held(out):
         job = torchrun([TRAIN] + _args(tiny_root, out, "builtin", 1))
-    finally:
-        holder.kill()
-        holder.wait()
     assert job.returncode != 0
     said = [ln for ln in job.stderr.splitlines() if ln.startswith("error: ")]
     assert len(said) == 1 and "is in use by a live run" in said[0], job.stderr[-3000:]

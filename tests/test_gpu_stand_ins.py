@@ -114,6 +114,21 @@ def _cfg(tmp_path, root, engine, epochs=1):
     return setup_cfg(args, engine)
 
 
+def _trainer(engine, cfg):
+    """``engine``'s DAEL trainer for ``cfg``, built after seeding as train.py seeds (seed 1)."""
+    if engine == "builtin":
+        from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+
+        set_random_seed(1)
+        return build_builtin_trainer(cfg)
+    from dassl.utils import set_random_seed
+
+    from dael_plugin.dassl_adapter import DAELTrainer
+
+    set_random_seed(1)
+    return DAELTrainer(cfg)
+
+
 def _meta_rng_guard(monkeypatch):
     """``torch.set_rng_state`` and friends take CPU tensors only; a checkpoint mapped onto the
     training device hands them device tensors (on CUDA: ``TypeError: RNG state must be a

@@ -5,6 +5,7 @@ engine's counterparts are in ``test_dassl_hardening.py``.
 """
 
 import collections
+import contextlib
 import json
 import os
 import shutil
@@ -194,22 +195,12 @@ def test_low_precision_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root,
 
 
 def _fp16_trainer(engine, out, root):
-    from test_gpu_stand_ins import _cfg
+    from test_gpu_stand_ins import _cfg, _trainer
 
     cfg = _cfg(out, root, engine, epochs=2)
     cfg.defrost()
     cfg.TRAINER.DAEL.PREC = "fp16"
-    if engine == "builtin":
-        from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
-
-        set_random_seed(1)
-        return build_builtin_trainer(cfg)
-    from dassl.utils import set_random_seed
-
-    from dael_plugin.dassl_adapter import DAELTrainer
-
-    set_random_seed(1)
-    return DAELTrainer(cfg)
+    return _trainer(engine, cfg)
 
 
 @pytest.mark.skipif(not hasattr(torch.amp, "GradScaler"), reason="fp16 loss scaling on CPU needs torch >= 2.3")
@@ -405,20 +396,28 @@ time.sleep(60)
 """
 
 
+@contextlib.contextmanager
+def held(out, settings=None):
+    """Another live process holding ``out``'s run lock (with ``settings``' digest, if given)."""
+    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    argv = [sys.executable, "-c", HOLDER, str(out)] + ([settings] if settings else [])
+    holder = subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        yield holder
+    finally:
+        holder.kill()
+        holder.wait()
+
+
 def test_a_live_run_holds_its_output_directory(tmp_path, tiny_root, capsys):
     """The kernel's lock: a live holder refuses a second run (exit 75, 'try again later'); a holder
     killed with -9 releases it with its file descriptor, and the next run takes over."""
     out = tmp_path / "busy"
     out.mkdir()
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    holder = subprocess.Popen([sys.executable, "-c", HOLDER, str(out)], stdout=subprocess.PIPE, text=True, env=env)
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held(out) as holder:
         code, _, err = cli(args_for(tiny_root, out), capsys)
         assert code == 75 and f"in use by a live run (pid {holder.pid}" in one_error_line(err)
-    finally:
-        holder.kill()
-        holder.wait()
     code, stdout, _ = cli(args_for(tiny_root, out), capsys)  # the holder died without releasing anything
     assert code == 0 and f"removing a stale lock of pid {holder.pid}" in stdout
     assert not (out / ".dael_run.json").exists()
@@ -431,23 +430,15 @@ def test_a_live_run_holds_its_output_directory(tmp_path, tiny_root, capsys):
 def test_a_live_run_of_other_settings_is_named_as_such(tmp_path, tiny_root, capsys):
     """Two sweeps of other trailing options on one folder: the second run is told that the live one
     is another run (exit 78: waiting will not help), not that it is "running elsewhere"."""
-    from dael_plugin.tools.sweep_plan import EXIT_CLASH
+    from dael_plugin.errors import EXIT_CLASH
 
     out = tmp_path / "busy"
     out.mkdir()
-    env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    holder = subprocess.Popen(
-        [sys.executable, "-c", HOLDER, str(out), "0123456789abcdef"], stdout=subprocess.PIPE, text=True, env=env
-    )
-    try:
-        assert holder.stdout.readline().strip() == "held"
+    with held(out, settings="0123456789abcdef"):
         code, _, err = cli(args_for(tiny_root, out), capsys)
         line = one_error_line(err)
         assert code == EXIT_CLASH == 78 and "in use by a live run with other settings" in line
         assert "pass another --output-dir" in line
-    finally:
-        holder.kill()
-        holder.wait()
 
 
 RACER = """

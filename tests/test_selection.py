@@ -7,7 +7,7 @@ from collections import namedtuple
 
 import pytest
 import torch
-from test_gpu_stand_ins import _cfg
+from test_gpu_stand_ins import _cfg, _trainer
 
 from dael_plugin.data.holdout import holdout_split
 from dael_plugin.engine import selection as S
@@ -103,17 +103,7 @@ def _build(engine, out, root, epochs, **extra):
     cfg.SELECTION.TARGET_CAP = 40
     for k, v in extra.items():
         cfg.SELECTION[k] = v
-    if engine == "builtin":
-        from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
-
-        set_random_seed(1)
-        return build_builtin_trainer(cfg)
-    from dassl.utils import set_random_seed
-
-    from dael_plugin.dassl_adapter import DAELTrainer
-
-    set_random_seed(1)
-    return DAELTrainer(cfg)
+    return _trainer(engine, cfg)
 
 
 def _train_paths(tr, engine):

@@ -26,8 +26,6 @@ PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath
 LOG = "sweep_log.txt"  # a run's stdout and stderr, in its directory
 JOB = "sweep_job.txt"  # the Slurm job id a run was last submitted as
 IDENTITY = "sweep_run.json"  # everything that changes the run's result: a relaunch must match it
-EXIT_BUSY = 75  # train.py: the output directory is held by another live run
-EXIT_CLASH = 78  # train.py: ... by a live run of other settings (waiting will not help)
 
 
 @dataclass(frozen=True)

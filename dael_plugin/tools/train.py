@@ -35,10 +35,8 @@ from dael_plugin.engine.results import (
     write_results,
 )
 from dael_plugin.engine.runlock import BusyError, ClashError, RunLock
-from dael_plugin.errors import DAELConfigError, NonFiniteLossError, Terminated, say
+from dael_plugin.errors import EXIT_BUSY, EXIT_CLASH, DAELConfigError, NonFiniteLossError, Terminated, say
 
-EXIT_BUSY = 75  # the output directory is held by another live run (EX_TEMPFAIL: try again later)
-EXIT_CLASH = 78  # the output directory is held by a live run of other settings (EX_CONFIG)
 EXIT_OOM = 4  # out of device or host memory: one line with the settings to lower
 EXIT_LOST_PEER = 5  # under torchrun: another process of the job died or stalled
 

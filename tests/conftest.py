@@ -19,7 +19,10 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
     torch.set_num_threads(1)
 
+import dassl_layouts  # noqa: E402
+
 import dael_plugin  # noqa: E402
+from dael_plugin.data import dassl_formats  # noqa: E402
 
 SKIP_REASON = "Dassl.pytorch is not installed (install it by hand, see README); Dassl tests skipped"
 
@@ -115,6 +118,38 @@ def tiny_root(data_root, tmp_path_factory):
         others = [f for f in filenames if not f.endswith(".png")]  # the VERSION stamp
         for f in images + others:
             shutil.copy(os.path.join(dirpath, f), os.path.join(out, f))
+    return root
+
+
+# -- Dassl's dataset formats (tests/dassl_layouts.py), shared by test_dassl_formats and test_fingerprint
+@pytest.fixture(scope="session")
+def layouts_root(tmp_path_factory):
+    """Every format but Digit-5, under one --root."""
+    root = str(tmp_path_factory.mktemp("layouts"))
+    dassl_layouts.domainnet(root)
+    dassl_layouts.office(root, "office31", dassl_formats.FORMATS["Office31"].domains)
+    dassl_layouts.office(root, "office_home", dassl_formats.FORMATS["OfficeHome"].domains)
+    dassl_layouts.pacs(root)
+    dassl_layouts.vlcs(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def digit5_root(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("digit5"))
+    dassl_layouts.digit5(root)
+    return root
+
+
+@pytest.fixture(scope="session")
+def shipped_root(layouts_root, digit5_root, tmp_path_factory):
+    """One --root with every shipped dataset: links to the two fixtures, plus the DG folder sets."""
+    root = str(tmp_path_factory.mktemp("shipped"))
+    for src in (layouts_root, digit5_root):
+        for name in os.listdir(src):
+            os.symlink(os.path.join(src, name), os.path.join(root, name))
+    dassl_layouts.digits_dg(root, "digits_dg", ("mnist", "mnist_m", "svhn", "syn"))
+    dassl_layouts.digits_dg(root, "office_home_dg", ("art", "clipart", "product", "real_world"))
     return root
 
 

@@ -235,10 +235,14 @@ def test_best_val_on_the_builtin_engine_names_last_step(tmp_path, tiny_root, cap
 
 
 def test_a_dataset_only_dassl_reads_says_so(tmp_path, tiny_root, capsys):
+    ds = tmp_path / "visda17.yaml"
+    ds.write_text('DATASET:\n  NAME: "VisDA17"\n')
     argv = args_for(tiny_root, tmp_path / "o")
-    argv[argv.index("--dataset-config-file") + 1] = os.path.join(ROOT, "configs/datasets/dg/pacs.yaml")
+    argv[argv.index("--dataset-config-file") + 1] = str(ds)
     code, _, err = cli(argv, capsys)
-    assert code == 2 and "dataset 'PACS' needs Dassl (see README" in one_error_line(err)
+    line = one_error_line(err)
+    assert code == 2 and "dataset 'VisDA17' is not one the built-in engine reads" in line, err
+    assert "'PACS'" in line and "Dassl's other datasets need --engine dassl" in line
 
 
 # -- every write survives a full disk ----------------------------------------------------------

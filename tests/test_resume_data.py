@@ -48,7 +48,7 @@ def _resume(engine, trainer, out):
 
 
 @pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
-@pytest.mark.parametrize("change", ["rename", "add"])
+@pytest.mark.parametrize("change", ["rename", "add", "relabel"])
 def test_a_resume_onto_changed_data_is_one_line(tmp_path, tiny_root, engine, change):
     from dael_plugin.engine.checkpoint import CheckpointError
 
@@ -61,9 +61,27 @@ def test_a_resume_onto_changed_data_is_one_line(tmp_path, tiny_root, engine, cha
     if change == "rename":
         _rename_class(root, "0", "zero")  # sorted: '1' ... '9', 'zero': label 0 would now be '1'
         match = r"class folders gone: '0'; new: 'zero'"
-    else:
+    elif change == "add":
         _add_image(root)
-        match = r"training images changed since it was written \(hand 60 -> 61\)"
+        match = (
+            r"images changed since .* \(train_x/hand: 61 images \(sha256 \w{12}\) where the checkpoint's run read 60 "
+        )
+    else:  # the same counts everywhere: only the fingerprint sees it
+        folder = os.path.join(root, "embedded_digits", "street", "train")
+        name = sorted(os.listdir(os.path.join(folder, "3")))[0]
+        os.rename(os.path.join(folder, "3", name), os.path.join(folder, "4", name))
+        match = r"\(train_x/street: 60 images \(sha256 \w{12}\) where the checkpoint's run read 60 \(sha256 \w{12}\)\)"
     with pytest.raises(CheckpointError, match=match) as err:
         _resume(engine, build(out, root), out)
     assert "\n" not in str(err.value) and "--output-dir" in str(err.value)
+    from dael_plugin.engine.checkpoint import accept_data_change
+
+    accept_data_change(True)  # --accept-data-change: changed images go on (a warning); changed classes never
+    try:
+        if change == "rename":
+            with pytest.raises(CheckpointError, match=match):
+                _resume(engine, build(out, root), out)
+        else:
+            assert _resume(engine, build(out, root), out) == 1
+    finally:
+        accept_data_change(False)

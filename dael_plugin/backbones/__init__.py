@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from dael_plugin.backbones.dassl_cnns import DigitsDGConvNet, M3SDADigitCNN
 from dael_plugin.backbones.small_cnn import SmallCNN
 from dael_plugin.backbones.timm_backbone import PREFIX as TIMM_PREFIX
 from dael_plugin.backbones.timm_backbone import TimmBackbone, timm_model_name
@@ -14,6 +15,9 @@ OWN_BACKBONES = {
     "dael_small_cnn": SmallCNN,
     "dael_small_cnn_gn": lambda: SmallCNN(norm="gn"),
 }
+
+# Dassl's digit backbones, rebuilt key for key (see dassl_cnns); under Dassl, Dassl's own are used.
+DASSL_CNNS = {"cnn_digit5_m3sda": M3SDADigitCNN, "cnn_digitsdg": DigitsDGConvNet}
 
 # Dassl names whose architecture timm builds identically (the built-in engine
 # maps them; under Dassl, Dassl's own builders are used). Dassl's pretrained
@@ -26,14 +30,24 @@ def build_backbone(name: str, pretrained: bool = False, weights_file: str = "") 
     """Build a backbone by name without Dassl; it exposes ``out_features``."""
     if name in OWN_BACKBONES:
         return OWN_BACKBONES[name]()
+    if name in DASSL_CNNS:
+        return DASSL_CNNS[name]()
     if name.startswith(TIMM_PREFIX):
         return TimmBackbone(timm_model_name(name), pretrained=pretrained, weights_file=weights_file)
     if name in TIMM_ALIASES:
         return TimmBackbone(TIMM_ALIASES[name], pretrained=pretrained, weights_file=weights_file)
     raise DAELConfigError(
         f"MODEL.BACKBONE.NAME={name!r} is not available without Dassl; use one of "
-        f"{sorted(OWN_BACKBONES) + sorted(TIMM_ALIASES)} or timm_<any timm model>, or run with --engine dassl"
+        f"{sorted(OWN_BACKBONES) + sorted(DASSL_CNNS) + sorted(TIMM_ALIASES)} or timm_<any timm model>, or run with --engine dassl"
     )
 
 
-__all__ = ["OWN_BACKBONES", "SmallCNN", "TIMM_PREFIX", "TimmBackbone", "build_backbone", "timm_model_name"]
+__all__ = [
+    "DASSL_CNNS",
+    "OWN_BACKBONES",
+    "SmallCNN",
+    "TIMM_PREFIX",
+    "TimmBackbone",
+    "build_backbone",
+    "timm_model_name",
+]

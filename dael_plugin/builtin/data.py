@@ -17,8 +17,8 @@ import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
 
-from dael_plugin.data.folders import Item
 from dael_plugin.data.images import ReplacingReader
+from dael_plugin.data.items import Item
 from dael_plugin.data.sampling import (
     DomainBalancedBatchSampler,
     DrawPicker,

@@ -25,6 +25,7 @@ from yacs.config import CfgNode as CN
 
 from dael_plugin.builtin import data as bdata
 from dael_plugin.config import uses_target_data
+from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
 from dael_plugin.data.holdout import holdout_split
 from dael_plugin.data.images import REPLACED, note_unreadable
@@ -68,12 +69,19 @@ class BuiltinTrainer:
         self.pin = self.device.type == "cuda"
         self.sources = list(cfg.DATASET.SOURCE_DOMAINS)
         self.check_cfg()
-        self.splits = load_splits(cfg.DATASET.NAME, cfg.DATASET.ROOT, self.sources, cfg.DATASET.TARGET_DOMAINS)
+        self.seed = max(int(cfg.SEED), 0)
+        self.splits = load_splits(
+            cfg.DATASET.NAME, cfg.DATASET.ROOT, self.sources, cfg.DATASET.TARGET_DOMAINS, seed=self.seed
+        )
+        # which images were read, per split and domain: in results.json and the checkpoint (resume compares)
+        ds = cfg.DATASET
+        self.data_fingerprint = data_fingerprint(
+            self.splits, self.sources, ds.TARGET_DOMAINS, ds.ROOT, seeded_domains(ds.NAME)
+        )
         self.classnames: List[str] = self.splits["classnames"]
         self.num_classes = len(self.classnames)
         self.has_target_train = self.splits["train_u"] is not None
         self.is_da = self.has_target_train and uses_target_data(cfg)
-        self.seed = max(int(cfg.SEED), 0)
         self.bad_images: Set[str] = set()
         self._source_val_split()
         self.build_loaders()
@@ -272,6 +280,7 @@ class BuiltinTrainer:
             self._scaler(),
             rng_ranks,
             self._train_counts(),
+            self.data_fingerprint,
             model=self.modules.state_dict(),
             optim=self.optim.state_dict(),
             sched=ckpt.sched_state(self.sched),
@@ -321,7 +330,9 @@ class BuiltinTrainer:
                 raise DAELConfigError(f"--resume {directory}: no {CKPT} there; give the OUTPUT_DIR of an earlier run")
             print("No checkpoint found, train from scratch")
             return 0
-        state = ckpt.read_resumable(path, "builtin", self.cfg, ("model", "data"), self.classnames, self._train_counts())
+        state = ckpt.read_resumable(
+            path, "builtin", self.cfg, ("model", "data"), self.classnames, self._train_counts(), self.data_fingerprint
+        )
         self.modules.load_state_dict(state["model"])
         self.optim.load_state_dict(state["optim"])
         ckpt.load_sched_state(self.sched, state["sched"])

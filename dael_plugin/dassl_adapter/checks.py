@@ -53,6 +53,19 @@ def check_backbone_cfg(cfg: CN) -> None:
         )
 
 
+def check_dassl_data(cfg: CN) -> None:
+    """Dassl's own readers of the datasets the plugin also reads (Digit5, DomainNet, PACS, ...)
+    fail on missing or partial data with a traceback, or, for a class folder missing from one
+    domain, shift the labels silently: the plugin's reader of the same files goes first and says
+    what is wrong in one line. It reads file lists only (no image), with its own RNG."""
+    from dael_plugin.dassl_adapter.datasets import PLUGIN_DATASETS
+    from dael_plugin.data.folders import builtin_datasets, load_splits
+
+    name = cfg.DATASET.NAME
+    if name in builtin_datasets() and name not in PLUGIN_DATASETS:  # the plugin's own ones read once, below
+        load_splits(name, cfg.DATASET.ROOT, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS, max(cfg.SEED, 0))
+
+
 def check_run_names(cfg: CN) -> None:
     """The names a run gives (trainer, dataset, domains, backbone), checked before its output
     folder or log exists: a typo costs one line and leaves nothing behind."""
@@ -63,3 +76,4 @@ def check_run_names(cfg: CN) -> None:
     check_trainer_cfg(cfg)
     check_dataset_cfg(cfg)
     check_backbone_cfg(cfg)
+    check_dassl_data(cfg)

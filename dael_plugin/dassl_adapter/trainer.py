@@ -38,6 +38,7 @@ from dael_plugin.config import (
 from dael_plugin.core import DAEL, build_heads
 from dael_plugin.dassl_adapter.checks import check_dataset_cfg
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
+from dael_plugin.data.fingerprint import dataset_fingerprint
 from dael_plugin.data.holdout import holdout_split
 from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.data.sampling import DasslDomainBatchSampler, SeededRandomBatchSampler
@@ -94,6 +95,7 @@ class DAELTrainer(TrainerXU):
         dm_cfg.defrost()
         dm_cfg.DATALOADER.TRAIN_X.SAMPLER = "RandomSampler"
         dm = DataManager(dm_cfg, custom_tfm_train=views, dataset_wrapper=RobustDatasetWrapper)
+        self.data_fingerprint = dataset_fingerprint(cfg, dm.dataset)  # before the held-out split, as builtin
         self._source_val_split(dm.dataset)
         # Training loaders with Dassl's epochs but per-draw seeding and long-lived workers.
         has_target = dm.train_loader_u is not None
@@ -408,6 +410,7 @@ class DAELTrainer(TrainerXU):
             self.step.scaler,
             rng_ranks,
             self._train_counts(),
+            self.data_fingerprint,
             models={n: self._models[n].state_dict() for n in names},
             optims={n: self._optims[n].state_dict() for n in names if self._optims[n] is not None},
             scheds={n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None},
@@ -416,7 +419,9 @@ class DAELTrainer(TrainerXU):
     def resume_model_if_exist(self, directory):
         path = osp.join(directory, ckpt.LAST)
         if osp.isfile(path):
-            state = ckpt.read_resumable(path, "dassl", self.cfg, ("models",), self._classnames(), self._train_counts())
+            state = ckpt.read_resumable(
+                path, "dassl", self.cfg, ("models",), self._classnames(), self._train_counts(), self.data_fingerprint
+            )
             for name in self.get_model_names():
                 self._models[name].load_state_dict(state["models"][name])
                 if name in state.get("optims", {}):

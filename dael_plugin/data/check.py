@@ -7,60 +7,125 @@ releases the GIL while decoding) with a progress bar on a terminal.
 
 from __future__ import annotations
 
+import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
+from dael_plugin.data.fingerprint import SPLIT_DOMAINS
 from dael_plugin.errors import DAELConfigError
 
 
-def _try_decode(path: str) -> Optional[str]:
+def _try_decode(path: str, hash_bytes: bool = False) -> Tuple[Optional[str], str]:
+    """``(reason it cannot be decoded or None, SHA-256 of its bytes or "")``."""
+    import hashlib
+
     from dael_plugin.data.images import decode
 
     try:
-        decode(path)
-        return None
+        decode(path)  # a regular file only (a FIFO would block the read below)
+        digest = ""
+        if hash_bytes:
+            with open(path, "rb") as f:
+                digest = hashlib.sha256(f.read()).hexdigest()
+        return None, digest
     except Exception as exc:  # any decoder failure is a bad file
-        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}"
+        return f"{type(exc).__name__}: {str(exc).splitlines()[0][:120] if str(exc) else ''}", ""
 
 
-def check_images(paths: Sequence[str], workers: int = 2) -> List[Tuple[str, str]]:
-    """``(path, reason)`` for each file that cannot be decoded."""
+def check_images(
+    paths: Sequence[str], workers: int = 2, hash_bytes: bool = False
+) -> Tuple[List[Tuple[str, str]], Dict[str, str]]:
+    """``(path, reason)`` for each file that cannot be decoded, and (``hash_bytes``) each path's
+    SHA-256."""
     paths = list(dict.fromkeys(paths))
-    bad = []
+    bad, digests = [], {}
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
-        results = pool.map(_try_decode, paths, chunksize=64)
-        for path, reason in tqdm(
+        results = pool.map(lambda p: _try_decode(p, hash_bytes), paths, chunksize=64)
+        for path, (reason, digest) in tqdm(
             zip(paths, results), total=len(paths), desc="check-data", disable=not sys.stderr.isatty(), leave=False
         ):
             if reason is not None:
                 bad.append((path, reason))
-    return bad
+            digests[path] = digest
+    return bad, digests
 
 
-def _split_paths(trainer, engine: str) -> Iterable[Tuple[str, Sequence]]:
+def _splits(trainer, engine: str) -> Dict[str, Sequence]:
     if engine == "builtin":
         s = trainer.splits
-        yield "train_x", s["train_x"]
-        if s["train_u"] is not None and getattr(trainer, "is_da", False):
-            yield "train_u", s["train_u"]
-        if s["val"]:
-            yield "val", s["val"]
-        yield "test", s["test"]
-    else:
-        ds = trainer.dm.dataset
-        for name in ("train_x", "train_u", "val", "test"):
-            items = getattr(ds, name, None)
-            if items:
-                yield name, items
+        out = {"train_x": s["train_x"], "train_u": s["train_u"] if getattr(trainer, "is_da", False) else None}
+        return {**out, "val": s["val"], "test": s["test"]}
+    ds = trainer.dm.dataset
+    return {name: getattr(ds, name, None) for name in ("train_x", "train_u", "val", "test")}
 
 
-def check_trainer_data(trainer: object, engine: str, workers: int) -> None:
-    """Decode all images of the run; raise one error line after listing the bad files."""
-    paths = [item.impath for _, items in _split_paths(trainer, engine) for item in items]
-    bad = check_images(paths, workers)
+def _classnames(trainer, engine: str) -> List[str]:
+    if engine == "builtin":
+        return list(trainer.classnames)
+    return list(trainer.dm.dataset.classnames)
+
+
+def count_table(
+    splits: Dict[str, Sequence], sources: Sequence[str], targets: Sequence[str], classnames: Sequence[str]
+) -> List[str]:
+    """Images per split and domain, then per class: the lines ``--check-data`` prints."""
+    names = {"sources": list(sources), "targets": list(targets)}
+    columns, counts = [], {}
+    for split, items in splits.items():
+        if not items:
+            continue
+        domains = names[SPLIT_DOMAINS[split]]
+        for d in domains:
+            columns.append(f"{split}/{d}")
+        for it in items:
+            key = (f"{split}/{domains[it.domain]}", int(it.label))
+            counts[key] = counts.get(key, 0) + 1
+    width = max([len(c) for c in columns] + [8])
+    cwidth = max([len(str(c)) for c in classnames] + [5])
+
+    def row(label, values):
+        return f"{label:<{cwidth}}  " + "  ".join(f"{v:>{width}}" for v in values)
+
+    lines = [row("class", columns)]
+    for k, cname in enumerate(classnames):
+        lines.append(row(str(cname), [f"{counts.get((c, k), 0):,}" for c in columns]))
+    lines.append(row("all", [f"{sum(v for (c2, _), v in counts.items() if c2 == c):,}" for c in columns]))
+    return lines
+
+
+def _pixel_fingerprint(splits, sources, targets, root: str, digests: Dict[str, str]) -> dict:
+    """Per split and domain, a SHA-256 over the sorted (relative path, label, bytes' SHA-256)."""
+    import hashlib
+
+    from dael_plugin.data.fingerprint import relative_path
+
+    names = {"sources": list(sources), "targets": list(targets)}
+    root = os.path.abspath(os.path.expanduser(root or "."))
+    out: Dict[str, Dict[str, str]] = {}
+    for split, items in splits.items():
+        if not items:
+            continue
+        domains = names[SPLIT_DOMAINS[split]]
+        lines: Dict[str, list] = {d: [] for d in domains}
+        for it in items:
+            lines[domains[it.domain]].append(
+                f"{relative_path(it.impath, root)}\t{int(it.label)}\t{digests.get(it.impath, '')}"
+            )
+        out[split] = {d: hashlib.sha256("\n".join(sorted(ls)).encode()).hexdigest() for d, ls in lines.items()}
+    return out
+
+
+def check_trainer_data(trainer: object, engine: str, workers: int, hash_pixels: bool = False) -> Optional[dict]:
+    """Decode all images of the run and print how many there are per split, domain and class;
+    raise one error line after listing the bad files. Returns the pixel fingerprint
+    (``hash_pixels``) or None."""
+    cfg = trainer.cfg
+    splits = {k: v for k, v in _splits(trainer, engine).items() if v}
+    paths = [item.impath for items in splits.values() for item in items]
+    bad, digests = check_images(paths, workers, hash_pixels)
     n = len(set(paths))
     if bad:
         for path, reason in bad:
@@ -69,4 +134,13 @@ def check_trainer_data(trainer: object, engine: str, workers: int) -> None:
             f"--check-data: {len(bad)} of {n} images cannot be decoded (listed above); "
             "replace or delete them, then rerun"
         )
+    sources, targets = cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS
+    print(f"--check-data: images per class, split and domain of {cfg.DATASET.NAME}:")
+    for line in count_table(splits, sources, targets, _classnames(trainer, engine)):
+        print("  " + line)
     print(f"--check-data: all {n:,} images decode")
+    if not hash_pixels:
+        return None
+    pixels = _pixel_fingerprint(splits, sources, targets, cfg.DATASET.ROOT, digests)
+    print("--check-data --hash-pixels: a SHA-256 of the bytes per split and domain goes to results.json")
+    return pixels

@@ -11,19 +11,14 @@ from __future__ import annotations
 import difflib
 import os
 from dataclasses import dataclass
-from typing import Callable, Dict, List, NamedTuple, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from dael_plugin.data import embedded
+from dael_plugin.data.dassl_formats import FORMATS, read_format
+from dael_plugin.data.items import Item
 from dael_plugin.errors import DAELConfigError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
-
-
-class Item(NamedTuple):
-    impath: str
-    label: int
-    domain: int  # index into the list of domains it was read with
-    classname: str
 
 
 @dataclass(frozen=True)
@@ -79,7 +74,20 @@ def dataset_dir(name: str, root: str) -> str:
     return path
 
 
+def known_dataset(name: str) -> Tuple[Optional[Tuple[str, ...]], bool]:
+    """``(domains or None, unlabeled_target)`` of a dataset the built-in engine reads; KeyError if none."""
+    if name in FORMATS:
+        return FORMATS[name].domains, FORMATS[name].unlabeled_target
+    return SPECS[name].domains, SPECS[name].unlabeled_target
+
+
+def builtin_datasets() -> List[str]:
+    return sorted(set(SPECS) | set(FORMATS))
+
+
 def available_domains(name: str, root: str) -> Tuple[str, ...]:
+    if name not in SPECS:
+        return known_dataset(name)[0]
     spec = SPECS[name]
     return spec.domains if spec.domains is not None else tuple(_listdirs(dataset_dir(name, root)))
 
@@ -91,13 +99,24 @@ def check_domains(name: str, root: str, sources: Sequence[str], targets: Sequenc
 def check_dataset_names(name: str, sources: Sequence[str], targets: Sequence[str]) -> None:
     """What can be checked before any folder is made or read: the built-in engine reads this
     dataset, and (where its domains are fixed) the run's domains are among them."""
-    if name not in SPECS:
+    try:
+        domains = known_dataset(name)[0]
+    except KeyError:
+        close = difflib.get_close_matches(str(name), builtin_datasets(), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise DAELConfigError(
-            f"dataset {name!r} needs Dassl (see README, 'Which datasets run where'): install it "
-            f"and use --engine dassl; the built-in engine reads {sorted(SPECS)}"
-        )
-    if SPECS[name].domains is not None:
-        _check_domain_names(name, SPECS[name].domains, sources, targets)
+            f"dataset {name!r} is not one the built-in engine reads{hint}; it reads {builtin_datasets()} "
+            "(see README, 'Which datasets run where'); Dassl's other datasets need --engine dassl"
+        ) from None
+    if domains is not None:
+        _check_domain_names(name, domains, sources, targets)
+
+
+def check_dataset_files(name: str, root: str, sources: Sequence[str], targets: Sequence[str]) -> None:
+    """Missing or partial data in Dassl's formats, said before a run makes its output folder
+    (file lists are read, no image; the trainer reads them again)."""
+    if name in FORMATS:
+        load_splits(name, root, sources, targets)
 
 
 def _check_domain_names(name: str, domains: Sequence[str], sources: Sequence[str], targets: Sequence[str]) -> None:
@@ -144,9 +163,16 @@ def read_items(path: str, domains: Sequence[str], splits: Sequence[str], classna
     return items
 
 
-def load_splits(name: str, root: str, sources: Sequence[str], targets: Sequence[str]) -> Dict[str, object]:
-    """Read train_x, train_u, val and test lists for a DA or DG run."""
+def load_splits(
+    name: str, root: str, sources: Sequence[str], targets: Sequence[str], seed: int = 0
+) -> Dict[str, object]:
+    """Read train_x, train_u, val and test lists for a DA or DG run (``seed``: Digit-5's subsample)."""
     check_dataset_names(name, sources, targets)
+    if name not in SPECS:
+        out = read_format(name, os.path.abspath(os.path.expanduser(root or ".")), sources, targets, seed)
+        if not out["train_x"]:
+            raise DAELConfigError(f"no training images found for {name} source domains {list(sources)}")
+        return out
     spec = SPECS[name]
     path = dataset_dir(name, root)
     check_domains(name, root, sources, targets)

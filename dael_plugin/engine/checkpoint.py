@@ -310,6 +310,7 @@ def run_state(
     scaler: Any = None,
     rng_ranks: Optional[list] = None,
     train_counts: Optional[Dict[str, int]] = None,
+    data_fingerprint: Optional[dict] = None,
     **weights: Any,
 ) -> dict:
     """A "last" checkpoint: the engine's ``weights`` (model, optimiser and scheduler states, by the
@@ -333,6 +334,8 @@ def run_state(
     }
     if train_counts is not None:  # training images per domain: a resume onto other data is refused
         state["train_counts"] = dict(train_counts)
+    if data_fingerprint is not None:  # which images, per split and domain (data/fingerprint.py)
+        state["data_fingerprint"] = data_fingerprint
     if len(rng_ranks) > 1:  # each process's own streams (device views, dropout) continue on resume
         state["rng_ranks"] = rng_ranks
     if scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
@@ -347,6 +350,7 @@ def read_resumable(
     needs: Sequence[str],
     classnames: Optional[Sequence[str]] = None,
     train_counts: Optional[Dict[str, int]] = None,
+    data_fingerprint: Optional[dict] = None,
 ) -> dict:
     """Load a "last" checkpoint for exact resume, or refuse it in one line: another engine's, an
     older format, one without ``needs``, or one whose config differs in a key that shapes the run.
@@ -368,7 +372,7 @@ def read_resumable(
             "--eval-only)"
         )
     check_resume_config(state, cfg, path)
-    check_same_data(state, path, classnames, train_counts)
+    check_same_data(state, path, classnames, train_counts, data_fingerprint)
     from dael_plugin.engine.distributed import world
 
     saved, now = int(state.get("world_size", 1)), world().size
@@ -399,12 +403,25 @@ def _names(items: Sequence[str]) -> str:
     return ", ".join(repr(i) for i in list(items)[:5]) + (" ..." if len(items) > 5 else "")
 
 
+# ``--accept-data-change``: resume onto images that changed (never onto changed classes)
+_ACCEPT_DATA_CHANGE = [False]
+
+
+def accept_data_change(accept: bool) -> None:
+    _ACCEPT_DATA_CHANGE[0] = bool(accept)
+
+
 def check_same_data(
-    state: dict, path: str, classnames: Optional[Sequence[str]], train_counts: Optional[Dict[str, int]]
+    state: dict,
+    path: str,
+    classnames: Optional[Sequence[str]],
+    train_counts: Optional[Dict[str, int]],
+    data_fingerprint: Optional[dict] = None,
 ) -> None:
     """A resume onto the data its checkpoint was trained on, or one line: a class renamed, added or
     removed would silently permute or break the labels (label i is the i-th class folder), and
-    images added or removed change every later draw."""
+    images added, removed or relabelled change every later draw. ``--accept-data-change`` lets a
+    resume go on with changed images (the line is then a warning); changed classes, never."""
     fix = "restore the data as it was, or pass a new --output-dir to start fresh"
     saved = state.get("classnames")
     if classnames is not None and saved is not None and list(saved) != list(classnames):
@@ -419,13 +436,25 @@ def check_same_data(
             f"cannot resume from {path}: its run was trained on {len(was)} classes and the data now has "
             f"{len(now)} ({what}); labels would change meaning; {fix}"
         )
+    from dael_plugin.data.fingerprint import fingerprint_changes
+
     counts = state.get("train_counts")
+    changed = []
     if train_counts is not None and counts is not None and dict(counts) != dict(train_counts):
         changed = [f"{d} {counts.get(d)} -> {n}" for d, n in train_counts.items() if counts.get(d) != n]
-        raise CheckpointError(
-            f"cannot resume from {path}: the training images changed since it was written ({'; '.join(changed)}); "
-            f"the resumed run would not continue the same draws; {fix}"
-        )
+    saved_fp = state.get("data_fingerprint")
+    if data_fingerprint is not None and saved_fp is not None:
+        changed = fingerprint_changes(saved_fp, data_fingerprint) or changed
+    if not changed:
+        return
+    line = f"the images changed since {path} was written ({'; '.join(changed[:3])}{' ...' if len(changed) > 3 else ''})"
+    if _ACCEPT_DATA_CHANGE[0]:
+        print(f"dael_plugin: warning: {line}; resuming anyway (--accept-data-change): not the same draws")
+        return
+    raise CheckpointError(
+        f"cannot resume: {line}; the resumed run would not continue the same draws; {fix}, or pass "
+        "--accept-data-change to resume on the data as it is now"
+    )
 
 
 def restore_run_state(state: dict, path: str, scaler: Any, bad_images: set) -> int:

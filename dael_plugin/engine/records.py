@@ -102,7 +102,20 @@ def _read(path: str):
         return None, "accuracy is null (a run with TEST.NO_TEST, or an edited record): nothing to average"
     if isinstance(acc, bool) or not isinstance(acc, (int, float)) or not math.isfinite(acc) or not 0 <= acc <= 100:
         return None, f"accuracy {acc!r} is not a percentage from 0 to 100 (an edited or foreign record)"
+    if "data" in data and not _is_fingerprint(data["data"]):
+        return None, "its data fingerprint is not {split: {domain: {images, sha256}}} (an edited record)"
     return data, None
+
+
+def _is_fingerprint(fp) -> bool:
+    return isinstance(fp, dict) and all(
+        isinstance(doms, dict)
+        and all(
+            isinstance(v, dict) and isinstance(v.get("images"), int) and isinstance(v.get("sha256"), str)
+            for v in doms.values()
+        )
+        for doms in fp.values()
+    )
 
 
 def read_records(root: str) -> Walk:

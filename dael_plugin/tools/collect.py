@@ -31,6 +31,7 @@ import sys
 from collections import Counter, defaultdict
 from typing import Dict, List, Optional, Tuple
 
+from dael_plugin.data.fingerprint import one_digest
 from dael_plugin.engine.atomic import write_text
 from dael_plugin.engine.records import (
     DG_TRAINERS,
@@ -108,6 +109,7 @@ def read_runs(root: str, warn=print):
         table = (rec.data.get("dataset"), _setting(rec.data))
         label = _row_label(rec.dir, root, str(rec.data.get("trainer")))
         groups[(table, label)][setting_key(rec)].append(rec)
+    data_seen: Dict[tuple, Record] = {}  # (table, target, seed) -> the first record with a fingerprint
     tables: Dict[Tuple[str, str], Dict[str, Dict[str, dict]]] = defaultdict(
         lambda: defaultdict(
             lambda: defaultdict(lambda: {"values": [], "failed": 0, "missing": 0, "corrupt": 0, "seeds": {}})
@@ -126,6 +128,7 @@ def read_runs(root: str, warn=print):
                     )
                 slot["seeds"][seed] = rec.path
                 slot["values"].append(float(rec.data["accuracy"]))
+                _same_data(slot, data_seen, table, rec, names[key])
     for kind, paths in (
         ("failed", walk.failed),
         ("missing", walk.pending),
@@ -141,6 +144,31 @@ def read_runs(root: str, warn=print):
             rows = [r for r in tables[key] if r == label or r.startswith(label + " [")] or [label]
             tables[key][rows[0]][target][kind] += 1
     return tables
+
+
+def _same_data(slot: dict, seen: Dict[tuple, Record], table: tuple, rec: Record, row: str) -> None:
+    """Runs read the same images, or they share no cell and no table column: within a cell (other
+    seeds) the fingerprints agree but for the domains a seed subsamples (Digit-5); runs of one
+    seed and target (other rows, the same column) agree everywhere. Records without a fingerprint
+    (older versions) are not compared."""
+    fp = rec.data.get("data")
+    if not isinstance(fp, dict):
+        return
+    fix = "every run of a table must read one copy of the data; rerun one of them on the other's"
+
+    def say(other: Record, what: str) -> CollectError:
+        return CollectError(
+            f"{rec.path} and {other.path} read different images ({what}; data fingerprints "
+            f"{one_digest(rec.data['data'])} and {one_digest(other.data['data'])}); {fix}"
+        )
+
+    first = slot.setdefault("data_first", rec)
+    if first is not rec and one_digest(first.data["data"], seed_free=True) != one_digest(fp, seed_free=True):
+        raise say(first, f"one cell, {row} -> {rec.target}")
+    key = (table, rec.target, rec.data.get("seed"))
+    other = seen.setdefault(key, rec)
+    if other is not rec and one_digest(other.data["data"]) != one_digest(fp):
+        raise say(other, f"one column, {rec.target} seed {rec.data.get('seed')}")
 
 
 def _setting_names(label: str, by_setting: Dict[Optional[str], List[Record]]) -> Dict[Optional[str], str]:
@@ -174,7 +202,7 @@ def build(root: str, paper: bool, warn=print):
         targets = sorted({t for r in rows.values() for t in r})
         cells = {
             row: {
-                t: Cell(**{k: v for k, v in rows[row][t].items() if k != "seeds"})
+                t: Cell(**{k: v for k, v in rows[row][t].items() if k not in ("seeds", "data_first")})
                 if t in rows[row]
                 else Cell([], missing=1)
                 for t in targets

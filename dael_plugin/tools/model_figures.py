@@ -53,7 +53,8 @@ class LoadedRun:
         from dael_plugin.data.folders import load_splits
 
         ds = self.cfg["DATASET"]
-        splits = load_splits(ds["NAME"], ds["ROOT"], ds["SOURCE_DOMAINS"], ds["TARGET_DOMAINS"])
+        seed = max(int(self.cfg.get("SEED", 0)), 0)  # Digit-5's subsample, as the run drew it
+        splits = load_splits(ds["NAME"], ds["ROOT"], ds["SOURCE_DOMAINS"], ds["TARGET_DOMAINS"], seed=seed)
         return splits["classnames"], splits["test"], splits["train_x"]
 
     def _tensor(self, items):

@@ -97,7 +97,7 @@ def read_dataset(path: str) -> Tuple[str, str, List[str]]:
     """``(DATASET.NAME, setting da|dg, its domains)`` from a dataset config file."""
     import yaml
 
-    from dael_plugin.data.folders import SPECS
+    from dael_plugin.data.folders import known_dataset
 
     try:
         with open(path) as f:
@@ -108,10 +108,12 @@ def read_dataset(path: str) -> Tuple[str, str, List[str]]:
     parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
     setting = "dg" if "dg" in parts else "da" if "da" in parts else None
     domains: Optional[List[str]] = None
-    spec = SPECS.get(name)
-    if spec is not None:
-        domains = list(spec.domains) if spec.domains else None
-        setting = setting or ("da" if spec.unlabeled_target else "dg")
+    try:
+        known, unlabeled_target = known_dataset(name)
+        domains = list(known) if known else None
+        setting = setting or ("da" if unlabeled_target else "dg")
+    except KeyError:  # a dataset only Dassl reads
+        pass
     if domains is None:
         try:
             from dassl.data.datasets import DATASET_REGISTRY

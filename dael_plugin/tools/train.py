@@ -24,9 +24,10 @@ from yacs.config import CfgNode as CN
 from dael_plugin.about import ENGINES
 from dael_plugin.backbones.timm_backbone import check_timm_backbone
 from dael_plugin.config import TRAINER_NODES, add_dael_config, check_run_values
+from dael_plugin.data.fingerprint import dataset_fingerprint, one_digest
 from dael_plugin.engine import distributed
 from dael_plugin.engine.atomic import remove_stale_temps
-from dael_plugin.engine.checkpoint import LAST, checkpoint_epoch
+from dael_plugin.engine.checkpoint import LAST, accept_data_change, checkpoint_epoch
 from dael_plugin.engine.execution import cuda_settings
 from dael_plugin.engine.results import (
     remove_failure,
@@ -73,7 +74,20 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--check-data",
         action="store_true",
-        help="decode every image of the run's splits before training; stop with the list of bad files",
+        help="decode every image of the run's splits before training and print images per domain, split "
+        "and class; stop with the list of bad files",
+    )
+    p.add_argument(
+        "--hash-pixels",
+        action="store_true",
+        help="with --check-data: also a SHA-256 of the image bytes per split and domain, in results.json "
+        "(the data fingerprint itself hashes paths and labels only)",
+    )
+    p.add_argument(
+        "--accept-data-change",
+        action="store_true",
+        help="resume although the images differ from those the checkpoint's run read (its data "
+        "fingerprint); without it such a resume is refused. Changed classes are always refused",
     )
     p.add_argument(
         "--retrain",
@@ -506,6 +520,13 @@ def main(argv: Optional[List[str]] = None) -> int:
             signal.signal(signal.SIGINT, previous_int)
 
 
+def _fingerprint(trainer, cfg: CN) -> dict:
+    """The run's data fingerprint (data/fingerprint.py): the plugin's trainers made it when they
+    read the data; Dassl's own baselines get it here from their dataset."""
+    fp = getattr(trainer, "data_fingerprint", None)
+    return fp if fp is not None else dataset_fingerprint(cfg, trainer.dm.dataset)
+
+
 def _finished(cfg: CN, args: argparse.Namespace) -> bool:
     """A run whose ``results.json`` exists is finished: rerunning its command does nothing (and
     says so) unless ``--retrain`` moves its files aside; another config is refused, as on resume."""
@@ -563,7 +584,7 @@ def _check_names(cfg: CN, engine: str) -> None:
         check_run_names(cfg)
         return
     from dael_plugin.builtin.trainer import TRAINERS
-    from dael_plugin.data.folders import check_dataset_names
+    from dael_plugin.data.folders import check_dataset_files, check_dataset_names
 
     if cfg.TRAINER.NAME not in TRAINERS:
         close = difflib.get_close_matches(str(cfg.TRAINER.NAME), list(TRAINERS), n=1)
@@ -573,6 +594,7 @@ def _check_names(cfg: CN, engine: str) -> None:
             f"{sorted(TRAINERS)}); install Dassl and use --engine dassl for Dassl's baselines"
         )
     check_dataset_names(cfg.DATASET.NAME, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS)
+    check_dataset_files(cfg.DATASET.NAME, cfg.DATASET.ROOT, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS)
 
 
 def _prepare_output_dir(path: str) -> None:
@@ -598,6 +620,9 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         )
     if engine == "dassl":
         import dael_plugin  # noqa: F401  (registers the trainer, datasets and backbones)
+    if args.hash_pixels and not args.check_data:
+        raise DAELConfigError("--hash-pixels goes with --check-data (it hashes the bytes that check reads)")
+    accept_data_change(args.accept_data_change)
     cfg = setup_cfg(args, engine)
     _check_names(cfg, engine)  # before the output folder, the log and the config dump
     if distributed.from_env().distributed and engine == "dassl" and cfg.TRAINER.NAME not in ("DAEL", "DAELDG"):
@@ -636,10 +661,11 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         trainer = build_builtin_trainer(cfg, eval_each_epoch=args.eval_each_epoch)
         recorded = {}
     distributed.seed_ranks(cfg.SEED)
+    pixels = None
     if args.check_data:
         from dael_plugin.data.check import check_trainer_data
 
-        check_trainer_data(trainer, engine, cfg.DATALOADER.NUM_WORKERS)
+        pixels = check_trainer_data(trainer, engine, cfg.DATALOADER.NUM_WORKERS, args.hash_pixels)
     epochs = None
     if args.eval_only:
         epochs = _load_for_eval(trainer, engine, args)
@@ -668,6 +694,10 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         model_dir=os.path.abspath(args.model_dir) if args.eval_only else None,
         per_class_accuracy=getattr(trainer, "per_class_accuracy", None),
     )
+    record["data"] = _fingerprint(trainer, cfg)
+    record["data_digest"] = one_digest(record["data"])
+    if pixels is not None:
+        record["data_pixels_sha256"] = pixels
     if getattr(trainer, "source_val_info", None) is not None:  # the records' source validation split
         record["source_val_split"] = trainer.source_val_info
     if not args.eval_only:  # the first-step check of the fused pass (CUDA), where this process ran one

@@ -1,0 +1,85 @@
+"""Dassl's digit backbones, built without Dassl.
+
+Same layers, same names, same initialisation and same forward as Dassl's
+``cnn_digit5_m3sda`` (Digit-5; Peng et al., M3SDA, ICCV 2019) and
+``cnn_digitsdg`` (Digits-DG; Zhou et al., DDAIG, AAAI 2020), so their state
+dicts are equal key for key and a backbone trained on one engine loads on
+the other. Under Dassl, Dassl's own builders keep these names.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+from torch.nn import functional as F
+
+from dael_plugin.errors import DAELConfigError
+
+
+def _need_32(x: torch.Tensor, name: str) -> None:
+    if x.shape[-2:] != (32, 32):  # a Python check on static shapes: no host sync
+        raise DAELConfigError(f"{name} takes 32x32 images, got {tuple(x.shape[-2:])}; set INPUT.SIZE (32, 32)")
+
+
+class M3SDADigitCNN(nn.Module):
+    """``cnn_digit5_m3sda``: three 5x5 conv-BN-ReLU blocks (two max-pools), then two FC-BN-ReLU
+    layers with dropout between them; 2048 features. PyTorch's default initialisation, as Dassl."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, kernel_size=5, stride=1, padding=2)
+        self.bn1 = nn.BatchNorm2d(64)
+        self.conv2 = nn.Conv2d(64, 64, kernel_size=5, stride=1, padding=2)
+        self.bn2 = nn.BatchNorm2d(64)
+        self.conv3 = nn.Conv2d(64, 128, kernel_size=5, stride=1, padding=2)
+        self.bn3 = nn.BatchNorm2d(128)
+        self.fc1 = nn.Linear(8192, 3072)
+        self.bn1_fc = nn.BatchNorm1d(3072)
+        self.fc2 = nn.Linear(3072, 2048)
+        self.bn2_fc = nn.BatchNorm1d(2048)
+        self.out_features = 2048
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _need_32(x, "cnn_digit5_m3sda")
+        x = F.relu(self.bn1(self.conv1(x)))
+        x = F.max_pool2d(x, stride=2, kernel_size=3, padding=1)
+        x = F.relu(self.bn2(self.conv2(x)))
+        x = F.max_pool2d(x, stride=2, kernel_size=3, padding=1)
+        x = F.relu(self.bn3(self.conv3(x)))
+        x = F.relu(self.bn1_fc(self.fc1(x.flatten(1))))
+        x = F.dropout(x, training=self.training)
+        return F.relu(self.bn2_fc(self.fc2(x)))
+
+
+class _Convolution(nn.Module):
+    def __init__(self, c_in: int, c_out: int) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(c_in, c_out, 3, stride=1, padding=1)
+        self.relu = nn.ReLU(True)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.relu(self.conv(x))
+
+
+class DigitsDGConvNet(nn.Module):
+    """``cnn_digitsdg``: four 3x3 conv-ReLU blocks, each followed by a 2x2 max-pool; the 2x2x64
+    map flattened (256 features). Kaiming-normal (fan-in) weights and zero biases, as Dassl's
+    ``init_network_weights(model, "kaiming")``."""
+
+    def __init__(self, c_hidden: int = 64) -> None:
+        super().__init__()
+        self.conv1 = _Convolution(3, c_hidden)
+        self.conv2 = _Convolution(c_hidden, c_hidden)
+        self.conv3 = _Convolution(c_hidden, c_hidden)
+        self.conv4 = _Convolution(c_hidden, c_hidden)
+        self.out_features = 2**2 * c_hidden
+        for m in self.modules():  # in Dassl's order (model.apply visits children first)
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, a=0, mode="fan_in")
+                nn.init.constant_(m.bias, 0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _need_32(x, "cnn_digitsdg")
+        for conv in (self.conv1, self.conv2, self.conv3, self.conv4):
+            x = F.max_pool2d(conv(x), 2)
+        return x.flatten(1)

@@ -1,0 +1,353 @@
+"""Dassl's multi-domain dataset formats, read without Dassl.
+
+One small reader per format. Each takes exactly the files Dassl's own reader
+(``dassl/data/datasets/{da,dg}``) takes and returns the same items: paths,
+labels, domain indices (position in the list of domains asked for), class
+names, in Dassl's order, with Dassl's quirks:
+
+- **Digit5**: labels come from the file name (``<id>_<label>.<ext>``); MNIST,
+  MNIST-M, SVHN and SYN are subsampled to 25,000 training and 9,000 test
+  images with Python's ``random.sample`` (seeded by ``SEED``, drawn in Dassl's
+  order: sources' train, target's train, target's test), in the folder's
+  listing order; USPS's training list is repeated 3 times.
+- **DomainNet / miniDomainNet**: ``splits/`` or ``splits_mini/`` hold
+  ``<domain>_<split>.txt`` of ``<path> <label>`` lines; DomainNet validates on
+  the sources' test lists.
+- **Office31 / OfficeHome**: ``<domain>/<class>/<image>``, every image is in
+  train_x (sources), train_u and test (target); labels by sorted class folder;
+  OfficeHome lower-cases class names.
+- **PACS**: ``splits/<domain>_{train,crossval}_kfold.txt`` with 1-indexed
+  labels; ``crossval`` is the validation split; the target is tested on
+  train + crossval; one broken sketch is skipped, as Dassl does.
+- **VLCS**: ``<DOMAIN>/{train,crossval,test}/<class>/*.jpg``. Dassl leaves its
+  class names empty; here they are the folder names (the one difference).
+
+Where Dassl would train on wrong labels or crash, a reader raises one line
+instead: a class folder missing from one domain (Dassl numbers each domain's
+folders on their own, so every later label would shift), a split file naming
+images that do not exist, a Digit-5 domain smaller than the share Dassl
+samples from it. Each line says where the data comes from (Dassl's
+``DATASETS.md``).
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from dael_plugin.data.items import Item
+from dael_plugin.errors import DAELConfigError
+
+DATASETS_MD = "https://github.com/KaiyangZhou/Dassl.pytorch/blob/master/DATASETS.md"
+
+Pairs = List[Tuple[str, int, str]]  # (path, label, classname) of one domain and split
+Splits = Dict[str, Optional[List[Item]]]  # train_x, train_u, val, test
+
+
+@dataclass(frozen=True)
+class Format:
+    dataset_dir: str  # under --root
+    domains: Tuple[str, ...]
+    unlabeled_target: bool  # DA (the target's train split is train_u) or DG
+    read: Callable[[str, Sequence[str], Sequence[str], int], Splits]  # (dataset path, sources, targets, seed)
+    layout: str  # what the reader expects, for error lines
+    anchor: str  # DATASETS.md's section
+    seeded: Tuple[str, ...] = ()  # domains whose images are a subsample drawn from SEED
+
+
+def _where(fmt_anchor: str) -> str:
+    return f"{DATASETS_MD}#{fmt_anchor}"
+
+
+def _listdir(path: str) -> List[str]:
+    """Dassl's ``listdir_nohidden``: the folder's own order, hidden names left out."""
+    return [f for f in os.listdir(path) if not f.startswith(".")]
+
+
+def _need_dir(path: str, what: str, anchor: str) -> None:
+    if not os.path.isdir(path):
+        parent = os.path.dirname(path)
+        found = sorted(_listdir(parent))[:8] if os.path.isdir(parent) else None
+        seen = f"{parent} holds {found}" if found is not None else f"{parent} does not exist either"
+        raise DAELConfigError(f"missing {what} {path} ({seen}); the data comes as {_where(anchor)} describes")
+
+
+def _items(pairs_per_domain: Sequence[Pairs]) -> List[Item]:
+    return [Item(p, label, d, c) for d, pairs in enumerate(pairs_per_domain) for p, label, c in pairs]
+
+
+# -- split files (DomainNet, miniDomainNet, PACS) ----------------------------
+class _Listing:
+    """Each folder listed once, so that checking 600k split lines costs a few hundred listdirs."""
+
+    def __init__(self) -> None:
+        self.cache: Dict[str, frozenset] = {}
+
+    def exists(self, path: str) -> bool:
+        folder, name = os.path.split(path)
+        if folder not in self.cache:
+            self.cache[folder] = frozenset(os.listdir(folder)) if os.path.isdir(folder) else frozenset()
+        return name in self.cache[folder]
+
+
+def _read_split_file(
+    path: str, image_root: str, anchor: str, listing, label_offset: int = 0
+) -> List[Tuple[str, int, str]]:
+    """``(absolute path, label, relative path)`` of each ``<relative path> <label>`` line, checked: a missing
+    file, a malformed line or a line naming an absent image is one line naming the file."""
+    if not os.path.isfile(path):
+        _need_dir(os.path.dirname(path), "split folder", anchor)
+        found = sorted(f for f in _listdir(os.path.dirname(path)) if f.endswith(".txt"))
+        raise DAELConfigError(
+            f"missing split file {path} (its folder holds {found[:8]}{' ...' if len(found) > 8 else ''}); "
+            f"the data comes as {_where(anchor)} describes"
+        )
+    out: List[Tuple[str, int, str]] = []
+    absent: List[str] = []
+    with open(path) as f:
+        for n, line in enumerate(f, 1):
+            parts = line.strip().split(" ")
+            if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
+                raise DAELConfigError(f"{path}:{n}: expected '<image path> <label>', got {line.strip()[:80]!r}")
+            impath = os.path.join(image_root, parts[0])
+            if not listing.exists(impath):
+                absent.append(parts[0])
+            out.append((impath, int(parts[1]) - label_offset, parts[0]))
+    if absent:
+        raise DAELConfigError(
+            f"{path} names {len(absent)} of {len(out)} images that do not exist under {image_root} "
+            f"(first: {', '.join(absent[:3])}); the download is incomplete, see {_where(anchor)}"
+        )
+    return out
+
+
+def _domainnet(split_dir: str, anchor: str, with_val: bool):
+    def read(path: str, sources: Sequence[str], targets: Sequence[str], seed: int) -> Splits:
+        listing = _Listing()
+
+        def split(domains: Sequence[str], name: str) -> List[Item]:
+            per_domain = []
+            for dname in domains:
+                file = os.path.join(path, split_dir, f"{dname}_{name}.txt")
+                per_domain.append(
+                    [(p, label, rel.split("/")[1]) for p, label, rel in _read_split_file(file, path, anchor, listing)]
+                )
+            return _items(per_domain)
+
+        return {
+            "train_x": split(sources, "train"),
+            "train_u": split(targets, "train"),
+            "val": split(sources, "test") if with_val else None,
+            "test": split(targets, "test"),
+        }
+
+    return read
+
+
+PACS_BROKEN = ("sketch/dog/n02103406_4068-1.png",)  # Dassl's ``_error_paths``
+
+
+def _pacs(path: str, sources: Sequence[str], targets: Sequence[str], seed: int) -> Splits:
+    listing = _Listing()
+    image_dir, split_dir = os.path.join(path, "images"), os.path.join(path, "splits")
+    broken = {os.path.join(image_dir, p) for p in PACS_BROKEN}  # absent or not, never read
+
+    def split(domains: Sequence[str], names: Sequence[str]) -> List[Item]:
+        per_domain = []
+        for dname in domains:
+            pairs = []
+            for name in names:
+                file = os.path.join(split_dir, f"{dname}_{name}_kfold.txt")
+                for p, label, rel in _read_split_file(file, image_dir, "pacs", _BrokenAware(listing, broken), 1):
+                    if rel not in PACS_BROKEN:
+                        pairs.append((p, label, p.split("/")[-2]))
+            per_domain.append(pairs)
+        return _items(per_domain)
+
+    return {
+        "train_x": split(sources, ["train"]),
+        "train_u": None,
+        "val": split(sources, ["crossval"]),
+        "test": split(targets, ["train", "crossval"]),
+    }
+
+
+class _BrokenAware:
+    """PACS lists a broken image that Dassl skips: its absence is no error."""
+
+    def __init__(self, listing: _Listing, broken: set) -> None:
+        self.listing, self.broken = listing, broken
+
+    def exists(self, path: str) -> bool:
+        return path in self.broken or self.listing.exists(path)
+
+
+# -- class folders (Office31, OfficeHome, VLCS) --------------------------------
+def _class_folders(domain_dirs: Sequence[str], anchor: str) -> List[str]:
+    """The sorted class folders, the same in every domain: Dassl numbers each domain's folders
+    on its own, so a class missing from one domain would shift every later label there."""
+    per = []
+    for d in domain_dirs:
+        _need_dir(d, "domain folder", anchor)
+        per.append(sorted(c for c in _listdir(d) if os.path.isdir(os.path.join(d, c))))
+    for d, classes in zip(domain_dirs[1:], per[1:]):
+        if classes != per[0]:
+            missing = sorted(set(per[0]) - set(classes))
+            extra = sorted(set(classes) - set(per[0]))
+            raise DAELConfigError(
+                f"class folders differ between {domain_dirs[0]} and {d}: "
+                f"{'missing ' + str(missing[:5]) if missing else ''}{' ' if missing and extra else ''}"
+                f"{'extra ' + str(extra[:5]) if extra else ''}; Dassl would number each domain's classes "
+                "on its own and shift the labels: every domain needs the same class folders"
+            )
+    return per[0]
+
+
+def _office(lower: bool, anchor: str):
+    def read(path: str, sources: Sequence[str], targets: Sequence[str], seed: int) -> Splits:
+        classes = _class_folders([os.path.join(path, d) for d in list(sources) + list(targets)], anchor)
+
+        def split(domains: Sequence[str]) -> List[Item]:
+            per_domain = []
+            for dname in domains:
+                pairs = []
+                for label, cname in enumerate(classes):
+                    cdir = os.path.join(path, dname, cname)
+                    pairs += [(os.path.join(cdir, f), label, cname.lower() if lower else cname) for f in _listdir(cdir)]
+                per_domain.append(pairs)
+            return _items(per_domain)
+
+        return {"train_x": split(sources), "train_u": split(targets), "val": None, "test": split(targets)}
+
+    return read
+
+
+def _vlcs(path: str, sources: Sequence[str], targets: Sequence[str], seed: int) -> Splits:
+    def split(domains: Sequence[str], name: str) -> List[Item]:
+        dirs = [os.path.join(path, d.upper(), name) for d in domains]
+        classes = _class_folders(dirs, "vlcs")
+        per_domain = []
+        for sdir in dirs:
+            pairs = []
+            for label, cname in enumerate(classes):
+                cdir = os.path.join(sdir, cname)
+                # glob.glob("*.jpg")'s order and filter: the listing's order, hidden names left out
+                pairs += [(os.path.join(cdir, f), label, cname) for f in _listdir(cdir) if f.endswith(".jpg")]
+            per_domain.append(pairs)
+        return _items(per_domain)
+
+    return {
+        "train_x": split(sources, "train"),
+        "train_u": None,
+        "val": split(sources, "crossval"),
+        "test": split(targets, "test"),
+    }
+
+
+# -- Digit-5 ------------------------------------------------------------------
+DIGIT5_CAPS = {"train": 25000, "test": 9000}  # MNIST, MNIST-M, SVHN, SYN (M3SDA's protocol)
+DIGIT5_USPS_REPEAT = 3  # USPS's training list, to match the others' size
+
+
+def _digit5(path: str, sources: Sequence[str], targets: Sequence[str], seed: int) -> Splits:
+    rng = random.Random(seed)  # Dassl draws from Python's global RNG, seeded by set_random_seed(SEED)
+
+    def domain(dname: str, split: str) -> Pairs:
+        im_dir = os.path.join(path, dname, f"{split}_images")
+        _need_dir(im_dir, "image folder", "digit-5")
+        pairs: Pairs = []
+        for name in _listdir(im_dir):
+            parts = os.path.splitext(name)[0].split("_")
+            if len(parts) < 2 or not parts[1].isdigit():
+                raise DAELConfigError(
+                    f"{os.path.join(im_dir, name)}: Digit-5 file names are <id>_<label>.<ext>, "
+                    f"as {_where('digit-5')} builds them; move other files out of {im_dir}"
+                )
+            pairs.append((os.path.join(im_dir, name), int(parts[1]), parts[1]))
+        if dname == "usps":
+            return pairs * DIGIT5_USPS_REPEAT if split == "train" else pairs
+        cap = DIGIT5_CAPS[split]
+        if len(pairs) < cap:
+            raise DAELConfigError(
+                f"{im_dir} holds {len(pairs):,} images; Digit-5's protocol samples {cap:,} from it (Dassl's "
+                f"reader would stop here): the folder is incomplete, see {_where('digit-5')}"
+            )
+        return rng.sample(pairs, cap)
+
+    def split(domains: Sequence[str], name: str) -> List[Item]:
+        items = _items([domain(d, name) for d in domains])
+        return [i._replace(classname=str(i.label)) for i in items]
+
+    train_x = split(sources, "train")  # Dassl's order of draws
+    train_u = split(targets, "train")
+    return {"train_x": train_x, "train_u": train_u, "val": None, "test": split(targets, "test")}
+
+
+def _format(dataset_dir, domains, da, read, layout, anchor, seeded=()) -> Format:
+    return Format(dataset_dir, tuple(domains.split()), da, read, layout, anchor, tuple(seeded))
+
+
+_SPLITS = "{train,test}.txt + the images they name"
+FORMATS: Dict[str, Format] = {
+    # name: (folder under --root, domains, DA?, reader, layout, DATASETS.md section)
+    "Digit5": _format(
+        "digit5", "mnist mnist_m svhn syn usps", True, _digit5, "<domain>/{train,test}_images/<id>_<label>.<ext>", "digit-5",
+        seeded=("mnist", "mnist_m", "svhn", "syn"),
+    ),
+    "DomainNet": _format(
+        "domainnet", "clipart infograph painting quickdraw real sketch", True,
+        _domainnet("splits", "domainnet", True), f"splits/<domain>_{_SPLITS}", "domainnet",
+    ),
+    "miniDomainNet": _format(
+        "domainnet", "clipart painting real sketch", True,
+        _domainnet("splits_mini", "minidomainnet", False), f"splits_mini/<domain>_{_SPLITS}", "minidomainnet",
+    ),
+    "Office31": _format(
+        "office31", "amazon webcam dslr", True, _office(False, "office-31"), "<domain>/<class>/<image>", "office-31"
+    ),
+    "OfficeHome": _format(
+        "office_home", "art clipart product real_world", True,
+        _office(True, "office-home"), "<domain>/<class>/<image>", "office-home",
+    ),
+    "PACS": _format(
+        "pacs", "art_painting cartoon photo sketch", False,
+        _pacs, "images/<domain>/<class>/<image> + splits/<domain>_{train,crossval}_kfold.txt", "pacs",
+    ),
+    "VLCS": _format(
+        "VLCS", "caltech labelme pascal sun", False, _vlcs, "<DOMAIN>/{train,crossval,test}/<class>/*.jpg", "vlcs"
+    ),
+}  # fmt: skip
+
+
+def classnames_of(name: str, splits: Splits) -> List[str]:
+    """Class names by label: Dassl's ``get_lab2cname`` over train_x, completed from the other
+    splits; every label from 0 to the largest needs a name."""
+    names: Dict[int, str] = {}
+    for key in ("train_x", "val", "train_u", "test"):
+        for item in splits.get(key) or []:
+            names.setdefault(item.label, item.classname)
+    if not names:
+        return []
+    missing = [k for k in range(max(names) + 1) if k not in names]
+    if missing or min(names) < 0:
+        raise DAELConfigError(
+            f"{name}: labels {missing[:5] or [min(names)]} have no image in any split of these domains; "
+            "the split files skip or mislabel a class"
+        )
+    return [names[k] for k in range(len(names))]
+
+
+def read_format(name: str, root: str, sources: Sequence[str], targets: Sequence[str], seed: int) -> Dict[str, object]:
+    fmt = FORMATS[name]
+    path = os.path.join(root, fmt.dataset_dir)
+    if not os.path.isdir(path):
+        raise DAELConfigError(
+            f"dataset folder {path} not found: {name} is read from <root>/{fmt.dataset_dir}/{fmt.layout}; "
+            f"set --root to the folder that holds {fmt.dataset_dir}/ (get the data as {_where(fmt.anchor)} says)"
+        )
+    splits = fmt.read(path, sources, targets, seed)
+    out: Dict[str, object] = dict(splits)
+    out["classnames"] = classnames_of(name, splits)
+    return out

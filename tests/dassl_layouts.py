@@ -1,0 +1,109 @@
+"""Tiny datasets in each of Dassl's on-disk formats (see dael_plugin/data/dassl_formats.py).
+
+Images are 32x32, coloured by class, so a training step sees different classes. Split files
+list their lines out of sorted order, so a reader that sorted them would be caught.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Dict, List, Sequence
+
+from PIL import Image
+
+CLASSES = ("giraffe", "dog", "house")  # deliberately not sorted
+
+
+def _image(path: str, label: int, k: int = 0) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    Image.new("RGB", (32, 32), (40 + 90 * label, 10 * k % 255, 200 - 60 * label)).save(path)
+
+
+def _write_lines(path: str, lines: Sequence[str]) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path, "w") as f:
+        f.write("".join(line + "\n" for line in lines))
+
+
+def domainnet(root: str, domains=("clipart", "painting", "real", "sketch"), per_class: int = 3) -> Dict[str, List[str]]:
+    """``domainnet/<domain>/<class>/<image>.jpg`` with ``splits/`` and ``splits_mini/`` (the same
+    lists), labels by sorted class name as in DomainNet. Returns the split files' lines."""
+    labels = {c: i for i, c in enumerate(sorted(CLASSES))}
+    out = {}
+    for d in domains:
+        for split, n in (("train", per_class), ("test", 2)):
+            lines = []
+            for c in reversed(CLASSES):
+                for k in range(n):
+                    rel = f"{d}/{c}/{d}_{split}_{k:03d}.jpg"
+                    _image(os.path.join(root, "domainnet", rel), labels[c], k)
+                    lines.append(f"{rel} {labels[c]}")
+            for folder in ("splits", "splits_mini"):
+                _write_lines(os.path.join(root, "domainnet", folder, f"{d}_{split}.txt"), lines)
+            out[f"{d}_{split}"] = lines
+    return out
+
+
+def office(root: str, dataset_dir: str, domains: Sequence[str], per_class: int = 3) -> None:
+    """``<dataset_dir>/<domain>/<Class>/<image>.jpg`` (Office-31, Office-Home)."""
+    for d in domains:
+        for label, c in enumerate(sorted(CLASSES)):
+            for k in range(per_class):
+                _image(os.path.join(root, dataset_dir, d, c.capitalize(), f"img_{k:03d}.jpg"), label, k)
+
+
+def pacs(root: str, domains=("art_painting", "cartoon", "photo", "sketch"), per_class: int = 2) -> None:
+    """``pacs/images/<domain>/<class>/`` and ``splits/<domain>_{train,crossval}_kfold.txt`` with
+    1-indexed labels; sketch's list names Dassl's one broken image, which is absent."""
+    labels = {c: i for i, c in enumerate(sorted(CLASSES))}
+    for d in domains:
+        for split in ("train", "crossval"):
+            lines = []
+            for c in reversed(CLASSES):
+                for k in range(per_class):
+                    rel = f"{d}/{c}/{split}_{k}.png"
+                    _image(os.path.join(root, "pacs", "images", rel), labels[c], k)
+                    lines.append(f"{rel} {labels[c] + 1}")
+            if d == "sketch" and split == "train":
+                lines.insert(1, "sketch/dog/n02103406_4068-1.png 2")
+            _write_lines(os.path.join(root, "pacs", "splits", f"{d}_{split}_kfold.txt"), lines)
+    # the split Dassl reads for nothing (PACS's own test lists) is left out: neither reader opens it
+
+
+def vlcs(root: str, domains=("caltech", "labelme", "pascal", "sun"), per_class: int = 2) -> None:
+    """``VLCS/<DOMAIN>/{train,crossval,test}/<class>/*.jpg``, plus a non-jpg file both readers skip."""
+    for d in domains:
+        for split in ("train", "crossval", "test"):
+            for label, c in enumerate(sorted(CLASSES)):
+                for k in range(per_class):
+                    _image(os.path.join(root, "VLCS", d.upper(), split, c, f"{k}.jpg"), label, k)
+                open(os.path.join(root, "VLCS", d.upper(), split, c, "notes.txt"), "w").close()
+
+
+def digits_dg(root: str, dataset_dir: str, domains: Sequence[str], splits=("train", "val"), per_class: int = 3) -> None:
+    """``<dataset_dir>/<domain>/<split>/<class>/<image>`` (Digits-DG, Office-Home-DG)."""
+    for d in domains:
+        for split in splits:
+            for label, c in enumerate(sorted(CLASSES)):
+                for k in range(per_class):
+                    _image(os.path.join(root, dataset_dir, d, split, c, f"{k}.jpg"), label, k)
+
+
+DIGIT5_SMALL = {"usps": (12, 6)}  # images per split of the uncapped domain
+
+
+def digit5(root: str, domains=("mnist", "mnist_m", "svhn", "syn", "usps")) -> None:
+    """``digit5/<domain>/{train,test}_images/<id>_<label>.png``. The capped domains hold exactly
+    Dassl's caps plus a few (hard links to one image per label: 34k files in about a second)."""
+    from dael_plugin.data.dassl_formats import DIGIT5_CAPS
+
+    base = os.path.join(root, "digit5", ".images")
+    for label in range(10):
+        _image(os.path.join(base, f"{label}.png"), label % 3, label)
+    for d in domains:
+        for split in ("train", "test"):
+            folder = os.path.join(root, "digit5", d, f"{split}_images")
+            os.makedirs(folder, exist_ok=True)
+            n = DIGIT5_SMALL[d][split == "test"] if d in DIGIT5_SMALL else DIGIT5_CAPS[split] + 7
+            for i in range(n):
+                os.link(os.path.join(base, f"{i % 10}.png"), os.path.join(folder, f"{i:05d}_{i % 10}.png"))

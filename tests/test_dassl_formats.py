@@ -1,0 +1,376 @@
+"""Dassl's dataset formats read without Dassl (dael_plugin/data/dassl_formats.py), Dassl's digit
+backbones rebuilt (dael_plugin/backbones/dassl_cnns.py), and missing data in one line."""
+
+from __future__ import annotations
+
+import os
+import random
+import shutil
+
+import dassl_layouts as layouts
+import pytest
+import torch
+
+from dael_plugin.data.dassl_formats import DIGIT5_CAPS
+from dael_plugin.data.folders import load_splits
+from dael_plugin.errors import DAELConfigError
+
+# name: (sources, target) of the fixture's runs
+RUNS = {
+    "DomainNet": (["clipart", "painting", "real"], ["sketch"]),
+    "miniDomainNet": (["clipart", "painting", "real"], ["sketch"]),
+    "Office31": (["amazon", "webcam"], ["dslr"]),
+    "OfficeHome": (["art", "clipart", "product"], ["real_world"]),
+    "PACS": (["art_painting", "cartoon", "photo"], ["sketch"]),
+    "VLCS": (["caltech", "labelme", "pascal"], ["sun"]),
+    "Digit5": (["mnist_m", "svhn", "syn", "usps"], ["mnist"]),
+}
+
+
+def _root(name, layouts_root, digit5_root):
+    return digit5_root if name == "Digit5" else layouts_root
+
+
+def _tuples(items):
+    return None if items is None else [(i.impath, i.label, i.domain, i.classname) for i in items]
+
+
+@pytest.mark.dassl
+@pytest.mark.parametrize("name", sorted(RUNS))
+def test_each_reader_gives_dassls_items(name, layouts_root, digit5_root):
+    """Paths, labels, domains, class names and their order, split for split, as Dassl's own reader
+    gives them on the same files (Digit-5: the same subsample, from the same seed)."""
+    from dassl.config import get_cfg_default
+    from dassl.data.datasets import DATASET_REGISTRY
+
+    root = _root(name, layouts_root, digit5_root)
+    sources, targets = RUNS[name]
+    cfg = get_cfg_default()
+    cfg.DATASET.ROOT, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS = root, sources, targets
+    random.seed(5)  # as Dassl's set_random_seed(SEED) leaves Python's RNG before the dataset is read
+    ref = DATASET_REGISTRY.get(name)(cfg)
+    ours = load_splits(name, root, sources, targets, seed=5)
+    for split in ("train_x", "train_u", "val", "test"):
+        want = _tuples(getattr(ref, split) or None)
+        got = _tuples(ours[split])
+        if name == "VLCS" and got:  # Dassl leaves VLCS's class names empty; ours are the folders'
+            got = [(p, label, d, "") for p, label, d, _ in got]
+        assert got == want, (name, split)
+    assert ours["train_x"], name
+    if name == "VLCS":
+        assert ref.classnames == [""] * 3 and ours["classnames"] == sorted(layouts.CLASSES)
+    else:
+        assert ours["classnames"] == ref.classnames
+
+
+def _rel(root, items):
+    return [(os.path.relpath(i.impath, root), i.label, i.domain, i.classname) for i in items]
+
+
+def test_split_file_formats_give_the_hand_written_items(layouts_root):
+    """DomainNet's and PACS's lists, written out by hand for the fixture: the file's order, the
+    labels as written (PACS: minus one), the class from the path, Dassl's broken sketch skipped."""
+    s = load_splits("DomainNet", layouts_root, ["real"], ["sketch"])
+    dn = os.path.join(layouts_root, "domainnet")
+    assert _rel(dn, s["test"]) == [
+        ("sketch/house/sketch_test_000.jpg", 2, 0, "house"),
+        ("sketch/house/sketch_test_001.jpg", 2, 0, "house"),
+        ("sketch/dog/sketch_test_000.jpg", 0, 0, "dog"),
+        ("sketch/dog/sketch_test_001.jpg", 0, 0, "dog"),
+        ("sketch/giraffe/sketch_test_000.jpg", 1, 0, "giraffe"),
+        ("sketch/giraffe/sketch_test_001.jpg", 1, 0, "giraffe"),
+    ]
+    assert _rel(dn, s["val"]) == [(p.replace("sketch", "real"), lab, 0, c) for p, lab, _, c in _rel(dn, s["test"])]
+    assert [(r[0], r[1]) for r in _rel(dn, s["train_x"])][:4] == [
+        ("real/house/real_train_000.jpg", 2),
+        ("real/house/real_train_001.jpg", 2),
+        ("real/house/real_train_002.jpg", 2),
+        ("real/dog/real_train_000.jpg", 0),
+    ]
+    assert s["classnames"] == ["dog", "giraffe", "house"]
+    assert load_splits("miniDomainNet", layouts_root, ["real"], ["sketch"])["val"] is None  # no val in mini
+
+    s = load_splits("PACS", layouts_root, ["photo", "sketch"], ["cartoon"])
+    images = os.path.join(layouts_root, "pacs", "images")
+    assert _rel(images, s["train_x"]) == [
+        ("photo/house/train_0.png", 2, 0, "house"),
+        ("photo/house/train_1.png", 2, 0, "house"),
+        ("photo/dog/train_0.png", 0, 0, "dog"),
+        ("photo/dog/train_1.png", 0, 0, "dog"),
+        ("photo/giraffe/train_0.png", 1, 0, "giraffe"),
+        ("photo/giraffe/train_1.png", 1, 0, "giraffe"),
+        ("sketch/house/train_0.png", 2, 1, "house"),  # the broken sketch listed next is skipped
+        ("sketch/house/train_1.png", 2, 1, "house"),
+        ("sketch/dog/train_0.png", 0, 1, "dog"),
+        ("sketch/dog/train_1.png", 0, 1, "dog"),
+        ("sketch/giraffe/train_0.png", 1, 1, "giraffe"),
+        ("sketch/giraffe/train_1.png", 1, 1, "giraffe"),
+    ]
+    assert [r[0] for r in _rel(images, s["val"])][:2] == ["photo/house/crossval_0.png", "photo/house/crossval_1.png"]
+    test = [r[0] for r in _rel(images, s["test"])]  # the target's train list, then its crossval list
+    assert test[:2] == ["cartoon/house/train_0.png", "cartoon/house/train_1.png"] and len(test) == 12
+    assert test[6:8] == ["cartoon/house/crossval_0.png", "cartoon/house/crossval_1.png"]
+    assert s["train_u"] is None
+
+
+def test_class_folder_formats_give_the_hand_written_items(layouts_root):
+    """Office-31, Office-Home and VLCS, for the fixture: labels by sorted class folder, every image
+    of a domain in each of its splits (Office), the split's own folder (VLCS), *.jpg only. Within a
+    class folder the order is the folder listing's, as in Dassl; compared here as a set."""
+    s = load_splits("Office31", layouts_root, ["amazon"], ["dslr"])
+    root = os.path.join(layouts_root, "office31")
+    want_dslr = {
+        (f"dslr/{c}/img_{k:03d}.jpg", lab, 0, c) for lab, c in enumerate(["Dog", "Giraffe", "House"]) for k in range(3)
+    }
+    assert set(_rel(root, s["test"])) == want_dslr == set(_rel(root, s["train_u"]))
+    assert [r[1] for r in _rel(root, s["test"])] == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert s["classnames"] == ["Dog", "Giraffe", "House"] and s["val"] is None
+
+    s = load_splits("OfficeHome", layouts_root, ["art"], ["product"])
+    assert s["classnames"] == ["dog", "giraffe", "house"]  # lower-cased, as Dassl's OfficeHome
+    assert {os.path.relpath(i.impath, layouts_root) for i in s["test"]} == {
+        f"office_home/product/{c}/img_{k:03d}.jpg" for c in ("Dog", "Giraffe", "House") for k in range(3)
+    }
+
+    s = load_splits("VLCS", layouts_root, ["caltech", "sun"], ["pascal"])
+    root = os.path.join(layouts_root, "VLCS")
+    assert set(_rel(root, s["val"])) == {
+        (f"{d.upper()}/crossval/{c}/{k}.jpg", lab, di, c)
+        for di, d in enumerate(("caltech", "sun"))
+        for lab, c in enumerate(["dog", "giraffe", "house"])
+        for k in range(2)
+    }
+    assert {r[0].split("/")[1] for r in _rel(root, s["test"])} == {"test"} and len(s["test"]) == 6
+    assert not any(i.impath.endswith(".txt") for i in s["train_x"])
+
+
+def test_digit5_subsamples_as_dassl_describes(digit5_root):
+    """Dassl's Digit-5 protocol, by hand: the capped domains give exactly 25,000 / 9,000 distinct
+    images, drawn by random.sample from the folder listing with one RNG seeded by SEED, in the
+    order sources' train, target's train, target's test; USPS's train list is repeated 3 times;
+    labels and class names from the file name."""
+    sources, targets = ["svhn", "usps"], ["mnist"]
+    s = load_splits("Digit5", digit5_root, sources, targets, seed=7)
+    by = {d: [i for i in s["train_x"] if i.domain == d] for d in (0, 1)}
+    assert len(by[0]) == DIGIT5_CAPS["train"] and len({i.impath for i in by[0]}) == DIGIT5_CAPS["train"]
+    n_usps = layouts.DIGIT5_SMALL["usps"][0]
+    assert len(by[1]) == 3 * n_usps and by[1][:n_usps] == by[1][n_usps : 2 * n_usps]
+    assert len(s["train_u"]) == DIGIT5_CAPS["train"] and len(s["test"]) == DIGIT5_CAPS["test"]
+    assert all(i.label == int(i.impath[-5]) and i.classname == str(i.label) for i in s["test"])
+    assert s["classnames"] == [str(k) for k in range(10)]
+
+    rng = random.Random(7)
+
+    def listing(d, split):
+        folder = os.path.join(digit5_root, "digit5", d, f"{split}_images")
+        return [os.path.join(folder, f) for f in os.listdir(folder)]
+
+    assert [i.impath for i in by[0]] == rng.sample(listing("svhn", "train"), DIGIT5_CAPS["train"])
+    assert [i.impath for i in s["train_u"]] == rng.sample(listing("mnist", "train"), DIGIT5_CAPS["train"])
+    assert [i.impath for i in s["test"]] == rng.sample(listing("mnist", "test"), DIGIT5_CAPS["test"])
+    again = load_splits("Digit5", digit5_root, sources, targets, seed=7)
+    other = load_splits("Digit5", digit5_root, sources, targets, seed=8)
+    assert _tuples(again["test"]) == _tuples(s["test"]) and _tuples(other["test"]) != _tuples(s["test"])
+
+
+def _copy(src, dst):
+    shutil.copytree(src, dst, symlinks=True)
+    return str(dst)
+
+
+def _one_line(fn):
+    with pytest.raises(DAELConfigError) as e:
+        fn()
+    msg = str(e.value)
+    assert "\n" not in msg
+    return msg
+
+
+def test_missing_or_partial_data_is_one_line(layouts_root, tmp_path):
+    """Each says what was expected, what was found, and where the data comes from."""
+    empty = str(tmp_path / "empty")
+    os.makedirs(empty)
+    msg = _one_line(lambda: load_splits("PACS", empty, ["photo"], ["sketch"]))
+    assert f"{empty}/pacs not found" in msg and "DATASETS.md#pacs" in msg and "splits/<domain>_" in msg
+
+    root = _copy(layouts_root, tmp_path / "r")
+    os.remove(os.path.join(root, "domainnet", "splits", "real_test.txt"))
+    msg = _one_line(lambda: load_splits("DomainNet", root, ["clipart", "real"], ["sketch"]))
+    assert "missing split file" in msg and "real_test.txt" in msg and "clipart_test.txt" in msg  # what is there
+    assert "DATASETS.md#domainnet" in msg
+
+    for k in range(2):
+        os.remove(os.path.join(root, "domainnet", "sketch", "dog", f"sketch_test_00{k}.jpg"))
+    msg = _one_line(lambda: load_splits("miniDomainNet", root, ["clipart"], ["sketch"]))
+    assert "sketch_test.txt names 2 of 6 images that do not exist" in msg
+    assert "sketch/dog/sketch_test_000.jpg" in msg and "#minidomainnet" in msg
+
+    with open(os.path.join(root, "pacs", "splits", "photo_train_kfold.txt"), "a") as f:
+        f.write("photo/dog/x.png\n")
+    msg = _one_line(lambda: load_splits("PACS", root, ["photo"], ["sketch"]))
+    assert "photo_train_kfold.txt:7: expected '<image path> <label>'" in msg
+
+    shutil.rmtree(os.path.join(root, "office31", "webcam", "House"))  # Dassl would shift no label here...
+    shutil.rmtree(os.path.join(root, "office31", "webcam", "Dog"))  # ...but would here: Giraffe becomes 0
+    msg = _one_line(lambda: load_splits("Office31", root, ["amazon", "webcam"], ["dslr"]))
+    assert "class folders differ" in msg and "missing ['Dog', 'House']" in msg and "webcam" in msg
+
+    os.rename(os.path.join(root, "VLCS", "SUN", "test"), os.path.join(root, "VLCS", "SUN", "tests"))
+    msg = _one_line(lambda: load_splits("VLCS", root, ["caltech"], ["sun"]))
+    assert "missing domain folder" in msg and "SUN/test" in msg and "'tests'" in msg and "#vlcs" in msg
+
+
+def test_a_partial_digit5_is_one_line(tmp_path):
+    layouts.digit5(str(tmp_path), domains=("usps", "syn"))
+    folder = tmp_path / "digit5" / "syn" / "train_images"
+    for name in sorted(os.listdir(folder))[:8]:
+        os.remove(folder / name)
+    msg = _one_line(lambda: load_splits("Digit5", str(tmp_path), ["syn"], ["usps"]))
+    assert f"{folder} holds 24,999 images; Digit-5's protocol samples 25,000" in msg and "#digit-5" in msg
+    (folder / "readme.txt").write_text("x")
+    msg = _one_line(lambda: load_splits("Digit5", str(tmp_path), ["syn"], ["usps"]))
+    assert "readme.txt: Digit-5 file names are <id>_<label>.<ext>" in msg
+    msg = _one_line(lambda: load_splits("Digit5", str(tmp_path), ["svhn"], ["usps"]))
+    assert "missing image folder" in msg and "svhn/train_images" in msg
+
+
+# -- Dassl's digit backbones ------------------------------------------------------------------
+@pytest.mark.parametrize("name", ["cnn_digit5_m3sda", "cnn_digitsdg"])
+def test_dassl_digit_backbones_without_dassl(name):
+    """The architecture by hand: feature size and parameter count (m3sda: convs 4,864 + 102,464 +
+    204,928, FCs 25,168,896 + 6,293,504, BNs 10,752; digitsdg: 1,792 + 3 x 36,928), 32x32 only."""
+    from dael_plugin.backbones import build_backbone
+
+    net = build_backbone(name).eval()
+    out = net(torch.randn(2, 3, 32, 32))
+    want = {"cnn_digit5_m3sda": (2048, 31_785_408), "cnn_digitsdg": (256, 112_576)}[name]
+    assert out.shape == (2, net.out_features) and net.out_features == want[0]
+    assert sum(p.numel() for p in net.parameters()) == want[1]
+    msg = _one_line(lambda: net(torch.randn(2, 3, 28, 28)))
+    assert "32x32" in msg and "INPUT.SIZE" in msg
+
+
+@pytest.mark.dassl
+@pytest.mark.parametrize("name", ["cnn_digit5_m3sda", "cnn_digitsdg"])
+def test_dassl_digit_backbones_equal_dassls(name):
+    """Key for key the same state dict (names, shapes, buffers); the same initial weights from the
+    same seed; the same outputs, in training (dropout from the same RNG) and in evaluation; and
+    a state dict saved by one loads strictly into the other."""
+    from dassl.modeling import build_backbone as dassl_build
+
+    from dael_plugin.backbones import build_backbone
+
+    torch.manual_seed(3)
+    ref = dassl_build(name)
+    torch.manual_seed(3)
+    ours = build_backbone(name)
+    a, b = ref.state_dict(), ours.state_dict()
+    assert list(a) == list(b) and all(a[k].shape == b[k].shape for k in a)
+    assert all(torch.equal(a[k], b[k]) for k in a), "initialisation differs"
+    x = torch.randn(4, 3, 32, 32)
+    for train in (True, False):
+        ref.train(train), ours.train(train)
+        torch.manual_seed(11)
+        ya = ref(x)
+        torch.manual_seed(11)
+        yb = ours(x)
+        assert torch.equal(ya, yb), train
+    ours.load_state_dict(ref.state_dict(), strict=True)
+    ref.load_state_dict(ours.state_dict(), strict=True)
+
+
+# -- every shipped dataset config trains on both engines ----------------------------------------
+# dataset config: (sources, target, INPUT.SIZE override); the fixture holds these domains.
+SHIPPED = {
+    "da/digit5": (["mnist_m", "svhn", "syn", "usps"], ["mnist"], None),
+    "da/domainnet": (["clipart", "painting", "real"], ["sketch"], "(64, 64)"),
+    "da/mini_domainnet": (["clipart", "painting", "real"], ["sketch"], "(64, 64)"),
+    "dg/pacs": (["art_painting", "cartoon", "photo"], ["sketch"], "(64, 64)"),
+    "dg/office_home_dg": (["art", "clipart", "product"], ["real_world"], "(64, 64)"),
+    "dg/digits_dg": (["mnist", "mnist_m", "svhn"], ["syn"], None),
+}
+
+
+def test_every_shipped_dataset_config_is_in_the_one_step_test():
+    from conftest import ROOT
+
+    shipped = {
+        f"{s}/{os.path.splitext(f)[0]}"
+        for s in ("da", "dg")
+        for f in os.listdir(os.path.join(ROOT, "configs", "datasets", s))
+    }
+    assert shipped - {"da/embedded_digits", "dg/embedded_digits_dg"} == set(SHIPPED)  # those two: every other test
+
+
+def _one_step(engine, dataset, root, out, step=True):
+    from conftest import ROOT
+    from dael_plugin.tools.sweep_plan import method_config
+    from dael_plugin.tools.train import _check_names, build_parser, setup_cfg
+
+    sources, targets, size = SHIPPED[dataset]
+    setting = dataset.split("/")[0]
+    trainer = "DAEL" if setting == "da" else "DAELDG"
+    ds_file = os.path.join(ROOT, "configs", "datasets", f"{dataset}.yaml")
+    n = len(sources)
+    opts = ["MODEL.BACKBONE.PRETRAINED", "False", "DATALOADER.TRAIN_X.BATCH_SIZE", str(2 * n)]
+    opts += ["DATALOADER.TRAIN_U.BATCH_SIZE", "2", "DATALOADER.NUM_WORKERS", "0"] + (
+        ["INPUT.SIZE", size] if size else []
+    )
+    argv = ["--engine", engine, "--trainer", trainer, "--root", root, "--dataset-config-file", ds_file]
+    argv += ["--config-file", method_config(trainer, setting, ds_file), "--source-domains", *sources]
+    argv += ["--target-domains", *targets, "--output-dir", str(out), "--seed", "1", *opts]
+    cfg = setup_cfg(build_parser().parse_args(argv), engine)
+    _check_names(cfg, engine)
+    if engine == "builtin":
+        from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+
+        set_random_seed(1)
+        tr = build_builtin_trainer(cfg)
+        items = {k: tr.splits[k] for k in ("train_x", "train_u", "test")}
+    else:
+        from dassl.utils import set_random_seed
+
+        from dael_plugin.dassl_adapter import DAELTrainer
+
+        set_random_seed(1)
+        tr = DAELTrainer(cfg)  # DAEL and DAELDG alike
+        items = {k: getattr(tr.dm.dataset, k) for k in ("train_x", "train_u", "test")}
+    if not step:
+        return None, items, cfg, tr
+    batch_x = next(iter(tr.train_loader_x))
+    batch_u = next(iter(tr.train_loader_u)) if trainer == "DAEL" else None  # Dassl's DG loader_u: unused
+    losses = tr.forward_backward(batch_x, batch_u)
+    return {k: float(v) for k, v in losses.items()}, items, cfg, tr
+
+
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+@pytest.mark.parametrize("dataset", sorted(SHIPPED))
+def test_every_shipped_dataset_config_trains_one_step(engine, dataset, shipped_root, tmp_path):
+    """Each shipped dataset config with its DAEL trainer config: the trainer is built from data in
+    Dassl's layout (the config's own backbone, Dassl's for digits) and one step gives finite losses.
+    On Dassl, with Dassl's own readers."""
+    torch.set_num_threads(1)
+    losses, items, cfg, _ = _one_step(engine, dataset, shipped_root, tmp_path)
+    assert losses and all(v == v and abs(v) < 1e4 for v in losses.values()), losses
+    assert "loss_x" in losses and ("loss_u" in losses) == dataset.startswith("da/")
+    assert len({i.domain for i in items["train_x"]}) == len(SHIPPED[dataset][0])
+
+
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+def test_a_partial_dataset_is_one_line_from_the_train_script_and_leaves_nothing(engine, layouts_root, tmp_path, capsys):
+    """On Dassl too the plugin's reader goes first: Dassl's PACS reader would raise a bare
+    FileNotFoundError here, and its Office31 reader would shift labels without a word."""
+    from conftest import ROOT
+    from test_hardening import cli, one_error_line
+
+    root = _copy(layouts_root, tmp_path / "r")
+    os.remove(os.path.join(root, "pacs", "splits", "cartoon_crossval_kfold.txt"))
+    out = tmp_path / "out"
+    argv = ["--engine", engine, "--trainer", "DAELDG", "--root", root, "--output-dir", str(out)]
+    argv += ["--dataset-config-file", os.path.join(ROOT, "configs/datasets/dg/pacs.yaml")]
+    argv += ["--config-file", os.path.join(ROOT, "configs/trainers/dg/daeldg/pacs.yaml")]
+    argv += ["--source-domains", "photo", "cartoon", "--target-domains", "sketch", "--"]
+    code, _, err = cli(argv + ["MODEL.BACKBONE.PRETRAINED", "False"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "missing split file" in line and "cartoon_crossval_kfold.txt" in line, err
+    assert not out.exists()

@@ -1,8 +1,10 @@
 """dael-plugin: Domain Adaptive Ensemble Learning for Dassl.pytorch.
 
 ``import dael_plugin`` registers the DAEL trainer (as ``DAEL`` and ``DAELDG``), the
-plugin's datasets and backbones into Dassl's registries when Dassl is importable.
-Without Dassl, the algorithm core and the built-in engine still work.
+plugin's datasets and backbones into Dassl's registries when Dassl is importable: at once if
+``dassl.engine`` is imported, else the moment it is (``dassl_hook``: a built-in engine process
+never pays for Dassl's imports). Without Dassl, the algorithm core and the built-in engine
+still work.
 
 The rooms, from the bottom up (imports run downwards only):
 
@@ -18,13 +20,26 @@ The rooms, from the bottom up (imports run downwards only):
 
 from __future__ import annotations
 
+import sys
+
 from dael_plugin.about import HAS_DASSL, __version__
 from dael_plugin.config import add_dael_config
 from dael_plugin.errors import DAELConfigError
 
-if HAS_DASSL:
-    from dael_plugin.dassl_adapter import register as _register
 
-    _register()
+def _register_with_dassl() -> None:
+    from dael_plugin.dassl_hook import initialised
+
+    if "dael_plugin.dassl_adapter" in sys.modules and not initialised("dael_plugin.dassl_adapter"):
+        return  # dassl.engine was imported by the adapter's own first line: the adapter registers at its end
+    from dael_plugin.dassl_adapter import register
+
+    register()
+
+
+if HAS_DASSL:
+    from dael_plugin.dassl_hook import when_imported
+
+    when_imported("dassl.engine", _register_with_dassl)
 
 __all__ = ["DAELConfigError", "HAS_DASSL", "add_dael_config", "__version__"]

@@ -55,13 +55,16 @@ def test_the_fingerprint_by_hand():
     assert one_digest(other_draw) != one_digest(fp) and one_digest(other_draw, True) == one_digest(fp, True)
     other_draw["train_x"]["s0"]["sha256"] = "0" * 64  # not seeded: differs either way
     assert one_digest(other_draw, True) != one_digest(fp, True)
-    assert fingerprint_changes(fp, relabelled) == [
-        "test/t: read by the checkpoint's run, not now",
-        f"train_x/s0: 1 images (sha256 {relabelled['train_x']['s0']['sha256'][:12]}) where the checkpoint's "
-        f"run read 1 (sha256 {fp['train_x']['s0']['sha256'][:12]})",
-        f"train_x/s1: 0 images (sha256 {_sha([])[:12]}) where the checkpoint's run read 2 "  # every domain listed
-        f"(sha256 {fp['train_x']['s1']['sha256'][:12]})",
-    ]
+    assert (
+        fingerprint_changes(fp, relabelled)
+        == [
+            "test/t: read by the checkpoint's run, not now",
+            f"train_x/s0: 1 images (sha256 {relabelled['train_x']['s0']['sha256'][:12]}) where the checkpoint's "
+            f"run read 1 (sha256 {fp['train_x']['s0']['sha256'][:12]})",
+            f"train_x/s1: 0 images (sha256 {_sha([])[:12]}) where the checkpoint's run read 2 "  # every domain listed
+            f"(sha256 {fp['train_x']['s1']['sha256'][:12]})",
+        ]
+    )
     assert fingerprint_changes(relabelled, fp)[0] == "test/t: read now, not by the checkpoint's run"
 
 

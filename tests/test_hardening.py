@@ -823,7 +823,7 @@ def test_bench_without_dassl_times_the_plugin_alone(tmp_path):
             "--epoch-data",
             "synthetic",
             "--epoch-images",
-            "20",
+            "8",
             "--workers",
             "0",
         ],

@@ -14,6 +14,7 @@ BELOW = {
     "core": set(),
     "about": set(),
     "errors": set(),
+    "dassl_hook": set(),
     "transforms": {"errors"},
     "backbones": {"errors", "about"},
     "config": {"core", "errors", "transforms"},
@@ -34,7 +35,7 @@ BELOW = {
         "dassl_adapter",
         "__init__",
     },
-    "__init__": {"about", "config", "errors", "dassl_adapter"},
+    "__init__": {"about", "config", "errors", "dassl_adapter", "dassl_hook"},
 }
 
 

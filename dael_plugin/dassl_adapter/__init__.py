@@ -1,6 +1,7 @@
 """Registration into Dassl's registries (trainer, datasets, backbones), and the thin trainer.
 
-Importing ``dael_plugin`` calls :func:`register` when Dassl is importable.
+Importing ``dael_plugin`` has :func:`register` called once ``dassl.engine`` is imported
+(``dael_plugin.dassl_hook``); importing this package registers too.
 """
 
 from __future__ import annotations
@@ -44,5 +45,9 @@ def prepare_cfg(cfg: CN) -> None:
     register()
     register_timm_backbone(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""))
 
+
+# Importing the adapter is using Dassl: register (``dael_plugin/__init__`` leaves it to this line
+# when dassl.engine was first imported by the adapter itself).
+register()
 
 __all__ = ["DAELTrainer", "prepare_cfg", "register", "register_timm_backbone"]

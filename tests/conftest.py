@@ -153,6 +153,22 @@ def shipped_root(layouts_root, digit5_root, tmp_path_factory):
     return root
 
 
+def run_here(args):
+    """``run_train``'s result for a run made in this process: ``main`` is what scripts/train.py
+    calls, and a process start costs about 4 s of CPU (imports). The script's own process, its
+    stderr contract and the runs without Dassl keep subprocess tests of their own."""
+    import contextlib
+    import io
+    import subprocess
+
+    from dael_plugin.tools.train import main
+
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+        code = main(list(args))
+    return subprocess.CompletedProcess(list(args), code, out.getvalue(), err.getvalue())
+
+
 def run_train(args, env_hide_dassl=False, timeout=600):
     """Run scripts/train.py in a subprocess; returns CompletedProcess."""
     import subprocess

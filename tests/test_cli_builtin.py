@@ -11,7 +11,7 @@ import torch
 import yaml
 
 import dael_plugin
-from conftest import ROOT, run_train
+from conftest import ROOT, run_here, run_train
 
 DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 DS_DG = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
@@ -379,7 +379,7 @@ def test_a_source_domain_smaller_than_its_batch_share_is_one_line_on_dassl(tmp_p
         for img in sorted(folder.glob("*.png"))[1:]:
             img.unlink()  # one image per class: 10, and the batch share is 12
     big = ["DATALOADER.TRAIN_X.BATCH_SIZE", "36"]
-    proc = run_train(["--engine", "dassl"] + base_args(str(root), tmp_path / "run") + FAST + big)
+    proc = run_here(["--engine", "dassl"] + base_args(str(root), tmp_path / "run") + FAST + big)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]

@@ -6,7 +6,7 @@ import os
 import pytest
 import torch
 
-from conftest import ROOT, run_train
+from conftest import ROOT, run_here
 
 pytestmark = pytest.mark.dassl
 
@@ -193,7 +193,7 @@ def _train(tmp_path, tiny_root, trainer, cfg_file, ds=DS_DA, extra=()):
         + FAST
         + list(extra)
     )
-    proc = run_train(args)
+    proc = run_here(args)  # in-process: the script's own process is tested in test_cli_builtin
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     assert "* accuracy:" in proc.stdout
     with open(os.path.join(out, "results.json")) as f:
@@ -270,7 +270,7 @@ def test_dassl_baselines_through_the_same_script(tmp_path, tiny_root, trainer, c
     assert res["trainer"] == trainer and res["accuracy"] is not None and res["expert_accuracy"] == {}
     if trainer == "M3SDA":
         # --eval-only of a baseline: Dassl's own load_model crashes on val_result=None here.
-        proc = run_train(
+        proc = run_here(
             [
                 "--engine",
                 "dassl",
@@ -328,7 +328,7 @@ def test_timm_backbone_under_dassl(tmp_path, tiny_root):
 def test_eval_only_reloads_the_last_checkpoint(tmp_path, tiny_root):
     res, _ = _train(tmp_path, tiny_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml")
     out = str(tmp_path / "DAEL")
-    proc = run_train(
+    proc = run_here(
         [
             "--engine",
             "dassl",

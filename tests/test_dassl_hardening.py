@@ -13,7 +13,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from test_hardening import Evil, damaged_root, spawn, wait_for, wait_for_checkpoint  # noqa: F401 (fixture)
+from test_hardening import Evil, damaged_root, finished, spawn, wait_for, wait_for_checkpoint  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.dassl
 
@@ -70,17 +70,13 @@ def test_dassl_engine_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root):
     states at the epoch boundary makes the resumed run equal the uninterrupted one."""
     workers = ["DATALOADER.NUM_WORKERS", "2"]
     full, killed = tmp_path / "full", tmp_path / "killed"
-    proc = spawn(dassl_args(tiny_root, full, epochs=3, extra=workers))
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-2000:]
+    finished(dassl_args(tiny_root, full, epochs=3, extra=workers))
     proc = spawn(dassl_args(tiny_root, killed, epochs=3, extra=workers))
     assert wait_for_checkpoint(killed, 1, proc), "never finished epoch 1"
     proc.send_signal(signal.SIGKILL)
     proc.wait(30)
     assert not (killed / "results.json").exists()
-    proc = spawn(dassl_args(tiny_root, killed, epochs=3, extra=workers))
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-2000:]
+    out = finished(dassl_args(tiny_root, killed, epochs=3, extra=workers)).stdout
     # Wherever the kill landed (mid-epoch 2, or just after its checkpoint), it resumed, not restarted.
     assert "will resume training from epoch 2" in out or "will resume training from epoch 3" in out
     a = torch.load(full / "checkpoint.pth.tar", weights_only=True)["models"]
@@ -97,9 +93,7 @@ def test_dassl_engine_worker_count_does_not_change_a_run(tmp_path, tiny_root):
     runs = []
     for workers in ("0", "2"):
         out = tmp_path / f"w{workers}"
-        proc = spawn(dassl_args(tiny_root, out, epochs=2, extra=["DATALOADER.NUM_WORKERS", workers]))
-        _, err = proc.communicate(timeout=300)
-        assert proc.returncode == 0, err[-2000:]
+        finished(dassl_args(tiny_root, out, epochs=2, extra=["DATALOADER.NUM_WORKERS", workers]))
         runs.append(torch.load(out / "checkpoint.pth.tar", weights_only=True)["models"])
     assert all(torch.equal(runs[0][n][k], runs[1][n][k]) for n in runs[0] for k in runs[0][n])
 
@@ -111,9 +105,7 @@ def test_dassl_engine_low_precision_resume_after_kill_9_is_bitwise_exact(tmp_pat
     """The loss scaler's state travels in the Dassl engine's checkpoint too (see the built-in test)."""
     extra = ["DATALOADER.NUM_WORKERS", "1", "TRAINER.DAEL.PREC", prec]
     full, killed = tmp_path / "full", tmp_path / "killed"
-    proc = spawn(dassl_args(tiny_root, full, epochs=2, extra=extra))
-    _, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-2000:]
+    finished(dassl_args(tiny_root, full, epochs=2, extra=extra))
     proc = spawn(dassl_args(tiny_root, killed, epochs=2, extra=extra))
     assert wait_for_checkpoint(killed, 1, proc), "never finished epoch 1"
     proc.send_signal(signal.SIGKILL)
@@ -121,9 +113,7 @@ def test_dassl_engine_low_precision_resume_after_kill_9_is_bitwise_exact(tmp_pat
     assert not (killed / "results.json").exists()
     saved = torch.load(killed / "checkpoint.pth.tar", weights_only=True)
     assert (saved["scaler"]["scale"] < 2.0**16) if prec == "fp16" else ("scaler" not in saved)
-    proc = spawn(dassl_args(tiny_root, killed, epochs=2, extra=extra))
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-2000:]
+    out = finished(dassl_args(tiny_root, killed, epochs=2, extra=extra)).stdout
     assert "will resume training from epoch 2" in out
     a = torch.load(full / "checkpoint.pth.tar", weights_only=True)
     b = torch.load(killed / "checkpoint.pth.tar", weights_only=True)

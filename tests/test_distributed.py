@@ -156,10 +156,14 @@ def _model_state(state):
 EPOCH = ["DATALOADER.TRAIN_X.BATCH_SIZE", "48", "DATALOADER.TRAIN_U.BATCH_SIZE", "16"]
 
 
-def _check_cli_matches(tmp_path, tiny_root, engine, trainer="DAEL"):
-    one = _Here(_args(tiny_root, tmp_path / "one", engine, extra=EPOCH, trainer=trainer))
+# Per-epoch records on, with a held-out source split: the one-process comparisons below check them too.
+RECORDS = ["SELECTION.EVAL_FREQ", "1", "SELECTION.TARGET_CAP", "40", "SELECTION.KEEP_BEST", "['source_val']"]
+
+
+def _check_cli_matches(tmp_path, tiny_root, engine, trainer="DAEL", extra=()):
+    one = _Here(_args(tiny_root, tmp_path / "one", engine, extra=EPOCH + list(extra), trainer=trainer))
     assert one.returncode == 0, one.stderr[-3000:]
-    two = torchrun([TRAIN] + _args(tiny_root, tmp_path / "two", engine, extra=EPOCH, trainer=trainer))
+    two = torchrun([TRAIN] + _args(tiny_root, tmp_path / "two", engine, extra=EPOCH + list(extra), trainer=trainer))
     assert two.returncode == 0, two.stderr[-3000:]
     a = _model_state(_weights(tmp_path / "one" / "checkpoint.pth.tar"))
     b = _model_state(_weights(tmp_path / "two" / "checkpoint.pth.tar"))
@@ -177,13 +181,15 @@ def _check_cli_matches(tmp_path, tiny_root, engine, trainer="DAEL"):
 
 
 def test_torchrun_builtin_engine_gives_the_one_process_run(tmp_path, tiny_root):
-    two = _check_cli_matches(tmp_path, tiny_root, "builtin")
+    two = _check_cli_matches(tmp_path, tiny_root, "builtin", extra=RECORDS)
     assert "8 images per domain per batch" in two.stdout  # each process's share of the 16
+    _check_records_match(tmp_path, two)
 
 
 @pytest.mark.dassl
 def test_torchrun_dassl_engine_gives_the_one_process_run(tmp_path, tiny_root):
-    _check_cli_matches(tmp_path, tiny_root, "dassl")
+    two = _check_cli_matches(tmp_path, tiny_root, "dassl", extra=RECORDS)
+    _check_records_match(tmp_path, two)
 
 
 def test_torchrun_source_only_gives_the_one_process_run(tmp_path, tiny_root):
@@ -582,18 +588,10 @@ def test_compiled_step_on_two_processes_equals_one(tmp_path):
             assert (ga[k] - gb[k]).abs().max().item() < 1e-5, k
 
 
-@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
-def test_records_under_torchrun_hold_the_one_process_split(tmp_path, tiny_root, engine):
+def _check_records_match(tmp_path, two):
     """Per-epoch records under torchrun: every rank draws the same held-out source split (checked
     by the ranks themselves), rank 0 alone writes epochs.jsonl, and the records' sizes and
-    accuracies are the one-process run's."""
-    if engine == "dassl":
-        pytest.importorskip("dassl")
-    extra = EPOCH + ["SELECTION.EVAL_FREQ", "1", "SELECTION.TARGET_CAP", "40", "SELECTION.KEEP_BEST", "['source_val']"]
-    one = _Here(_args(tiny_root, tmp_path / "one", engine, extra=extra))
-    assert one.returncode == 0, one.stderr[-3000:]
-    two = torchrun([TRAIN] + _args(tiny_root, tmp_path / "two", engine, extra=extra))
-    assert two.returncode == 0, two.stderr[-3000:]
+    accuracies are the one-process run's (with the torchrun tests of both engines above)."""
     ra, rb = (json.loads((tmp_path / n / "epochs.jsonl").read_text().splitlines()[0]) for n in ("one", "two"))
     for key in ("source_val_size", "target_val_size", "target_test_size"):
         assert ra[key] == rb[key], key

@@ -85,6 +85,16 @@ def one_error_line(err):
     return lines[0]
 
 
+def finished(argv):
+    """A run to its end in this process (``run_here``): the uninterrupted reference of a kill -9
+    test, or its resume. Only the run that is killed needs a process of its own (4 s of imports)."""
+    from conftest import run_here
+
+    done = run_here(argv)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    return done
+
+
 def spawn(argv, **kw):
     env = dict(os.environ, PYTHONPATH=ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
     return subprocess.Popen(
@@ -138,8 +148,7 @@ def test_resume_after_kill_9_is_bitwise_exact_with_persistent_workers(tmp_path, 
     the resumed run's fresh workers draw the same augmentations."""
     workers = ["DATALOADER.NUM_WORKERS", "2"]
     full, killed = tmp_path / "full", tmp_path / "killed"
-    proc = spawn(args_for(tiny_root, full, epochs=3, extra=workers))
-    assert proc.wait(300) == 0, proc.stderr.read()[-2000:]
+    finished(args_for(tiny_root, full, epochs=3, extra=workers))
 
     proc = spawn(args_for(tiny_root, killed, epochs=3, extra=workers))
     assert wait_for_checkpoint(killed, 1, proc), "never finished epoch 1"
@@ -148,9 +157,7 @@ def test_resume_after_kill_9_is_bitwise_exact_with_persistent_workers(tmp_path, 
     assert not (killed / "results.json").exists(), "killed too late to test a resume"
     assert json.loads((killed / ".dael_run.json").read_text())["pid"] == proc.pid  # left behind by kill -9
 
-    proc = spawn(args_for(tiny_root, killed, epochs=3, extra=workers))
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-2000:]
+    out = finished(args_for(tiny_root, killed, epochs=3, extra=workers)).stdout
     assert "removing a stale lock" in out
     assert "will resume training from epoch 2" in out or "will resume training from epoch 3" in out
     a, b = weights(full), weights(killed)
@@ -171,8 +178,7 @@ def test_low_precision_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root,
     not from 2^16 again. bf16 has no scaler and resumes exactly too."""
     extra = ["TRAINER.DAEL.PREC", prec]
     full, killed = tmp_path / "full", tmp_path / "killed"
-    proc = spawn(args_for(tiny_root, full, epochs=2, extra=extra))
-    assert proc.wait(300) == 0, proc.stderr.read()[-2000:]
+    finished(args_for(tiny_root, full, epochs=2, extra=extra))
     proc = spawn(args_for(tiny_root, killed, epochs=2, extra=extra))
     assert wait_for_checkpoint(killed, 1, proc), "never finished epoch 1"
     proc.send_signal(signal.SIGKILL)
@@ -183,9 +189,7 @@ def test_low_precision_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root,
         assert saved["scaler"]["scale"] < 2.0**16  # the loss scale moved before the kill
     else:
         assert "scaler" not in saved
-    proc = spawn(args_for(tiny_root, killed, epochs=2, extra=extra))
-    out, err = proc.communicate(timeout=300)
-    assert proc.returncode == 0, err[-2000:]
+    out = finished(args_for(tiny_root, killed, epochs=2, extra=extra)).stdout
     assert "will resume training from epoch 2" in out
     a, b = weights(full), weights(killed)
     assert all(torch.equal(a[k], b[k]) for k in a)

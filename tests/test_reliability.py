@@ -447,3 +447,38 @@ def test_rows_of_two_engines_are_named_by_the_engine(tmp_path, capsys):
     assert collect([str(tmp_path)]) == 0
     out = capsys.readouterr().out
     assert "| DAEL [engine=builtin] | 70.00" in out and "| DAEL [engine=dassl] | 71.00" in out, out
+
+
+def test_threads_follow_the_cpus_this_process_may_use(tmp_path, monkeypatch):
+    """A container's CPU quota or an affinity mask caps torch's threads when OMP_NUM_THREADS is
+    unset (torch's default follows the host's cores); OMP_NUM_THREADS, the user's or torchrun's,
+    always wins."""
+    import torch
+
+    from dael_plugin.engine.execution import cpu_budget, pin_cpu_threads
+
+    cg = tmp_path / "cgroup"
+    cg.mkdir()
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(8)))
+    assert cpu_budget(str(cg)) == (8, "8 CPUs in its affinity mask")  # no quota file: the mask
+    (cg / "cpu.max").write_text("max 100000\n")
+    assert cpu_budget(str(cg))[0] == 8
+    (cg / "cpu.max").write_text("150000 100000\n")  # docker --cpus 1.5
+    assert cpu_budget(str(cg)) == (2, "a CPU quota of 1.5 CPUs (cpu.max)")
+    (cg / "cpu.max").unlink()
+    (cg / "cpu").mkdir()
+    (cg / "cpu" / "cpu.cfs_quota_us").write_text("300000\n")  # cgroup v1, 3 CPUs
+    (cg / "cpu" / "cpu.cfs_period_us").write_text("100000\n")
+    assert cpu_budget(str(cg))[0] == 3
+    before = torch.get_num_threads()
+    try:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+        torch.set_num_threads(6)
+        line = pin_cpu_threads(str(cg))
+        assert torch.get_num_threads() == 3 and line.startswith("3 CPU threads (OMP_NUM_THREADS unset;"), line
+        assert "quota of 3 CPUs" in line
+        monkeypatch.setenv("OMP_NUM_THREADS", "5")
+        torch.set_num_threads(5)
+        assert pin_cpu_threads(str(cg)) == "5 CPU threads (OMP_NUM_THREADS=5)" and torch.get_num_threads() == 5
+    finally:
+        torch.set_num_threads(before)

@@ -47,8 +47,18 @@ def _resume(engine, trainer, out):
     return trainer.resume_if_exists() if engine == "builtin" else trainer.resume_model_if_exist(str(out))
 
 
-@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
-@pytest.mark.parametrize("change", ["rename", "add", "relabel"])
+# "add" goes through the fingerprint's line on both engines; "relabel" (counts unchanged, only the
+# fingerprint sees it) adds nothing engine-specific, so it runs on the built-in engine alone.
+@pytest.mark.parametrize(
+    "engine,change",
+    [
+        ("builtin", "rename"),
+        ("builtin", "add"),
+        ("builtin", "relabel"),
+        pytest.param("dassl", "rename", marks=pytest.mark.dassl),
+        pytest.param("dassl", "add", marks=pytest.mark.dassl),
+    ],
+)
 def test_a_resume_onto_changed_data_is_one_line(tmp_path, tiny_root, engine, change):
     from dael_plugin.engine.checkpoint import CheckpointError
 

@@ -195,7 +195,7 @@ def test_records_after_kill_9_are_an_uninterrupted_runs(tmp_path, tiny_root, eng
     checkpoints end as the uninterrupted run's, byte for byte."""
     import signal
 
-    from test_hardening import args_for, spawn, wait_for_checkpoint
+    from test_hardening import args_for, finished, spawn, wait_for_checkpoint
 
     if engine == "dassl":
         pytest.importorskip("dassl")
@@ -206,17 +206,13 @@ def test_records_after_kill_9_are_an_uninterrupted_runs(tmp_path, tiny_root, eng
         a[a.index("--engine") + 1] = engine
         return a
 
-    whole = spawn(argv(tmp_path / "whole"))
-    _, err = whole.communicate(timeout=300)
-    assert whole.returncode == 0, err[-2000:]
+    finished(argv(tmp_path / "whole"))
     cut = spawn(argv(tmp_path / "cut"))
     assert wait_for_checkpoint(tmp_path / "cut", 1, cut), "never finished epoch 1"
     cut.send_signal(signal.SIGKILL)
     cut.wait(30)
     assert not (tmp_path / "cut" / "results.json").exists(), "killed too late to test a resume"
-    again = spawn(argv(tmp_path / "cut"))
-    out, err = again.communicate(timeout=300)
-    assert again.returncode == 0, err[-2000:]
+    out = finished(argv(tmp_path / "cut")).stdout
     assert "will resume training from epoch" in out
     assert (tmp_path / "cut" / S.EPOCHS).read_text() == (tmp_path / "whole" / S.EPOCHS).read_text()
     best = "model-best-source_val.pth.tar"

@@ -7,7 +7,9 @@ what each changes numerically is stated where it is defined and in the README.
 from __future__ import annotations
 
 import contextlib
-from typing import Optional, Sequence
+import math
+import os
+from typing import Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -214,3 +216,43 @@ def grad_scaler(prec: str, device: torch.device) -> Optional[torch.amp.GradScale
         f"PREC fp16 on {device.type} needs torch >= 2.3 (loss scaling there); "
         f"this is torch {torch.__version__}: use PREC bf16 or fp32"
     )
+
+
+def cpu_budget(cgroup_root: str = "/sys/fs/cgroup") -> Tuple[int, str]:
+    """The CPUs this process may use, and why: its affinity mask (``taskset``, Slurm's cpuset),
+    capped by a CPU quota (a container's ``--cpus``: cgroup v2 ``cpu.max``, or v1's CFS quota)."""
+    n = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    why = f"{n} CPUs in its affinity mask"
+    for quota_file, period_file in (("cpu.max", None), ("cpu/cpu.cfs_quota_us", "cpu/cpu.cfs_period_us")):
+        try:
+            with open(os.path.join(cgroup_root, quota_file)) as f:
+                fields = f.read().split()
+            if period_file is None:
+                quota, period = fields[0], fields[1]
+            else:
+                with open(os.path.join(cgroup_root, period_file)) as f:
+                    quota, period = fields[0], f.read().split()[0]
+            if quota in ("max", "-1"):
+                continue
+            allowed = max(1, math.ceil(int(quota) / int(period)))
+        except (OSError, ValueError, IndexError):
+            continue
+        if allowed < n:
+            n, why = allowed, f"a CPU quota of {int(quota) / int(period):g} CPUs ({quota_file})"
+        break
+    return n, why
+
+
+def pin_cpu_threads(cgroup_root: str = "/sys/fs/cgroup") -> str:
+    """Torch's CPU threads for a run: ``OMP_NUM_THREADS`` where set (the user's choice, or
+    torchrun's, which sets 1 per worker), else at most the CPUs this process may use. Torch's
+    own default follows the machine's cores, not a container's quota: 32 threads on a 2-CPU
+    container slow every step several times. Returns the line said in the log."""
+    env = os.environ.get("OMP_NUM_THREADS")
+    if env:
+        return f"{torch.get_num_threads()} CPU threads (OMP_NUM_THREADS={env})"
+    budget, why = cpu_budget(cgroup_root)
+    if torch.get_num_threads() > budget:
+        torch.set_num_threads(budget)
+        return f"{budget} CPU threads (OMP_NUM_THREADS unset; torch's default was more than the {why})"
+    return f"{torch.get_num_threads()} CPU threads (OMP_NUM_THREADS unset; torch's default; {why})"

@@ -28,7 +28,7 @@ from dael_plugin.data.fingerprint import dataset_fingerprint, one_digest
 from dael_plugin.engine import distributed
 from dael_plugin.engine.atomic import remove_stale_temps
 from dael_plugin.engine.checkpoint import LAST, accept_data_change, checkpoint_epoch
-from dael_plugin.engine.execution import cuda_settings
+from dael_plugin.engine.execution import cuda_settings, pin_cpu_threads
 from dael_plugin.engine.results import (
     remove_failure,
     results_record,
@@ -321,9 +321,37 @@ def _say_config(cfg: CN, extra: str = "") -> None:
     print(f"the whole config is in {logged}")
 
 
+def system_info() -> str:
+    """The log's system block on the Dassl engine, in place of Dassl's ``collect_env_info``:
+    that one runs ``pip list`` and ``nvidia-smi`` in subprocesses at every run start (0.5 s of
+    CPU, and what it says is in results.json's provenance anyway)."""
+    import platform
+
+    import PIL
+    import torch
+    import torchvision
+
+    lines = [
+        f"Python {platform.python_version()} on {platform.platform()}",
+        f"PyTorch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})",
+        f"torchvision {torchvision.__version__}, Pillow {PIL.__version__}",
+    ]
+    try:
+        import dassl
+
+        lines.append(f"Dassl {getattr(dassl, '__version__', '?')} at {os.path.dirname(dassl.__file__)}")
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        lines += [f"GPU {i}: {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+    else:
+        lines.append(f"no CUDA GPU; {os.cpu_count()} CPUs")
+    return "\n".join(lines)
+
+
 def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     from dassl.engine import build_trainer
-    from dassl.utils import collect_env_info, set_random_seed, setup_logger
+    from dassl.utils import set_random_seed, setup_logger
 
     from dael_plugin.dassl_adapter import prepare_cfg
 
@@ -334,7 +362,7 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
         setup_logger(cfg.OUTPUT_DIR)
     _say_threads()
     cuda_settings(cfg)  # every trainer, Dassl's baselines too
-    _say_config(cfg, "** System info **\n{}\n".format(collect_env_info()))
+    _say_config(cfg, "** System info **\n{}\n".format(system_info()))
     prepare_cfg(cfg)  # done by _check_names already; kept for callers of _run_dassl alone
     trainer = build_trainer(cfg)
     if cfg.TEST.FINAL_MODEL == "best_val" and getattr(trainer, "val_loader", None) is None:
@@ -568,13 +596,9 @@ def _where_to_resume(output_dir: Optional[str], eval_only: bool = False) -> str:
 
 
 def _say_threads() -> None:
-    """The thread count changes float sums, so the run: said in the log (and the provenance)."""
-    import torch
-
-    print(
-        f"dael_plugin: {torch.get_num_threads()} CPU threads "
-        f"(OMP_NUM_THREADS={os.environ.get('OMP_NUM_THREADS', 'unset')})"
-    )
+    """Pin and say the CPU thread count (engine/execution.pin_cpu_threads): it changes float sums,
+    so the run; said in the log, and recorded in the provenance."""
+    print(f"dael_plugin: {pin_cpu_threads()}")
 
 
 def _check_names(cfg: CN, engine: str) -> None:

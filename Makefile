@@ -18,9 +18,9 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PYTHON) -m ruff check .
 	$(PYTHON) -m ruff format --check .
-	$(PYTHON) -m pytest -q -n $(JOBS)
+	$(PYTHON) -m pytest -q -n $(JOBS) --dist worksteal
 
 # Work in progress: the suite without the slow tests (torchrun, kill -9, sweeps, the accuracy
 # test); under 3 minutes on 2 cores. CI runs the whole suite (make test).
 test-fast: $(STAMP)
-	$(PYTHON) -m pytest -q -n $(JOBS) -m "not slow" --timeout 300
+	$(PYTHON) -m pytest -q -n $(JOBS) --dist worksteal -m "not slow" --timeout 300

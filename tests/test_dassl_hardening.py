@@ -412,14 +412,14 @@ def test_bench_script_runs_and_its_losses_agree(tmp_path):
             "--steps",
             "1",
             "--per-domain",
-            "4",
+            "2",
             "--device",
             "cpu",
             "--epoch",
             "--epoch-data",
             "synthetic",
             "--epoch-images",
-            "8",  # 2 batches an epoch: the lines asserted below, not a timing
+            "4",  # 2 batches an epoch: the lines asserted below, not a timing
             "--workers",
             "0",
             "--launch-size",

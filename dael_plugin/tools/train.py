@@ -511,7 +511,10 @@ def main(argv: Optional[List[str]] = None) -> int:
         say(f"error: {exc}")
         return EXIT_BUSY
     except DAELConfigError as exc:
-        say(f"error: {exc}")
+        # Under torchrun every rank reads the same command line and data and stops at the same
+        # line: rank 0 says it, once (the others exit 2 too, and torchrun's report names them all).
+        if distributed.from_env().is_main:
+            say(f"error: {exc}")
         return 2
     except NonFiniteLossError as exc:  # every rank stops at the same read; rank 0 says so
         if distributed.world().is_main:

@@ -215,6 +215,17 @@ def test_missing_or_partial_data_is_one_line(layouts_root, tmp_path):
     msg = _one_line(lambda: load_splits("Office31", root, ["amazon", "webcam"], ["dslr"]))
     assert "class folders differ" in msg and "missing ['Dog', 'House']" in msg and "webcam" in msg
 
+    cart = os.path.join(root, "pacs", "splits", "cartoon_train_kfold.txt")
+    os.remove(cart)
+    os.mkfifo(cart)  # would block a reader that opened it
+    msg = _one_line(lambda: load_splits("PACS", root, ["cartoon"], ["sketch"]))
+    assert "cartoon_train_kfold.txt is not a regular file" in msg
+    os.remove(cart)
+    with open(cart, "wb") as f:
+        f.write(b"\xff\xfe\x00binary")
+    msg = _one_line(lambda: load_splits("PACS", root, ["cartoon"], ["sketch"]))
+    assert "cannot read split file" in msg and "UnicodeDecodeError" in msg
+
     os.rename(os.path.join(root, "VLCS", "SUN", "test"), os.path.join(root, "VLCS", "SUN", "tests"))
     msg = _one_line(lambda: load_splits("VLCS", root, ["caltech"], ["sun"]))
     assert "missing domain folder" in msg and "SUN/test" in msg and "'tests'" in msg and "#vlcs" in msg

@@ -173,6 +173,11 @@ def test_collect_keeps_runs_of_other_data_out_of_one_cell(tmp_path, capsys):
     assert collect([str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert "one cell, SourceOnly -> mnist" in err and bad in err
+    os.remove(bad)
+    edited = _record(tmp_path, "Digit5/SourceOnly/mnist/seed4", 4, {"train_x": {"svhn": "edited"}}, "SourceOnly")
+    assert collect([str(tmp_path)]) == 0  # a malformed fingerprint: the record is corrupt, said, never averaged
+    cap = capsys.readouterr()
+    assert f"skipping {edited}: its data fingerprint is not" in cap.err and "[1 not done]" in cap.out
 
 
 @pytest.mark.dassl

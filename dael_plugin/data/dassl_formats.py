@@ -97,6 +97,8 @@ def _read_split_file(
 ) -> List[Tuple[str, int, str]]:
     """``(absolute path, label, relative path)`` of each ``<relative path> <label>`` line, checked: a missing
     file, a malformed line or a line naming an absent image is one line naming the file."""
+    if os.path.exists(path) and not os.path.isfile(path):  # a FIFO would block the read below
+        raise DAELConfigError(f"split file {path} is not a regular file; put the text file from {_where(anchor)} there")
     if not os.path.isfile(path):
         _need_dir(os.path.dirname(path), "split folder", anchor)
         found = sorted(f for f in _listdir(os.path.dirname(path)) if f.endswith(".txt"))
@@ -106,15 +108,23 @@ def _read_split_file(
         )
     out: List[Tuple[str, int, str]] = []
     absent: List[str] = []
-    with open(path) as f:
-        for n, line in enumerate(f, 1):
-            parts = line.strip().split(" ")
-            if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
-                raise DAELConfigError(f"{path}:{n}: expected '<image path> <label>', got {line.strip()[:80]!r}")
-            impath = os.path.join(image_root, parts[0])
-            if not listing.exists(impath):
-                absent.append(parts[0])
-            out.append((impath, int(parts[1]) - label_offset, parts[0]))
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = f.readlines()
+    except (OSError, UnicodeDecodeError) as exc:
+        raise DAELConfigError(
+            f"cannot read split file {path} ({type(exc).__name__}): replace it with the one from {_where(anchor)}"
+        ) from None
+    for n, line in enumerate(lines, 1):
+        if not line.strip():
+            continue  # a blank line (Dassl's reader would stop on it)
+        parts = line.strip().split(" ")
+        if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
+            raise DAELConfigError(f"{path}:{n}: expected '<image path> <label>', got {line.strip()[:80]!r}")
+        impath = os.path.join(image_root, parts[0])
+        if not listing.exists(impath):
+            absent.append(parts[0])
+        out.append((impath, int(parts[1]) - label_offset, parts[0]))
     if absent:
         raise DAELConfigError(
             f"{path} names {len(absent)} of {len(out)} images that do not exist under {image_root} "

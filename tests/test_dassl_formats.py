@@ -313,7 +313,7 @@ def test_every_shipped_dataset_config_is_in_the_one_step_test():
     assert shipped - {"da/embedded_digits", "dg/embedded_digits_dg"} == set(SHIPPED)  # those two: every other test
 
 
-def _one_step(engine, dataset, root, out, step=True):
+def _one_step(engine, dataset, root, out):
     from conftest import ROOT
     from dael_plugin.tools.sweep_plan import method_config
     from dael_plugin.tools.train import _check_names, build_parser, setup_cfg
@@ -346,12 +346,10 @@ def _one_step(engine, dataset, root, out, step=True):
         set_random_seed(1)
         tr = DAELTrainer(cfg)  # DAEL and DAELDG alike
         items = {k: getattr(tr.dm.dataset, k) for k in ("train_x", "train_u", "test")}
-    if not step:
-        return None, items, cfg, tr
     batch_x = next(iter(tr.train_loader_x))
     batch_u = next(iter(tr.train_loader_u)) if trainer == "DAEL" else None  # Dassl's DG loader_u: unused
     losses = tr.forward_backward(batch_x, batch_u)
-    return {k: float(v) for k, v in losses.items()}, items, cfg, tr
+    return {k: float(v) for k, v in losses.items()}, items
 
 
 @pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
@@ -361,7 +359,7 @@ def test_every_shipped_dataset_config_trains_one_step(engine, dataset, shipped_r
     Dassl's layout (the config's own backbone, Dassl's for digits) and one step gives finite losses.
     On Dassl, with Dassl's own readers."""
     torch.set_num_threads(1)
-    losses, items, cfg, _ = _one_step(engine, dataset, shipped_root, tmp_path)
+    losses, items = _one_step(engine, dataset, shipped_root, tmp_path)
     assert losses and all(v == v and abs(v) < 1e4 for v in losses.values()), losses
     assert "loss_x" in losses and ("loss_u" in losses) == dataset.startswith("da/")
     assert len({i.domain for i in items["train_x"]}) == len(SHIPPED[dataset][0])

@@ -7,7 +7,6 @@ releases the GIL while decoding) with a progress bar on a terminal.
 
 from __future__ import annotations
 
-import os
 import sys
 from concurrent.futures import ThreadPoolExecutor
 from typing import Dict, List, Optional, Sequence, Tuple
@@ -98,24 +97,10 @@ def count_table(
 
 def _pixel_fingerprint(splits, sources, targets, root: str, digests: Dict[str, str]) -> dict:
     """Per split and domain, a SHA-256 over the sorted (relative path, label, bytes' SHA-256)."""
-    import hashlib
+    from dael_plugin.data.fingerprint import data_fingerprint
 
-    from dael_plugin.data.fingerprint import relative_path
-
-    names = {"sources": list(sources), "targets": list(targets)}
-    root = os.path.abspath(os.path.expanduser(root or "."))
-    out: Dict[str, Dict[str, str]] = {}
-    for split, items in splits.items():
-        if not items:
-            continue
-        domains = names[SPLIT_DOMAINS[split]]
-        lines: Dict[str, list] = {d: [] for d in domains}
-        for it in items:
-            lines[domains[it.domain]].append(
-                f"{relative_path(it.impath, root)}\t{int(it.label)}\t{digests.get(it.impath, '')}"
-            )
-        out[split] = {d: hashlib.sha256("\n".join(sorted(ls)).encode()).hexdigest() for d, ls in lines.items()}
-    return out
+    fp = data_fingerprint(splits, sources, targets, root, extra=lambda it: digests.get(it.impath, ""))
+    return {split: {d: v["sha256"] for d, v in doms.items()} for split, doms in fp.items()}
 
 
 def check_trainer_data(trainer: object, engine: str, workers: int, hash_pixels: bool = False) -> Optional[dict]:

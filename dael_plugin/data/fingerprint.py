@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Dict, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 SPLIT_DOMAINS = {"train_x": "sources", "val": "sources", "train_u": "targets", "test": "targets"}
 
@@ -40,10 +40,12 @@ def data_fingerprint(
     targets: Sequence[str],
     root: str,
     seeded: Sequence[str] = (),
+    extra: Optional[Callable[[object], str]] = None,
 ) -> Fingerprint:
     """``{split: {domain: {"images": n, "sha256": hex}}}`` for the splits a run read (None or
     empty splits are left out); ``"seeded": True`` marks a domain of ``seeded``, whose images
-    are a subsample drawn from the run's seed, so runs of other seeds differ there by design."""
+    are a subsample drawn from the run's seed, so runs of other seeds differ there by design.
+    ``extra(item)`` appends a field to each line (``--hash-pixels``: the file's SHA-256)."""
     root = os.path.abspath(os.path.expanduser(root or "."))
     names = {"sources": [str(s) for s in sources], "targets": [str(t) for t in targets]}
     out: Fingerprint = {}
@@ -53,7 +55,8 @@ def data_fingerprint(
             continue
         lines: Dict[str, list] = {d: [] for d in names[which]}
         for item in items:
-            lines[names[which][item.domain]].append(f"{relative_path(item.impath, root)}\t{int(item.label)}")
+            line = f"{relative_path(item.impath, root)}\t{int(item.label)}"
+            lines[names[which][item.domain]].append(line if extra is None else f"{line}\t{extra(item)}")
         out[split] = {
             domain: {
                 "images": len(ls),

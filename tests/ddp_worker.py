@@ -97,14 +97,27 @@ def main() -> None:
     p.add_argument("--compile", default="none")
     p.add_argument("--compile-backend", default="inductor")
     p.add_argument("--channels-last", type=int, default=0)
-    p.add_argument("--case", action="append", help="SETTING:FUSE:CHUNK_BN, repeatable (outputs OUT.0, OUT.1, ...)")
+    p.add_argument(
+        "--case",
+        action="append",
+        help="SETTING:FUSE:CHUNK_BN[,OPTION=VALUE...] (options: prec, steps, compile, compile_backend), "
+        "repeatable (outputs OUT.0, OUT.1, ...)",
+    )
     args = p.parse_args()
     torch.set_num_threads(1)
     w = distributed.init(use_cuda=False)
     cases = args.case or [f"{args.setting}:{args.fuse}:{args.chunk_bn}"]
     for i, case in enumerate(cases):  # several cases in one launch: one process start for all
-        setting, fuse, chunk_bn = case.split(":")
-        run(args, w, setting, int(fuse), chunk_bn, args.out if len(cases) == 1 else f"{args.out}.{i}")
+        spec, *options = case.split(",")
+        setting, fuse, chunk_bn = spec.split(":")
+        over = dict(o.split("=", 1) for o in options)
+        unknown = set(over) - {"prec", "steps", "compile", "compile_backend"}
+        if unknown:
+            raise SystemExit(f"unknown case option(s) {sorted(unknown)} in {case!r}")
+        case_args = argparse.Namespace(**{**vars(args), **over})
+        case_args.steps = int(case_args.steps)
+        out = args.out if len(cases) == 1 else f"{args.out}.{i}"
+        run(case_args, w, setting, int(fuse), chunk_bn, out)
     distributed.finish()
 
 

@@ -21,7 +21,7 @@ import time
 import pytest
 import torch
 
-from conftest import ROOT, run_train
+from conftest import ROOT, run_here
 from dael_plugin.engine.distributed import BACKEND_ENV
 from test_hardening import DAEL_CFG, DS_DA
 from test_hardening import FAST as HARDENING_FAST
@@ -69,38 +69,61 @@ def one_process(args, timeout=300):
     )
 
 
-# -- three steps on fixed batches ----------------------------------------------------------
+# -- steps on fixed batches -----------------------------------------------------------------
 CASES = [
     "da:1:split",  # the fused pass: 3 source chunks x 2 views + a target chunk of another size
     "dg:1:split",
     "da:0:split",  # one backbone call per chunk
     "da:1:grouped",
 ]
+# ``COMPILE default`` under DDP: the synchronised batch norm's collectives and its backward are
+# traced with the step (the fused DA pass: two runs of chunk sizes). Dynamo and AOTAutograd trace
+# the collectives as inductor would; the ``aot_eager`` backend runs the traced graph without
+# inductor's code generation (minutes on 2 cores). Inductor's kernels run in test_step.py's
+# compiled tests and, with DDP on NCCL, in scripts/gpu_bench.sh.
+COMPILED = "da:1:split,compile=default,compile_backend=aot_eager,steps=2"
+# bf16 autocast rounds each batch-norm output to 8 bits of mantissa, so two exact forms of the
+# same step differ by bf16 rounding: one step on two processes stays within the gap between two
+# single-process forms (``split`` and ``grouped``: 3.9e-3 in a gradient here).
+BF16, BF16_GROUPED = "da:1:split,prec=bf16,steps=1", "da:1:grouped,prec=bf16,steps=1"
 
 
-def test_three_steps_on_two_processes_equal_one(tmp_path):
-    """Every case in one launch of each (one process start, not one per case)."""
-    opts = [x for c in CASES for x in ("--case", c)]
-    single = one_process([WORKER, "--out", str(tmp_path / "one.pt")] + opts)
+def _max_grad_gap(a, b, step=0):
+    assert set(a["grads"][step]) == set(b["grads"][step])
+    return max((a["grads"][step][k] - b["grads"][step][k]).abs().max().item() for k in a["grads"][step])
+
+
+def test_steps_on_two_processes_equal_one_in_fp32_compiled_and_bf16(tmp_path):
+    """Every case in one launch on one process and one under torchrun (a process start costs
+    about 4 s of CPU): three fp32 steps of four execution forms, two compiled steps, and one bf16
+    step; the one-process launch adds the bf16 step's other exact form, for its rounding gap."""
+    cases = CASES + [COMPILED, BF16]
+    single = one_process(
+        [WORKER, "--out", str(tmp_path / "one.pt")] + [x for c in cases + [BF16_GROUPED] for x in ("--case", c)]
+    )
     assert single.returncode == 0, single.stderr[-2000:]
-    ddp = torchrun([WORKER, "--out", str(tmp_path / "two.pt")] + opts)
+    ddp = torchrun([WORKER, "--out", str(tmp_path / "two.pt")] + [x for c in cases for x in ("--case", c)])
     assert ddp.returncode == 0, ddp.stderr[-3000:]
-    for i, case in enumerate(CASES):
-        a = torch.load(tmp_path / f"one.pt.{i}", weights_only=True)
-        b = torch.load(tmp_path / f"two.pt.{i}", weights_only=True)
+    one = [torch.load(tmp_path / f"one.pt.{i}", weights_only=True) for i in range(len(cases) + 1)]
+    two = [torch.load(tmp_path / f"two.pt.{i}", weights_only=True) for i in range(len(cases))]
+    for case, a, b in zip(cases, one, two):
         assert b["same_on_every_rank"], case  # parameters and running statistics, bitwise on both processes
+        assert len(a["grads"]) == len(b["grads"]) == (2 if case == COMPILED else 1 if case == BF16 else 3), case
+    for case, a, b in zip(CASES + [COMPILED], one, two):
+        for step in range(len(a["grads"])):
+            assert _max_grad_gap(a, b, step) < 1e-5, (case, step)
+    for case, a, b in zip(CASES, one, two):
         for la, lb in zip(a["loss"], b["loss"]):
             assert abs(la - lb) < 1e-5, case
-        for ga, gb in zip(a["grads"], b["grads"]):
-            assert set(ga) == set(gb)
-            for k in ga:
-                assert (ga[k] - gb[k]).abs().max().item() < 1e-5, (case, k)
         for k, v in a["state"].items():  # parameters, running means and variances, counters
             assert (v.float() - b["state"][k].float()).abs().max().item() < 1e-5, (case, k)
         if case.startswith("da"):
             assert a["parts"][0]["mask_u"] == 1.0  # L_u was in the loss
         else:
             assert "mask_u" not in a["parts"][0]
+    bf16_one, bf16_two, bf16_grouped = one[len(cases) - 1], two[len(cases) - 1], one[len(cases)]
+    assert _max_grad_gap(bf16_one, bf16_two) <= max(2 * _max_grad_gap(bf16_one, bf16_grouped), 4e-3)
+    assert abs(bf16_one["loss"][0] - bf16_two["loss"][0]) < 1e-2
 
 
 # -- the CLI under torchrun ------------------------------------------------------------------
@@ -181,9 +204,17 @@ def _check_cli_matches(tmp_path, tiny_root, engine, trainer="DAEL", extra=()):
 
 
 def test_torchrun_builtin_engine_gives_the_one_process_run(tmp_path, tiny_root):
+    """Also: the two-process run, resumed on one process, is refused in one line (its batches
+    and random streams are split over 2)."""
     two = _check_cli_matches(tmp_path, tiny_root, "builtin", extra=RECORDS)
     assert "8 images per domain per batch" in two.stdout  # each process's share of the 16
     _check_records_match(tmp_path, two)
+    os.remove(tmp_path / "two" / "results.json")  # unfinished, as if it had been stopped
+    again = run_here(_args(tiny_root, tmp_path / "two", "builtin", extra=EPOCH + RECORDS))
+    assert again.returncode == 2
+    last = again.stderr.strip().splitlines()[-1]
+    assert "was written by a run on 2 process(es) and this run has 1" in last and "--nproc_per_node 2" in last
+    assert "Traceback" not in again.stderr
 
 
 @pytest.mark.dassl
@@ -233,22 +264,46 @@ def _checkpoint_epoch(path):
     return checkpoint_epoch(str(path)) if os.path.isfile(path) else None
 
 
-def test_kill_9_of_the_whole_job_resumes_bitwise(tmp_path, tiny_root):
-    """torchrun and both workers killed with SIGKILL after the first epoch's checkpoint; the same
-    command then ends with the weights of the uninterrupted two-process run, bit for bit."""
-    epochs = 4
+def _wait_for_epoch(job, ckpt, epoch):
+    deadline = time.time() + 240
+    while time.time() < deadline and job.poll() is None and (_checkpoint_epoch(ckpt) or 0) < epoch:
+        time.sleep(0.05)
+    assert job.poll() is None, f"the job ended before epoch {epoch}'s checkpoint could be waited for"
+
+
+def test_sigterm_then_kill_9_of_the_whole_job_resume_bitwise(tmp_path, tiny_root):
+    """One run stopped twice, then finished (one launch per stop: a process start costs 4 s of CPU):
+    - SIGTERM to torchrun after the first epoch (a scheduler's stop): it reaches both workers,
+      which stop as one process does, and rank 0 alone says where to resume;
+    - the same command resumes, and torchrun and both workers are killed with SIGKILL after
+      its first epoch;
+    - the same command resumes again and ends with the weights of the uninterrupted two-process
+      run, bit for bit."""
+    epochs = 5
     full = torchrun([TRAIN] + _args(tiny_root, tmp_path / "full", "builtin", epochs))
     assert full.returncode == 0, full.stderr[-3000:]
     args = [TRAIN] + _args(tiny_root, tmp_path / "cut", "builtin", epochs)
-    job = torchrun(args, start_new_session=True)
     ckpt = tmp_path / "cut" / "checkpoint.pth.tar"
-    deadline = time.time() + 240
-    while time.time() < deadline and job.poll() is None and (_checkpoint_epoch(ckpt) or 0) < 1:
-        time.sleep(0.05)
-    assert job.poll() is None, "the job ended before it could be killed"
+
+    job = torchrun(args, start_new_session=True)
+    _wait_for_epoch(job, ckpt, 1)
+    job.send_signal(signal.SIGTERM)
+    out, err = job.communicate(timeout=90)
+    assert job.returncode != 0
+    lines = [ln for ln in err.splitlines() if ln.startswith("terminated (SIGTERM)")]
+    assert len(lines) == 1 and "rerun the same command to resume" in lines[0], err[-3000:]
+    stopped_at = _checkpoint_epoch(ckpt)
+    assert stopped_at is not None and stopped_at < epochs - 1
+
+    job = torchrun(args, start_new_session=True)
+    _wait_for_epoch(job, ckpt, stopped_at + 1)
     _kill_job(job)
+    out = job.stdout.read()
+    assert f"will resume training from epoch {stopped_at + 1}" in out
     killed_at = _checkpoint_epoch(ckpt)
-    assert killed_at is not None and killed_at < epochs
+    assert killed_at is not None and stopped_at < killed_at < epochs
+    assert not (tmp_path / "cut" / "results.json").exists()
+
     again = torchrun(args)
     assert again.returncode == 0, again.stderr[-3000:]
     assert f"will resume training from epoch {killed_at + 1}" in again.stdout
@@ -377,39 +432,6 @@ def test_a_lost_peer_is_one_line():
         d._WORLD = saved
 
 
-def test_sigterm_stops_every_rank_with_one_line_and_the_run_resumes(tmp_path, tiny_root):
-    """SIGTERM to torchrun (a scheduler's stop): it reaches both workers, which stop as one
-    process does; rank 0 alone says where to resume, and the same command resumes."""
-    args = [TRAIN] + _args(tiny_root, tmp_path / "run", "builtin", 6)
-    job = torchrun(args, start_new_session=True)
-    ckpt = tmp_path / "run" / "checkpoint.pth.tar"
-    deadline = time.time() + 120
-    while time.time() < deadline and job.poll() is None and (_checkpoint_epoch(ckpt) or 0) < 1:
-        time.sleep(0.05)
-    assert job.poll() is None
-    job.send_signal(signal.SIGTERM)
-    out, err = job.communicate(timeout=90)
-    assert job.returncode != 0
-    lines = [ln for ln in err.splitlines() if ln.startswith("terminated (SIGTERM)")]
-    assert len(lines) == 1 and "rerun the same command to resume" in lines[0], err[-3000:]
-    done = _checkpoint_epoch(ckpt)
-    assert done is not None and done < 6
-    again = torchrun(args)
-    assert again.returncode == 0, again.stderr[-3000:]
-    assert f"will resume training from epoch {done + 1}" in again.stdout
-
-
-def test_resume_with_another_number_of_processes_is_refused_in_one_line(tmp_path, tiny_root):
-    first = torchrun([TRAIN] + _args(tiny_root, tmp_path / "run", "builtin", 1))
-    assert first.returncode == 0, first.stderr[-3000:]
-    os.remove(tmp_path / "run" / "results.json")  # unfinished, as if it had been stopped
-    again = run_train(_args(tiny_root, tmp_path / "run", "builtin", 1), env_hide_dassl=True)
-    assert again.returncode == 2
-    last = again.stderr.strip().splitlines()[-1]
-    assert "was written by a run on 2 process(es) and this run has 1" in last and "--nproc_per_node 2" in last
-    assert "Traceback" not in again.stderr
-
-
 def test_a_batch_that_does_not_split_is_one_line(tmp_path, tiny_root):
     proc = torchrun([TRAIN] + _args(tiny_root, tmp_path / "run", "builtin", 1, ["DATALOADER.TRAIN_U.BATCH_SIZE", "7"]))
     assert proc.returncode != 0
@@ -519,29 +541,6 @@ def test_slurm_job_of_n_tasks(tmp_path, capsys, monkeypatch):
     assert delayed.args[2] == {DIST_ENV: "1"} and "torch.distributed.run" not in " ".join(delayed.args[0])
 
 
-def test_bf16_steps_on_two_processes_within_bf16_rounding(tmp_path):
-    """bf16 autocast rounds each batch-norm output to 8 bits of mantissa, so two exact forms of
-    the same step differ by bf16 rounding: one step on two processes stays within the gap
-    between two single-process forms (``split`` and ``grouped``: 3.9e-3 in a gradient here)."""
-    runs = {
-        "one": ([WORKER], ["--chunk-bn", "split"]),
-        "grouped": ([WORKER], ["--chunk-bn", "grouped"]),
-        "two": (None, ["--chunk-bn", "split"]),
-    }
-    out = {}
-    for name, (script, opts) in runs.items():
-        args = [WORKER, "--out", str(tmp_path / f"{name}.pt"), "--prec", "bf16", "--steps", "1"] + opts
-        proc = one_process(args) if script else torchrun(args)
-        assert proc.returncode == 0, proc.stderr[-2000:]
-        out[name] = torch.load(tmp_path / f"{name}.pt", weights_only=True)
-
-    def gap(a, b):
-        return max((a["grads"][0][k] - b["grads"][0][k]).abs().max().item() for k in a["grads"][0])
-
-    assert gap(out["one"], out["two"]) <= max(2 * gap(out["one"], out["grouped"]), 4e-3)
-    assert abs(out["one"]["loss"][0] - out["two"]["loss"][0]) < 1e-2
-
-
 def test_torchrun_with_views_on_the_device_and_channels_last(tmp_path, tiny_root):
     """The execution options under DDP: views made on the device (each rank its own draws),
     channels_last and the fused optimiser; the run trains and records two processes."""
@@ -567,25 +566,6 @@ def test_torchrun_with_views_on_the_device_and_channels_last(tmp_path, tiny_root
         tuple(v.stride()) for v in convs
     ]
     assert all(g.get("fused") for g in state["optim"]["param_groups"]), state["optim"]["param_groups"]
-
-
-def test_compiled_step_on_two_processes_equals_one(tmp_path):
-    """``COMPILE default`` under DDP: the synchronised batch norm's collectives and its backward are
-    traced with the step (the fused DA pass: two runs of chunk sizes). Dynamo and AOTAutograd trace
-    the collectives as inductor would; the ``aot_eager`` backend runs the traced graph without
-    inductor's code generation (minutes on 2 cores). Inductor's kernels run in test_step.py's
-    compiled tests and, with DDP on NCCL, in scripts/gpu_bench.sh."""
-    opts = ["--compile", "default", "--compile-backend", "aot_eager", "--steps", "2"]
-    single = one_process([WORKER, "--out", str(tmp_path / "one.pt")] + opts)
-    assert single.returncode == 0, single.stderr[-2000:]
-    ddp = torchrun([WORKER, "--out", str(tmp_path / "two.pt")] + opts)
-    assert ddp.returncode == 0, ddp.stderr[-3000:]
-    a = torch.load(tmp_path / "one.pt", weights_only=True)
-    b = torch.load(tmp_path / "two.pt", weights_only=True)
-    assert b["same_on_every_rank"]
-    for ga, gb in zip(a["grads"], b["grads"]):
-        for k in ga:
-            assert (ga[k] - gb[k]).abs().max().item() < 1e-5, k
 
 
 def _check_records_match(tmp_path, two):

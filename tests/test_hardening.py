@@ -828,6 +828,8 @@ def test_bench_without_dassl_times_the_plugin_alone(tmp_path):
             "synthetic",
             "--epoch-images",
             "8",
+            "--timed-epochs",
+            "1",
             "--workers",
             "0",
         ],

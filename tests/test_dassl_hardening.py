@@ -12,7 +12,7 @@ import sys
 import pytest
 import torch
 
-from conftest import ROOT
+from conftest import ROOT, run_here
 from test_hardening import Evil, damaged_root, finished, spawn, wait_for, wait_for_checkpoint  # noqa: F401 (fixture)
 
 pytestmark = pytest.mark.dassl
@@ -126,15 +126,8 @@ def test_dassl_engine_refuses_pickled_code_and_config_changes(tmp_path, tiny_roo
     victim = tmp_path / "victim"
     victim.mkdir()
     torch.save({"epoch": 1, "x": Evil(marker)}, victim / "checkpoint.pth.tar")
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "train.py")]
-        + dassl_args(
-            tiny_root, tmp_path / "new", flags=["--resume", str(victim)], extra=["DATALOADER.NUM_WORKERS", "0"]
-        ),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
+    proc = run_here(
+        dassl_args(tiny_root, tmp_path / "new", flags=["--resume", str(victim)], extra=["DATALOADER.NUM_WORKERS", "0"])
     )
     assert proc.returncode == 2 and "refusing to load" in proc.stderr.strip().splitlines()[-1]
     assert not marker.exists() and "Traceback" not in proc.stderr
@@ -142,20 +135,15 @@ def test_dassl_engine_refuses_pickled_code_and_config_changes(tmp_path, tiny_roo
     # A baseline's --eval-only goes through the plugin's loader too.
     (victim / "model").mkdir()
     torch.save({"state_dict": {}, "epoch": 1, "x": Evil(marker)}, victim / "model" / "model.pth.tar-1")
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "train.py")]
-        + dassl_args(
+    proc = run_here(
+        dassl_args(
             tiny_root,
             tmp_path / "ev",
             trainer="SourceOnly",
             cfg=os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.yaml"),
             flags=["--eval-only", "--model-dir", str(victim), "--load-epoch", "1"],
             extra=["DATALOADER.NUM_WORKERS", "0"],
-        ),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
+        )
     )
     assert proc.returncode == 2 and "refusing to load" in proc.stderr.strip().splitlines()[-1]
     assert not marker.exists()
@@ -163,14 +151,7 @@ def test_dassl_engine_refuses_pickled_code_and_config_changes(tmp_path, tiny_roo
 
 def test_dassl_engine_divergence_exits_3_without_a_result(tmp_path, tiny_root):
     out = tmp_path / "nan"
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "train.py")]
-        + dassl_args(tiny_root, out, epochs=2, extra=["DATALOADER.NUM_WORKERS", "0", "OPTIM.LR", "1e6"]),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
+    proc = run_here(dassl_args(tiny_root, out, epochs=2, extra=["DATALOADER.NUM_WORKERS", "0", "OPTIM.LR", "1e6"]))
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 3 and last.startswith("error: the ") and "NaN/inf at epoch 1" in last
     assert not (out / "results.json").exists() and (out / "failed.json").exists()
@@ -366,28 +347,14 @@ def test_dassls_build_backbone_takes_any_timm_model(name):
 def test_dassl_engine_replaces_unreadable_images_and_check_data_lists_them(damaged_root, tmp_path):
     root, bad = damaged_root
     out = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "train.py")]
-        + dassl_args(root, out, extra=["DATALOADER.NUM_WORKERS", "0"]),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
+    proc = run_here(dassl_args(root, out, extra=["DATALOADER.NUM_WORKERS", "0"]))
     assert proc.returncode == 0, proc.stderr[-2000:]
     rec = json.loads((out / "results.json").read_text())
     # Dassl's sampler ends an epoch before every image is drawn, so count what was met.
     assert rec["unreadable_images"] >= 1 and set(rec["unreadable_image_paths"]) <= set(bad)
     for p in rec["unreadable_image_paths"]:
         assert f"cannot decode {p}; replaced by another image of the same domain" in proc.stdout
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "train.py")]
-        + dassl_args(root, tmp_path / "chk", flags=["--check-data"], extra=["DATALOADER.NUM_WORKERS", "0"]),
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=300,
-    )
+    proc = run_here(dassl_args(root, tmp_path / "chk", flags=["--check-data"], extra=["DATALOADER.NUM_WORKERS", "0"]))
     assert proc.returncode == 2
     listed = sorted(
         line.split(" (")[0].replace("bad image: ", "")

@@ -19,7 +19,7 @@ import pytest
 import torch
 from PIL import Image
 
-from conftest import ROOT
+from conftest import ROOT, run_here
 
 DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 DS_DG = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
@@ -683,8 +683,8 @@ def test_no_root_is_an_error_and_writes_nothing_into_the_cwd(tmp_path, capsys, m
 # -- 7. logs -------------------------------------------------------------------
 def test_redirected_logs_get_lines_not_progress_bars(tmp_path, tiny_root):
     out = tmp_path / "log"
-    proc = spawn(args_for(tiny_root, out, epochs=1))
-    stdout, stderr = proc.communicate(timeout=300)
+    proc = run_here(args_for(tiny_root, out, epochs=1))  # stdout and stderr are not terminals
+    stdout, stderr = proc.stdout, proc.stderr
     assert proc.returncode == 0, stderr[-2000:]
     log = (out / "log.txt").read_text()
     assert "\r" not in log and "\r" not in stderr and "it/s" not in stderr

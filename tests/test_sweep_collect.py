@@ -269,9 +269,10 @@ def test_an_interrupted_submitit_job_is_requeued_and_its_run_resumes(tmp_path, t
     from dael_plugin.tools.sweep import LOG, RunJob, build_parser, plan
 
     args = build_parser().parse_args(base(tiny_root, tmp_path, "--trainers", "SourceOnly", "--targets", "street"))
-    # 40 epochs of about 0.3 s: long enough to interrupt after the first even on a loaded machine
-    # (with 15, a loaded run finished before the signal came), short enough to finish once requeued.
-    args.opts = FAST[:1] + ["40"] + FAST[2:]
+    # 6 epochs of about 0.3 s: the run is stopped (SIGSTOP) at its first checkpoint, so that it
+    # cannot finish before the signal comes however loaded the machine is (with 40 epochs and
+    # no stop, the resumed run cost 12 s of CPU).
+    args.opts = FAST[:1] + ["6"] + FAST[2:]
     args.root, args.output_dir = os.path.abspath(args.root), os.path.abspath(args.output_dir)
     args.dataset_config_file = os.path.abspath(args.dataset_config_file)
     (run,) = plan(args)
@@ -281,7 +282,7 @@ def test_an_interrupted_submitit_job_is_requeued_and_its_run_resumes(tmp_path, t
     ckpt = os.path.join(run.output_dir, "checkpoint.pth.tar")
     deadline = time.time() + 120
     while not os.path.isfile(ckpt) and time.time() < deadline:
-        time.sleep(0.2)
+        time.sleep(0.05)
     assert os.path.isfile(ckpt), open(os.path.join(run.output_dir, LOG)).read()[-2000:]
     # Slurm signals the job's task (submitit's process, the parent of train.py) with USR2,
     # as submitit's local controller does at its time limit: do what they do.
@@ -289,14 +290,19 @@ def test_an_interrupted_submitit_job_is_requeued_and_its_run_resumes(tmp_path, t
 
     with open(os.path.join(run.output_dir, ".dael_run.json")) as f:
         train_pid = json.load(f)["pid"]
-    with open(f"/proc/{train_pid}/stat") as f:
-        task_pid = int(f.read().rsplit(")", 1)[1].split()[1])
-    os.kill(task_pid, signal.SIGUSR2)
+    os.kill(train_pid, signal.SIGSTOP)  # the signal the task passes on waits for SIGCONT
+    try:
+        with open(f"/proc/{train_pid}/stat") as f:
+            task_pid = int(f.read().rsplit(")", 1)[1].split()[1])
+        os.kill(task_pid, signal.SIGUSR2)
+        time.sleep(1)  # the task's handler passes the stop on to the stopped run
+    finally:
+        os.kill(train_pid, signal.SIGCONT)
     assert job.result() == 0
     log = open(os.path.join(run.output_dir, LOG)).read()
     assert "sweep: job interrupted (time limit or preemption); requeued, the run resumes" in log, log[-3000:]
     assert log.count("$ ") == 2 and "will resume training from epoch" in log, log[-3000:]
-    assert json.load(open(os.path.join(run.output_dir, "results.json")))["epochs"] == 40
+    assert json.load(open(os.path.join(run.output_dir, "results.json")))["epochs"] == 6
 
 
 def test_a_sweep_from_a_wheel_installed_outside_the_checkout(tmp_path, tiny_root):

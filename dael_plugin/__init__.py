@@ -23,8 +23,18 @@ from __future__ import annotations
 import sys
 
 from dael_plugin.about import HAS_DASSL, __version__
-from dael_plugin.config import add_dael_config
 from dael_plugin.errors import DAELConfigError
+
+
+def __getattr__(name: str):
+    """``add_dael_config`` on first use (PEP 562): the config table imports torch and
+    torchvision (2 s of CPU), which the commands that only plan, lock, launch or collect runs
+    (sweep, collect, a submitit job's own process) never need."""
+    if name == "add_dael_config":
+        from dael_plugin.config import add_dael_config
+
+        return add_dael_config
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
 def _register_with_dassl() -> None:

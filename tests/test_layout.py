@@ -109,3 +109,23 @@ def test_the_docs_list_every_key_of_the_table_with_its_default():
         assert row is not None, f"docs/config_keys.md has no row for {key.name}"
         default = str(key.default) if not isinstance(key.default, str) else key.default
         assert re.search(rf"`{re.escape(default)}`|\b{re.escape(default)}\b", row), (key.name, key.default, row)
+
+
+def test_the_commands_that_only_plan_launch_or_collect_start_without_torch():
+    """``import dael_plugin`` and the sweep, collect, plots and lock modules leave torch and
+    torchvision unimported (4 s of CPU per process start: a sweep, a collect, each submitit job's
+    own process, each racer for a run's lock); ``add_dael_config`` still imports on first use."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys\n"
+        "import dael_plugin, dael_plugin.tools.sweep, dael_plugin.tools.collect, dael_plugin.tools.plots\n"
+        "import dael_plugin.tools.launchers, dael_plugin.engine.runlock\n"
+        "heavy = sorted(m for m in ('torch', 'torchvision', 'timm', 'matplotlib') if m in sys.modules)\n"
+        "assert not heavy, heavy\n"
+        "from dael_plugin import add_dael_config\n"
+        "assert callable(add_dael_config) and 'torch' in sys.modules\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]

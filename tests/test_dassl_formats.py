@@ -383,3 +383,44 @@ def test_a_partial_dataset_is_one_line_from_the_train_script_and_leaves_nothing(
     line = one_error_line(err)
     assert code == 2 and "missing split file" in line and "cartoon_crossval_kfold.txt" in line, err
     assert not out.exists()
+
+
+def test_entries_that_are_not_regular_files_are_found_by_folder(tmp_path):
+    """``not_regular_files``: one scandir per folder, links followed, order kept."""
+    from dael_plugin.data.images import not_regular_files
+
+    d = tmp_path / "d"
+    d.mkdir()
+    (d / "ok.png").write_bytes(b"x")
+    os.mkfifo(d / "fifo.png")
+    (d / "zero.png").symlink_to("/dev/zero")
+    (d / "dir.png").mkdir()
+    (d / "link.png").symlink_to(d / "ok.png")
+    (d / "broken.png").symlink_to(d / "nowhere.png")
+    names = ["ok.png", "fifo.png", "zero.png", "dir.png", "link.png", "broken.png", "missing.png"]
+    paths = [str(d / n) for n in names]
+    assert not_regular_files(paths) == [
+        str(d / n) for n in ("fifo.png", "zero.png", "dir.png", "broken.png", "missing.png")
+    ]
+
+
+@pytest.mark.dassl
+def test_a_fifo_in_dassls_own_dataset_is_one_line_before_the_output_folder(layouts_root, tmp_path, capsys):
+    """Dassl's ``Datum`` asserts ``os.path.isfile``: its PACS reader would stop on a FIFO named like
+    an image with a bare AssertionError. The plugin's reader goes first and says it in one line."""
+    from conftest import ROOT
+    from test_hardening import cli, one_error_line
+
+    root = _copy(layouts_root, tmp_path / "r")
+    image = os.path.join(root, "pacs", "images", "cartoon", "dog", "train_0.png")
+    os.remove(image)
+    os.mkfifo(image)
+    out = tmp_path / "out"
+    argv = ["--engine", "dassl", "--trainer", "DAELDG", "--root", root, "--output-dir", str(out)]
+    argv += ["--dataset-config-file", os.path.join(ROOT, "configs/datasets/dg/pacs.yaml")]
+    argv += ["--config-file", os.path.join(ROOT, "configs/trainers/dg/daeldg/pacs.yaml")]
+    argv += ["--source-domains", "photo", "cartoon", "--target-domains", "sketch", "--"]
+    code, _, err = cli(argv + ["MODEL.BACKBONE.PRETRAINED", "False"], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "1 of the PACS images are not regular files" in line and image in line, err
+    assert "--engine builtin" in line and not out.exists()

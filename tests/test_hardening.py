@@ -514,7 +514,15 @@ def damaged_root(tiny_root, tmp_path):
     trunc.write_bytes(good[: len(good) // 2])
     text = base / "font" / "train" / "1" / "notes.png"
     text.write_text("not an image")
-    bad = [str(zero), str(trunc), str(text)]
+    # Entries that are not regular files: opening a FIFO blocks until a writer comes, /dev/zero
+    # never ends, and Dassl's Datum asserted os.path.isfile on each of them.
+    fifo = base / "hand" / "train" / "4" / "fifo.png"
+    os.mkfifo(fifo)
+    device = base / "blend" / "train" / "2" / "device.png"
+    device.symlink_to("/dev/zero")
+    folder = base / "font" / "train" / "7" / "folder.png"
+    folder.mkdir()
+    bad = [str(zero), str(trunc), str(text), str(fifo), str(device), str(folder)]
     return str(root), bad
 
 
@@ -526,7 +534,7 @@ def test_unreadable_images_are_named_replaced_and_counted(damaged_root, tmp_path
     for p in bad:
         assert f"cannot decode {p}; replaced by another image of the same domain" in stdout
     rec = json.loads((out / "results.json").read_text())
-    assert rec["unreadable_images"] == 3 and sorted(rec["unreadable_image_paths"]) == sorted(bad)
+    assert rec["unreadable_images"] == len(bad) and sorted(rec["unreadable_image_paths"]) == sorted(bad)
 
 
 def test_check_data_lists_bad_files_and_exits_non_zero(damaged_root, tmp_path, capsys):
@@ -535,7 +543,7 @@ def test_check_data_lists_bad_files_and_exits_non_zero(damaged_root, tmp_path, c
     assert code == 2
     lines = err.strip().splitlines()
     assert sorted(line.split(" (")[0].replace("bad image: ", "") for line in lines[:-1]) == sorted(bad)
-    assert lines[-1].startswith("error: --check-data: 3 of ")
+    assert lines[-1].startswith(f"error: --check-data: {len(bad)} of ")
     assert not (tmp_path / "chk" / "checkpoint.pth.tar").exists()  # stopped before training
 
 
@@ -619,7 +627,25 @@ BAD = [
     ),
     ("BATCH_SIZE 3e12", ["DATALOADER.TRAIN_X.BATCH_SIZE", "3000000000000"], "must be an integer from 1 to 65536"),
     ("SEED 10^11", ["SEED", "99999999999"], "SEED=99999999999 is invalid"),
+    ("INPUT.SIZE one number", ["INPUT.SIZE", "(32,)"], "INPUT.SIZE=(32,) is invalid: (height, width)"),
+    # 1.2 TiB for one view of one source batch: a loader would fill memory image by image
+    ("INPUT.SIZE beyond memory", ["INPUT.SIZE", "(32768, 32768)"], "GiB of host memory for one view of one source"),
 ]
+
+
+def test_the_input_size_check_against_hand_worked_memory():
+    """One float32 view of a 96-image source batch at 8192x8192: 96 * 3 * 8192**2 * 4 bytes = 72.0 GiB."""
+    from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.config.keys import check_input_size
+    from dael_plugin.errors import DAELConfigError
+
+    cfg = get_builtin_cfg()
+    cfg.INPUT.SIZE, cfg.DATALOADER.TRAIN_X.BATCH_SIZE = (8192, 8192), 96
+    with pytest.raises(DAELConfigError, match=r"needs at least 72.0 GiB .* has 16.0 GiB available"):
+        check_input_size(cfg, available=16 * 2**30)
+    check_input_size(cfg, available=72 * 2**30)  # exactly enough
+    with pytest.raises(DAELConfigError):
+        check_input_size(cfg, available=72 * 2**30 - 1)
 
 
 @pytest.mark.parametrize("case,opts,message", BAD, ids=[c[0] for c in BAD])

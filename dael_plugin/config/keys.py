@@ -7,7 +7,9 @@ detectron2 projects call ``add_<name>_config``.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, fields
+from typing import Optional
 
 from yacs.config import CfgNode as CN
 
@@ -154,7 +156,46 @@ def check_run_values(cfg: CN) -> None:
             raise DAELConfigError(f"{key}={value!r} is invalid: {what} must be an integer from {low} to {high}")
     if not float(cfg.OPTIM.LR) > 0:
         raise DAELConfigError(f"OPTIM.LR={cfg.OPTIM.LR!r} is invalid: the learning rate must be > 0")
+    check_input_size(cfg)
     check_selection(cfg)
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of host memory a new allocation may take: Linux's ``MemAvailable``, else the total."""
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def check_input_size(cfg: CN, available: Optional[int] = None) -> None:
+    """``INPUT.SIZE`` is two integers, and one float32 view of one source batch fits in the host's
+    memory. Past that, a loader fills memory image by image until the kernel kills the run without
+    a word (``INPUT.SIZE (8192, 8192)`` at batch 96: 77 GB, killed after three minutes here);
+    smaller excesses reach torch's allocator, whose error is one line with exit code 4."""
+    size = cfg.INPUT.SIZE
+    if (
+        not isinstance(size, (tuple, list))
+        or len(size) != 2
+        or not all(isinstance(v, int) and not isinstance(v, bool) and 1 <= v <= 2**15 for v in size)
+    ):
+        raise DAELConfigError(f"INPUT.SIZE={size!r} is invalid: (height, width), two integers from 1 to 32768")
+    batch = cfg.DATALOADER.TRAIN_X.BATCH_SIZE
+    need = batch * 3 * size[0] * size[1] * 4
+    available = available_memory() if available is None else available
+    if available is not None and need > available:
+        raise DAELConfigError(
+            f"INPUT.SIZE ({size[0]}, {size[1]}) with DATALOADER.TRAIN_X.BATCH_SIZE={batch} needs at least "
+            f"{need / 2**30:.1f} GiB of host memory for one view of one source batch (float32), and this machine "
+            f"has {available / 2**30:.1f} GiB available; lower INPUT.SIZE or the batch sizes"
+        )
 
 
 def check_selection(cfg: CN) -> None:

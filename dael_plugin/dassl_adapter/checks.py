@@ -60,10 +60,25 @@ def check_dassl_data(cfg: CN) -> None:
     what is wrong in one line. It reads file lists only (no image), with its own RNG."""
     from dael_plugin.dassl_adapter.datasets import PLUGIN_DATASETS
     from dael_plugin.data.folders import builtin_datasets, load_splits
+    from dael_plugin.data.images import not_regular_files
 
     name = cfg.DATASET.NAME
-    if name in builtin_datasets() and name not in PLUGIN_DATASETS:  # the plugin's own ones read once, below
-        load_splits(name, cfg.DATASET.ROOT, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS, max(cfg.SEED, 0))
+    if name not in builtin_datasets() or name in PLUGIN_DATASETS:  # the plugin's own ones read once, later
+        return
+    splits = load_splits(
+        name, cfg.DATASET.ROOT, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS, max(cfg.SEED, 0)
+    )
+    # Dassl's Datum asserts os.path.isfile(impath): a FIFO, a device link or a folder named like
+    # an image would stop its reader with a bare AssertionError (the plugin's own datasets keep
+    # such entries and replace them when read, as the built-in engine does for every dataset).
+    paths = [it.impath for key in ("train_x", "train_u", "val", "test") for it in (splits.get(key) or [])]
+    odd = not_regular_files(list(dict.fromkeys(paths)))
+    if odd:
+        raise DAELConfigError(
+            f"{len(odd)} of the {name} images are not regular files (a FIFO, a device, a folder named like an "
+            f"image; first: {', '.join(odd[:3])}), and Dassl's reader of {name} stops on them; delete or replace "
+            "them, or run with --engine builtin, which replaces each with another image of its domain"
+        )
 
 
 def check_run_names(cfg: CN) -> None:

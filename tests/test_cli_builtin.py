@@ -306,7 +306,13 @@ def test_every_dataset_config_says_which_engine_reads_it():
             assert ("needs Dassl" in tag[0]) == (dataset not in builtin_datasets()), (name, dataset, tag[0])
 
 
-@pytest.mark.parametrize("kind", ["gpu", "host"])
+HOST_ALLOC = (
+    "[enforce fail at alloc_cpu.cpp:127] err == 0. DefaultCPUAllocator: can't allocate memory: you tried to "
+    "allocate 15032385536 bytes. Error code 12 (Cannot allocate memory)"
+)
+
+
+@pytest.mark.parametrize("kind", ["gpu", "host", "cpu-allocator", "killed-loader"])
 def test_out_of_memory_is_one_line_with_the_settings_to_lower(tmp_path, tiny_root, capsys, monkeypatch, kind):
     """An out-of-memory stop in a step (failure injected) is one error line naming the memory, the
     batch sizes and the way out, exit code 4 and a failed.json; no traceback."""
@@ -317,7 +323,13 @@ def test_out_of_memory_is_one_line_with_the_settings_to_lower(tmp_path, tiny_roo
     from dael_plugin.builtin.trainer import DAELBuiltin
     from dael_plugin.tools.train import main
 
-    exc = torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB") if kind == "gpu" else MemoryError()
+    exc = {
+        "gpu": torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB"),
+        "host": MemoryError(),
+        # torch's CPU allocator raises a plain RuntimeError (what INPUT.SIZE (1024, 1024) gave here)
+        "cpu-allocator": RuntimeError(HOST_ALLOC),
+        "killed-loader": RuntimeError("DataLoader worker (pid 4242) is killed by signal: Killed. "),
+    }[kind]
 
     def oom(self, *a, **k):
         raise exc
@@ -329,7 +341,7 @@ def test_out_of_memory_is_one_line_with_the_settings_to_lower(tmp_path, tiny_roo
     assert code == 4, err
     lines = err.strip().splitlines()
     assert len(lines) == 1 and "Traceback" not in err, err
-    assert lines[0].startswith(f"error: out of {'GPU' if kind == 'gpu' else 'host'} memory")
+    assert lines[0].startswith(f"error: out of {'GPU' if kind == 'gpu' else 'host'} memory"), lines[0]
     assert "DATALOADER.TRAIN_X.BATCH_SIZE" in lines[0] and "another --output-dir" in lines[0]
     assert "out of" in json.loads((out / "failed.json").read_text())["error"]
 
@@ -384,3 +396,26 @@ def test_a_source_domain_smaller_than_its_batch_share_is_one_line_on_dassl(tmp_p
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: source domain") and "fewer than its per-batch share of 12" in last, last
+
+
+def test_a_run_without_a_gpu_caps_its_data_segment_at_the_memory_available():
+    """RLIMIT_DATA = what the process holds + its share of MemAvailable (Linux): past it torch's
+    allocator fails with the one-line error above instead of the kernel's SIGKILL; a lower limit
+    already set is kept, and the previous limits come back."""
+    resource = pytest.importorskip("resource")
+    from dael_plugin.config.keys import available_memory
+    from dael_plugin.engine.execution import _vm_data, cap_host_memory, restore_host_memory
+
+    if available_memory() is None or _vm_data() is None:
+        pytest.skip("no /proc/meminfo or /proc/self/status here")
+    before = resource.getrlimit(resource.RLIMIT_DATA)
+    previous = cap_host_memory(2)
+    try:
+        soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
+        expected = _vm_data() + available_memory() // 2
+        assert previous == before and abs(soft - expected) < 2**30, (soft, expected)  # MemAvailable moves a little
+        assert hard == before[1]
+        assert cap_host_memory(1) is None  # a lower limit is kept
+    finally:
+        restore_host_memory(previous)
+    assert resource.getrlimit(resource.RLIMIT_DATA) == before

@@ -28,7 +28,13 @@ from dael_plugin.data.fingerprint import dataset_fingerprint, one_digest
 from dael_plugin.engine import distributed
 from dael_plugin.engine.atomic import remove_stale_temps
 from dael_plugin.engine.checkpoint import LAST, accept_data_change, checkpoint_epoch
-from dael_plugin.engine.execution import cuda_settings, pin_cpu_threads
+from dael_plugin.engine.execution import (
+    cap_host_memory,
+    cuda_settings,
+    is_host_oom,
+    pin_cpu_threads,
+    restore_host_memory,
+)
 from dael_plugin.engine.results import (
     remove_failure,
     results_record,
@@ -449,6 +455,12 @@ def torch_distributed():
     return torch.distributed
 
 
+def torch_cuda_available() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
 def _oom_types() -> tuple:
     import torch
 
@@ -474,7 +486,7 @@ def _out_of_memory(exc: BaseException, state: dict) -> str:
     lower = (
         "the batch sizes or INPUT.SIZE, or use TRAINER.DAEL.PREC bf16"
         if on_gpu
-        else ("DATALOADER.NUM_WORKERS or the batch sizes")
+        else ("the batch sizes, INPUT.SIZE or DATALOADER.NUM_WORKERS")
     )
     return (
         f"out of {'GPU' if on_gpu else 'host'} memory ({first}): lower {lower}{now}; a new setting is another "
@@ -533,6 +545,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         say(f"error: {line}")
         return EXIT_OOM
     except (RuntimeError, getattr(torch_distributed(), "DistError", RuntimeError)) as exc:
+        if is_host_oom(exc):
+            line = _out_of_memory(exc, state)
+            if state.get("output_dir"):
+                write_failure(state["output_dir"], line)
+            say(f"error: {line}")
+            return EXIT_OOM
         if not distributed.lost_peer(exc):
             raise
         # Rank 0 says it, once: another rank that lost rank 0 (which stopped with its own line, or
@@ -541,6 +559,7 @@ def main(argv: Optional[List[str]] = None) -> int:
             say(f"error: {distributed.lost_peer_line(exc)}")
         return EXIT_LOST_PEER
     finally:
+        restore_host_memory(state.pop("memory_cap", None))  # in-process callers (tests) get theirs back
         if state.get("lock") is not None:
             state["lock"].release()
         close_logger()
@@ -661,6 +680,8 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     w = distributed.init(cfg.USE_CUDA)  # under torchrun: join the run's processes (rank 0 writes)
     state["output_dir"] = cfg.OUTPUT_DIR
     state["cfg"] = cfg
+    if not (cfg.USE_CUDA and torch_cuda_available()):
+        state["memory_cap"] = cap_host_memory(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
     finished = False
     if w.is_main:
         _prepare_output_dir(cfg.OUTPUT_DIR)

@@ -160,15 +160,23 @@ def check_run_values(cfg: CN) -> None:
     check_selection(cfg)
 
 
-def available_memory() -> Optional[int]:
-    """Bytes of host memory a new allocation may take: Linux's ``MemAvailable``, else the total."""
+def proc_bytes(path: str, field: str) -> Optional[int]:
+    """A ``Field:  N kB`` line of a Linux /proc file (``/proc/meminfo``, ``/proc/self/status``), in bytes."""
     try:
-        with open("/proc/meminfo") as f:
+        with open(path) as f:
             for line in f:
-                if line.startswith("MemAvailable:"):
+                if line.startswith(field + ":"):
                     return int(line.split()[1]) * 1024
     except (OSError, ValueError, IndexError):
         pass
+    return None
+
+
+def available_memory() -> Optional[int]:
+    """Bytes of host memory a new allocation may take: Linux's ``MemAvailable``, else the total."""
+    avail = proc_bytes("/proc/meminfo", "MemAvailable")
+    if avail is not None:
+        return avail
     try:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
@@ -196,6 +204,30 @@ def check_input_size(cfg: CN, available: Optional[int] = None) -> None:
             f"{need / 2**30:.1f} GiB of host memory for one view of one source batch (float32), and this machine "
             f"has {available / 2**30:.1f} GiB available; lower INPUT.SIZE or the batch sizes"
         )
+    loaders = loader_bytes(cfg)
+    if available is not None and loaders + need > available:
+        raise DAELConfigError(
+            f"INPUT.SIZE ({size[0]}, {size[1]}) with DATALOADER.NUM_WORKERS={cfg.DATALOADER.NUM_WORKERS}: the "
+            f"loader processes hold {loaders / 2**30:.1f} GiB of batches in shared memory (2 each, every view of "
+            f"the source and target images) and this machine has {available / 2**30:.1f} GiB available; lower "
+            "INPUT.SIZE, the batch sizes or DATALOADER.NUM_WORKERS"
+        )
+
+
+def loader_bytes(cfg: CN) -> int:
+    """Bytes of float32 batches the loader processes hold in shared memory: each prepares 2 steps
+    ahead (PyTorch's ``prefetch_factor``), and a step holds every view of the source batch and,
+    for a trainer that reads target data, of the target batch (2 views for DAEL and DAELDG)."""
+    d = cfg.DATALOADER
+    workers = int(d.NUM_WORKERS)
+    if workers <= 0:
+        return 0
+    name = str(cfg.TRAINER.NAME).upper()
+    views = 2 if name in ("DAEL", "DAELDG") else 1
+    target = name not in ("DAELDG", "SOURCEONLY") and bool(cfg.DATASET.TARGET_DOMAINS)
+    u = (d.TRAIN_X.BATCH_SIZE if d.TRAIN_U.SAME_AS_X else d.TRAIN_U.BATCH_SIZE) if target else 0
+    size = cfg.INPUT.SIZE
+    return workers * 2 * views * (d.TRAIN_X.BATCH_SIZE + u) * 3 * size[0] * size[1] * 4
 
 
 def check_selection(cfg: CN) -> None:

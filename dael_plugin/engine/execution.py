@@ -260,24 +260,21 @@ def pin_cpu_threads(cgroup_root: str = "/sys/fs/cgroup") -> str:
 
 def _vm_data() -> Optional[int]:
     """This process's data segment (``VmData``: private writable memory, what RLIMIT_DATA counts)."""
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmData:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return None
+    from dael_plugin.config.keys import proc_bytes
+
+    return proc_bytes("/proc/self/status", "VmData")
 
 
-def cap_host_memory(local_processes: int = 1) -> Optional[Tuple[int, int]]:
+def cap_host_memory(local_processes: int = 1, loaders: int = 0) -> Optional[Tuple[int, int]]:
     """On a run without a GPU, lower this process's RLIMIT_DATA to what it holds plus its share of
     the memory available now (Linux). Past it an allocation fails, and torch's allocator error
     becomes the run's one out-of-memory line (exit 4), where otherwise the kernel's OOM killer
     ends the run with SIGKILL and no word (``INPUT.SIZE (1024, 1024)`` on the embedded set's
     configs: 24 GB resident, killed after 70 s on a 23 GB machine). The loader's processes
-    inherit the cap. A lower limit already set is kept. Returns the previous limits, to restore,
-    or None when nothing changed."""
+    inherit the cap. ``loaders``: the bytes its loader processes will hold in shared memory,
+    which the cap does not count, so they are left out of it (``config.keys.loader_bytes``). A
+    lower limit already set is kept. Returns the previous limits, to restore, or None when
+    nothing changed."""
     try:
         import resource
     except ImportError:  # not POSIX
@@ -288,7 +285,7 @@ def cap_host_memory(local_processes: int = 1) -> Optional[Tuple[int, int]]:
     if avail is None or data is None:
         return None
     soft, hard = resource.getrlimit(resource.RLIMIT_DATA)
-    cap = data + avail // max(1, local_processes)
+    cap = data + max(avail // max(1, local_processes) - loaders, 0)
     if hard != resource.RLIM_INFINITY:
         cap = min(cap, hard)
     if soft != resource.RLIM_INFINITY and soft <= cap:

@@ -24,6 +24,7 @@ from yacs.config import CfgNode as CN
 from dael_plugin.about import ENGINES
 from dael_plugin.backbones.timm_backbone import check_timm_backbone
 from dael_plugin.config import TRAINER_NODES, add_dael_config, check_run_values
+from dael_plugin.config.keys import loader_bytes
 from dael_plugin.data.fingerprint import dataset_fingerprint, one_digest
 from dael_plugin.engine import distributed
 from dael_plugin.engine.atomic import remove_stale_temps
@@ -681,7 +682,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     state["output_dir"] = cfg.OUTPUT_DIR
     state["cfg"] = cfg
     if not (cfg.USE_CUDA and torch_cuda_available()):
-        state["memory_cap"] = cap_host_memory(int(os.environ.get("LOCAL_WORLD_SIZE", "1")))
+        state["memory_cap"] = cap_host_memory(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), loader_bytes(cfg))
     finished = False
     if w.is_main:
         _prepare_output_dir(cfg.OUTPUT_DIR)

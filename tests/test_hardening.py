@@ -647,18 +647,18 @@ def test_the_input_size_check_against_hand_worked_memory():
     check_input_size(cfg, available=72 * 2**30)  # exactly enough
     with pytest.raises(DAELConfigError):
         check_input_size(cfg, available=72 * 2**30 - 1)
-    # The loaders' shared memory: 2 processes x 2 steps ahead x 2 views x (96 + 32) images of
-    # 3 x 1024 x 1024 floats = 12.0 GiB, plus one view of the source batch in the run, 1.125 GiB.
+    # The loaders: 2 processes x 3 steps (2 ready, 1 being built) x 2 views x (96 + 32) images of
+    # 3 x 1024 x 1024 floats = 18.0 GiB, plus one view of the source batch in the run, 1.125 GiB.
     cfg.INPUT.SIZE, cfg.DATALOADER.NUM_WORKERS, cfg.TRAINER.NAME = (1024, 1024), 2, "DAEL"
     cfg.DATALOADER.TRAIN_U.SAME_AS_X, cfg.DATALOADER.TRAIN_U.BATCH_SIZE = False, 32
     cfg.DATASET.TARGET_DOMAINS = ["blend"]
-    with pytest.raises(DAELConfigError, match=r"the loader processes hold 12.0 GiB .* has 13.0 GiB available"):
-        check_input_size(cfg, available=13 * 2**30)
-    check_input_size(cfg, available=13 * 2**30 + 2**27)  # 13.125 GiB: exactly enough
-    cfg.TRAINER.NAME = "SourceOnly"  # one view, no target batch: 2 x 2 x 96 images, 4.5 GiB
-    check_input_size(cfg, available=int(5.625 * 2**30))
-    with pytest.raises(DAELConfigError, match="hold 4.5 GiB"):
-        check_input_size(cfg, available=int(5.625 * 2**30) - 1)
+    with pytest.raises(DAELConfigError, match=r"the loader processes hold 18.0 GiB .* has 19.0 GiB available"):
+        check_input_size(cfg, available=19 * 2**30)
+    check_input_size(cfg, available=19 * 2**30 + 2**27)  # 19.125 GiB: exactly enough
+    cfg.TRAINER.NAME = "SourceOnly"  # one view, no target batch: 2 x 3 x 96 images, 6.75 GiB
+    check_input_size(cfg, available=int(7.875 * 2**30))
+    with pytest.raises(DAELConfigError, match="hold 6.8 GiB"):
+        check_input_size(cfg, available=int(7.875 * 2**30) - 1)
 
 
 @pytest.mark.parametrize("case,opts,message", BAD, ids=[c[0] for c in BAD])

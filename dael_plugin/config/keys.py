@@ -208,16 +208,18 @@ def check_input_size(cfg: CN, available: Optional[int] = None) -> None:
     if available is not None and loaders + need > available:
         raise DAELConfigError(
             f"INPUT.SIZE ({size[0]}, {size[1]}) with DATALOADER.NUM_WORKERS={cfg.DATALOADER.NUM_WORKERS}: the "
-            f"loader processes hold {loaders / 2**30:.1f} GiB of batches in shared memory (2 each, every view of "
-            f"the source and target images) and this machine has {available / 2**30:.1f} GiB available; lower "
+            f"loader processes hold {loaders / 2**30:.1f} GiB of batches (3 steps each, every view of the source "
+            f"and target images) and this machine has {available / 2**30:.1f} GiB available; lower "
             "INPUT.SIZE, the batch sizes or DATALOADER.NUM_WORKERS"
         )
 
 
 def loader_bytes(cfg: CN) -> int:
-    """Bytes of float32 batches the loader processes hold in shared memory: each prepares 2 steps
-    ahead (PyTorch's ``prefetch_factor``), and a step holds every view of the source batch and,
-    for a trainer that reads target data, of the target batch (2 views for DAEL and DAELDG)."""
+    """Bytes of float32 batches the loader processes hold: each keeps 2 steps ready in shared
+    memory (PyTorch's ``prefetch_factor``) and builds a third in its own (the samples before they
+    are stacked: 2.2 GB resident in a loader at ``INPUT.SIZE (1024, 1024)`` here). A step holds
+    every view of the source batch and, for a trainer that reads target data, of the target batch
+    (2 views for DAEL and DAELDG)."""
     d = cfg.DATALOADER
     workers = int(d.NUM_WORKERS)
     if workers <= 0:
@@ -227,7 +229,7 @@ def loader_bytes(cfg: CN) -> int:
     target = name not in ("DAELDG", "SOURCEONLY") and bool(cfg.DATASET.TARGET_DOMAINS)
     u = (d.TRAIN_X.BATCH_SIZE if d.TRAIN_U.SAME_AS_X else d.TRAIN_U.BATCH_SIZE) if target else 0
     size = cfg.INPUT.SIZE
-    return workers * 2 * views * (d.TRAIN_X.BATCH_SIZE + u) * 3 * size[0] * size[1] * 4
+    return workers * 3 * views * (d.TRAIN_X.BATCH_SIZE + u) * 3 * size[0] * size[1] * 4
 
 
 def check_selection(cfg: CN) -> None:

@@ -15,7 +15,12 @@ import torch
 from torch import nn
 from yacs.config import CfgNode as CN
 
-from dael_plugin.config.keys import COMPILE_FUSED_MIN_TORCH, check_execution  # noqa: F401 (re-exported)
+from dael_plugin.config.keys import (  # noqa: F401 (COMPILE_FUSED_MIN_TORCH, check_execution: re-exported)
+    COMPILE_FUSED_MIN_TORCH,
+    available_memory,
+    check_execution,
+    proc_bytes,
+)
 from dael_plugin.config.table import BY_NAME
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16, "fp16": torch.float16}
@@ -260,8 +265,6 @@ def pin_cpu_threads(cgroup_root: str = "/sys/fs/cgroup") -> str:
 
 def _vm_data() -> Optional[int]:
     """This process's data segment (``VmData``: private writable memory, what RLIMIT_DATA counts)."""
-    from dael_plugin.config.keys import proc_bytes
-
     return proc_bytes("/proc/self/status", "VmData")
 
 
@@ -279,8 +282,6 @@ def cap_host_memory(local_processes: int = 1, loaders: int = 0) -> Optional[Tupl
         import resource
     except ImportError:  # not POSIX
         return None
-    from dael_plugin.config.keys import available_memory
-
     avail, data = available_memory(), _vm_data()
     if avail is None or data is None:
         return None

@@ -456,12 +456,6 @@ def torch_distributed():
     return torch.distributed
 
 
-def torch_cuda_available() -> bool:
-    import torch
-
-    return torch.cuda.is_available()
-
-
 def _oom_types() -> tuple:
     import torch
 
@@ -493,6 +487,14 @@ def _out_of_memory(exc: BaseException, state: dict) -> str:
         f"out of {'GPU' if on_gpu else 'host'} memory ({first}): lower {lower}{now}; a new setting is another "
         "run, so give it another --output-dir (the same command resumes this one from its last checkpoint)"
     )
+
+
+def _oom_exit(exc: BaseException, state: dict) -> int:
+    line = _out_of_memory(exc, state)
+    if state.get("output_dir"):
+        write_failure(state["output_dir"], line)
+    say(f"error: {line}")
+    return EXIT_OOM
 
 
 def main(argv: Optional[List[str]] = None) -> int:
@@ -540,18 +542,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             say(f"interrupted: {_where_to_resume(state.get('output_dir'), args.eval_only)}")
         return 130
     except _oom_types() as exc:
-        line = _out_of_memory(exc, state)
-        if state.get("output_dir"):
-            write_failure(state["output_dir"], line)
-        say(f"error: {line}")
-        return EXIT_OOM
+        return _oom_exit(exc, state)
     except (RuntimeError, getattr(torch_distributed(), "DistError", RuntimeError)) as exc:
-        if is_host_oom(exc):
-            line = _out_of_memory(exc, state)
-            if state.get("output_dir"):
-                write_failure(state["output_dir"], line)
-            say(f"error: {line}")
-            return EXIT_OOM
+        if is_host_oom(exc):  # torch's CPU allocator raises a plain RuntimeError
+            return _oom_exit(exc, state)
         if not distributed.lost_peer(exc):
             raise
         # Rank 0 says it, once: another rank that lost rank 0 (which stopped with its own line, or
@@ -681,7 +675,9 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     w = distributed.init(cfg.USE_CUDA)  # under torchrun: join the run's processes (rank 0 writes)
     state["output_dir"] = cfg.OUTPUT_DIR
     state["cfg"] = cfg
-    if not (cfg.USE_CUDA and torch_cuda_available()):
+    import torch
+
+    if not (cfg.USE_CUDA and torch.cuda.is_available()):  # a GPU run's out-of-memory is already one line
         state["memory_cap"] = cap_host_memory(int(os.environ.get("LOCAL_WORLD_SIZE", "1")), loader_bytes(cfg))
     finished = False
     if w.is_main:

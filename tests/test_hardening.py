@@ -678,6 +678,22 @@ BAD_FILES = [
     ("a FIFO", lambda t: ["--config-file", str(t / "fifo.yaml")], "is not a regular file"),
     ("output dir is a file", lambda t: ["--output-dir", str(t / "afile")], "exists and is not a directory"),
     ("output dir cannot be made", lambda t: ["--output-dir", str(t / "afile" / "sub")], "cannot be created"),
+    ("--select without --eval-only", lambda t: ["--select", "im"], "--select im goes with --eval-only"),
+    (
+        "--select an unknown protocol",
+        lambda t: ["--eval-only", "--model-dir", str(t), "--select", "last"],
+        "not a protocol that keeps a model",
+    ),
+    (
+        "--select and --load-epoch",
+        lambda t: ["--eval-only", "--model-dir", str(t), "--select", "im", "--load-epoch", "2"],
+        "pass one",
+    ),
+    (
+        "--select a model the run did not keep",
+        lambda t: ["--eval-only", "--model-dir", str(t), "--select", "bnm"],
+        "that run kept no model for --select bnm",
+    ),
 ]
 
 

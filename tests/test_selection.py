@@ -3,11 +3,12 @@ best checkpoints (engine/selection.py), on both engines."""
 
 import functools
 import json
+import os
 from collections import namedtuple
 
 import pytest
 import torch
-from test_gpu_stand_ins import _cfg, _trainer
+from test_gpu_stand_ins import DS, ROOT, _cfg, _trainer
 
 from dael_plugin.data.holdout import holdout_split
 from dael_plugin.engine import selection as S
@@ -219,3 +220,158 @@ def test_records_after_kill_9_are_an_uninterrupted_runs(tmp_path, tiny_root, eng
     a = torch.load(tmp_path / "whole" / best, weights_only=True)
     b = torch.load(tmp_path / "cut" / best, weights_only=True)
     assert a["epoch"] == b["epoch"]
+
+
+def _argv(engine, name, out, root, epochs, *extra):
+    """train.py's arguments for ``name`` (its embedded-set config) with records every epoch."""
+    folder = {"SourceOnly": "source_only"}.get(name, name.lower())
+    return (
+        ["--engine", engine, "--trainer", name, "--root", root, "--dataset-config-file", DS]
+        + ["--config-file", f"{ROOT}/configs/trainers/da/{folder}/embedded_digits.yaml"]
+        + ["--source-domains", "hand", "street", "font", "--target-domains", "blend", "--output-dir", str(out)]
+        + ["--seed", "1", "OPTIM.MAX_EPOCH", str(epochs), "DATALOADER.NUM_WORKERS", "0"]
+        + ["DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8"]
+        + ["SELECTION.EVAL_FREQ", "1", "SELECTION.TARGET_CAP", "40", *extra]
+    )
+
+
+def _baseline(name, out, root, epochs, *extra):
+    """Dassl's trainer ``name`` as train.py builds it with records on."""
+    from dassl.engine import TRAINER_REGISTRY
+    from dassl.utils import set_random_seed
+
+    from dael_plugin.dassl_adapter.records import with_records
+    from dael_plugin.tools.train import build_parser, setup_cfg
+
+    cfg = setup_cfg(build_parser().parse_args(_argv("dassl", name, out, root, epochs, *extra)), "dassl")
+    set_random_seed(1)
+    return with_records(TRAINER_REGISTRY.get(name))(cfg)
+
+
+@pytest.mark.dassl
+@pytest.mark.parametrize("name,experts", [("M3SDA", 3), ("MME", 1), ("SourceOnly", 1)])
+def test_dassls_baselines_write_the_same_records_from_their_own_predictions(tmp_path, tiny_root, name, experts):
+    """Dassl's M3SDA, MME and SourceOnly, built as train.py builds them with SELECTION.EVAL_FREQ:
+    the held-out source images are out of Dassl's source loader, the records' classifiers average
+    to exactly the softmax of Dassl's own ``model_inference`` (M3SDA's is already a probability),
+    the last record's test accuracy is Dassl's own test, and the chosen models load back."""
+    pytest.importorskip("dassl")
+    from dael_plugin.dassl_adapter.records import load_best
+
+    tr = _baseline(name, tmp_path / "run", tiny_root, 2)
+    val = {d.impath for d in tr.source_val_items}
+    assert val and not {d.impath for d in tr.dm.dataset.train_x} & val
+    assert not _loaded_paths(tr.train_loader_x) & val
+    x = next(iter(tr.test_loader))["img"]
+    tr.set_model_mode("eval")
+    with torch.no_grad():
+        feats, probs = tr.selection.encode(x)
+        theirs = tr.model_inference(x)
+    assert probs.shape == (len(x), experts, tr.num_classes) and feats.shape[0] == len(x)
+    expected = theirs if name == "M3SDA" else torch.softmax(theirs, 1)
+    torch.testing.assert_close(probs.mean(1), expected)
+    tr.train()
+    recs = [json.loads(line) for line in open(tmp_path / "run" / S.EPOCHS)]
+    assert [r["epoch"] for r in recs] == [1, 2] and set(recs[-1]["validators"]) == set(S.VALIDATORS)
+    assert recs[-1]["source_val_size"] == len(val)
+    assert recs[-1]["target_test_accuracy"] == pytest.approx(tr.test(), abs=1e-3)
+    assert ("target_test_accuracy_per_expert" in recs[-1]) == (experts > 1)
+    chosen = -max((S.protocol_score(r, "source_val"), -r["epoch"]) for r in recs)[1]
+    assert load_best(tr, str(tmp_path / "run"), "source_val") == chosen
+
+
+@pytest.mark.dassl
+def test_a_baseline_killed_between_its_record_and_its_checkpoint_redoes_that_record(tmp_path, tiny_root):
+    """M3SDA with Dassl's checkpoint every epoch, stopped in epoch 2's checkpoint save (its record
+    written): the rerun resumes from epoch 1 and epochs.jsonl holds each epoch once. (Dassl's own
+    checkpoints hold no RNG state, so the redone epochs' numbers need not equal an uninterrupted
+    run's: that exactness is the plugin's trainers'.)"""
+    pytest.importorskip("dassl")
+    tr = _baseline("M3SDA", tmp_path, tiny_root, 3, "TRAIN.CHECKPOINT_FREQ", "1")
+    real, calls = tr.save_model, {"n": 0}
+
+    def dies_at_the_second(*a, **k):
+        calls["n"] += 1
+        if calls["n"] == 2:
+            raise KeyboardInterrupt("killed")
+        return real(*a, **k)
+
+    tr.save_model = dies_at_the_second
+    with pytest.raises(KeyboardInterrupt):
+        tr.train()
+    assert [json.loads(x)["epoch"] for x in open(tmp_path / S.EPOCHS)] == [1, 2]
+    again = _baseline("M3SDA", tmp_path, tiny_root, 3, "TRAIN.CHECKPOINT_FREQ", "1")
+    again.train()
+    assert again.start_epoch == 1
+    assert [json.loads(x)["epoch"] for x in open(tmp_path / S.EPOCHS)] == [1, 2, 3]
+
+
+@pytest.mark.dassl
+def test_a_baseline_whose_prediction_the_plugin_does_not_know_is_refused_in_one_line():
+    pytest.importorskip("dassl")
+    from dassl.engine import TrainerX
+
+    from dael_plugin.dassl_adapter.records import baseline_encoder
+
+    class Odd(TrainerX):
+        def model_inference(self, input):
+            return input
+
+    assert baseline_encoder(object.__new__(Odd)) is None
+
+
+@pytest.mark.parametrize(
+    "engine,name",
+    [
+        ("builtin", "DAEL"),
+        pytest.param("dassl", "DAEL", marks=pytest.mark.dassl),
+        pytest.param("dassl", "M3SDA", marks=pytest.mark.dassl),
+    ],
+)
+def test_eval_only_select_evaluates_the_model_the_protocol_chose(tmp_path, tiny_root, engine, name, monkeypatch):
+    """``--eval-only --select im`` loads model-best-im.pth.tar, not the last checkpoint: made to hold
+    epoch 1's model (as if IM had chosen epoch 1), it is the one file read, the evaluation gives
+    epoch 1's recorded test accuracy, and results_eval.json says so."""
+    import shutil
+
+    from conftest import run_here
+    from dael_plugin.engine import checkpoint as ckpt
+
+    if engine == "dassl":
+        pytest.importorskip("dassl")
+    run = tmp_path / "run"
+    argv = _argv(engine, name, run, tiny_root, 2)
+    first = tmp_path / "epoch1.pth.tar"
+    if name == "DAEL":
+        tr = _trainer(engine, _cfg_from(argv, engine))
+    else:
+        tr = _baseline(name, run, tiny_root, 2)
+    real = tr._save_best
+
+    def keep_epoch_1(path):
+        real(path)
+        if not first.exists():
+            shutil.copy(path, first)
+
+    tr._save_best = keep_epoch_1
+    tr.selection.save_best = keep_epoch_1
+    tr.train()
+    recs = [json.loads(line) for line in open(run / S.EPOCHS)]
+    assert torch.load(first, weights_only=True)["epoch"] == 1
+    shutil.copy(first, run / S.best_name("im"))
+    loaded, load = [], ckpt.load_checkpoint
+    monkeypatch.setattr(ckpt, "load_checkpoint", lambda path, *a, **k: loaded.append(str(path)) or load(path, *a, **k))
+    ev = tmp_path / "ev"
+    evaluate = ["--eval-only", "--model-dir", str(run), "--select", "im"] + _argv(engine, name, ev, tiny_root, 2)
+    out = run_here(evaluate)
+    assert out.returncode == 0, out.stdout + out.stderr
+    result = json.load(open(ev / "results_eval.json"))
+    assert result["selected_by"] == {"protocol": "im", "epoch": 1}
+    assert [os.path.basename(p) for p in loaded] == [S.best_name("im")]
+    assert result["accuracy"] == pytest.approx(recs[0]["target_test_accuracy"], abs=1e-3)
+
+
+def _cfg_from(argv, engine):
+    from dael_plugin.tools.train import build_parser, setup_cfg
+
+    return setup_cfg(build_parser().parse_args(argv), engine)

@@ -340,9 +340,10 @@ class BuiltinTrainer:
             loader.generator.set_state(gen)
         return ckpt.restore_run_state(state, path, self._scaler(), self.bad_images)
 
-    def load_model(self, directory: str, epoch: Optional[int] = None) -> int:
-        """Load weights for evaluation; returns the checkpoint's completed-epoch count."""
-        name = CKPT if epoch is None else f"model.pth.tar-{epoch}"
+    def load_model(self, directory: str, epoch: Optional[int] = None, name: Optional[str] = None) -> int:
+        """Load weights for evaluation (the last checkpoint, epoch ``epoch``'s or the file ``name``,
+        e.g. a protocol's ``model-best-<protocol>.pth.tar``); returns its completed-epoch count."""
+        name = name or (CKPT if epoch is None else f"model.pth.tar-{epoch}")
         path = os.path.join(directory, name)
         if not os.path.isfile(path):
             raise DAELConfigError(f"no checkpoint {path}; pass --model-dir <OUTPUT_DIR of a run> (and --load-epoch N)")

@@ -37,9 +37,9 @@ from dael_plugin.config import (
 )
 from dael_plugin.core import DAEL, build_heads
 from dael_plugin.dassl_adapter.checks import check_dataset_cfg
+from dael_plugin.dassl_adapter.records import build_selection, source_val_split
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
 from dael_plugin.data.fingerprint import dataset_fingerprint
-from dael_plugin.data.holdout import holdout_split
 from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.data.sampling import DasslDomainBatchSampler, SeededRandomBatchSampler
 from dael_plugin.engine import checkpoint as ckpt
@@ -48,7 +48,6 @@ from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
 from dael_plugin.engine.loop import eval_loader, local_share, sync_batch_norm, train_epoch
-from dael_plugin.engine.selection import Selection, keep_list, same_on_every_rank, subsample
 from dael_plugin.engine.step import DeviceMeters, format_meters, make_step, prepare_model
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_train_views, check_names
@@ -60,6 +59,7 @@ class DAELTrainer(TrainerXU):
     """Domain Adaptive Ensemble Learning (Zhou et al.), on Dassl's machinery."""
 
     replaced_builtins: tuple = ()  # Dassl's own trainers this class replaced (set by register())
+    selection_built_in = True  # writes its own records (records.with_records leaves it as it is)
 
     def __init__(self, cfg: CN):
         if self.replaced_builtins:
@@ -122,77 +122,12 @@ class DAELTrainer(TrainerXU):
 
     # -- model selection: the source validation split and the per-epoch records ----------
     def _source_val_split(self, dataset) -> None:
-        """With records on (``SELECTION.EVAL_FREQ``): the dataset's own val split of the sources, or
-        a stratified held-out part of each source's train split, taken out of ``train_x`` before
-        any training loader is built (engine/selection.py)."""
-        sel = self.cfg.get("SELECTION", None)
-        self.source_val_items, self.source_val_info = [], None
-        if sel is None or int(sel.get("EVAL_FREQ", 0)) <= 0:
-            return
-        seed = max(int(self.cfg.SEED), 0)
-        if dataset.val:
-            self.source_val_items = list(dataset.val)
-            kind, fraction = "the dataset's val split of the sources", None
-        else:
-            fraction = float(sel.HOLDOUT_FRACTION)
-            train, held = holdout_split(dataset.train_x, fraction, seed)
-            dataset._train_x = train  # DatasetBase.train_x reads it
-            self.source_val_items = held
-            kind = "held out of each source domain's train split (stratified by class)"
-            same_on_every_rank([it.impath for it in held], "held-out source validation splits")
-        sources = list(self.cfg.DATASET.SOURCE_DOMAINS)
-        per = {d: sum(1 for it in self.source_val_items if it.domain == i) for i, d in enumerate(sources)}
-        self.source_val_info = {
-            "kind": kind,
-            "fraction": fraction,
-            "seed": seed,
-            "size": len(self.source_val_items),
-            "per_domain": per,
-        }
-
-    def _eval_loader(self, items) -> DataLoader:
-        """A test-time loader over ``items`` (this process's share under torchrun)."""
-        base = self.test_loader.dataset
-        ds = RobustDatasetWrapper(self.cfg, items, transform=base.transform, is_train=False)
-        w = distributed.world()
-        return DataLoader(
-            ds,
-            batch_size=self.cfg.DATALOADER.TEST.BATCH_SIZE,
-            sampler=distributed.test_indices(len(ds)) if w.distributed else None,
-            shuffle=False,
-            num_workers=self.cfg.DATALOADER.NUM_WORKERS,
-            pin_memory=torch.cuda.is_available() and self.cfg.USE_CUDA,
-        )
+        """With records on (``SELECTION.EVAL_FREQ``): dassl_adapter/records.py."""
+        self.source_val_items, self.source_val_info = source_val_split(self.cfg, dataset)
 
     def _build_selection(self):
-        sel = self.cfg.get("SELECTION", None)
-        if sel is None or int(sel.get("EVAL_FREQ", 0)) <= 0:
-            return None
-        cap, seed = int(sel.TARGET_CAP), max(int(self.cfg.SEED), 0)
-        data = self.dm.dataset
-        loaders = {
-            "source_val": self._eval_loader(self.source_val_items) if self.source_val_items else None,
-            "source_train": self._eval_loader(subsample(data.train_x, cap, seed)),
-            "target": self._eval_loader(subsample(data.train_u, cap, seed)) if data.train_u else None,
-            "test": self.test_loader,
-        }
-        return Selection(
-            self.output_dir,
-            int(sel.EVAL_FREQ),
-            self.max_epoch,
-            list(self.cfg.DATASET.SOURCE_DOMAINS),
-            self.num_classes,
-            self.hparams.conf_thre,
-            seed,
-            self.is_da,
-            self.algorithm.features_and_experts,
-            self.device,
-            loaders,
-            [str(v).lower() for v in sel.VALIDATORS],
-            keep_list(sel.KEEP_BEST, self.is_da),
-            lambda: self.set_model_mode("eval"),
-            self._save_best,
-            self.bad_images,
+        return build_selection(
+            self, self.algorithm.features_and_experts, self.is_da, self.hparams.conf_thre, self._save_best
         )
 
     def _save_best(self, path: str) -> None:
@@ -455,9 +390,11 @@ class DAELTrainer(TrainerXU):
     def _classnames(self) -> List[str]:
         return [self.lab2cname.get(i, str(i)) for i in range(self.num_classes)]
 
-    def load_model(self, directory, epoch=None):
-        path = osp.join(directory, ckpt.LAST)
-        if epoch is None and osp.isfile(path):
+    def load_model(self, directory, epoch=None, name=None):
+        """The last checkpoint, Dassl's epoch ``epoch`` files, or the file ``name`` (a protocol's
+        ``model-best-<protocol>.pth.tar``) of ``directory``; returns its epoch count."""
+        path = osp.join(directory, name or ckpt.LAST)
+        if name is not None or (epoch is None and osp.isfile(path)):
             state = ckpt.load_checkpoint(path)
             order = ckpt.check_loaded_run(state, self.cfg, path, "dassl", self._classnames())
             if "models" not in state:

@@ -68,6 +68,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--eval-only", action="store_true", help="evaluation only")
     p.add_argument("--model-dir", type=str, default="", help="load model from this directory for eval-only mode")
     p.add_argument("--load-epoch", type=int, help="load model weights at this epoch for evaluation")
+    p.add_argument(
+        "--select",
+        type=str,
+        default="",
+        metavar="PROTOCOL",
+        help="with --eval-only: evaluate the model that PROTOCOL chose during the run (its "
+        "model-best-PROTOCOL.pth.tar in --model-dir, kept with SELECTION.EVAL_FREQ; docs/selection.md)",
+    )
     p.add_argument("--no-train", action="store_true", help="do not call trainer.train()")
     p.add_argument(
         "--engine", choices=ENGINES, default="auto", help="auto: Dassl when importable, else the built-in engine"
@@ -361,6 +369,7 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     from dassl.utils import set_random_seed, setup_logger
 
     from dael_plugin.dassl_adapter import prepare_cfg
+    from dael_plugin.dassl_adapter.records import eval_freq, with_records
 
     if cfg.SEED >= 0:
         print(f"Setting fixed seed: {cfg.SEED}")
@@ -371,7 +380,13 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     cuda_settings(cfg)  # every trainer, Dassl's baselines too
     _say_config(cfg, "** System info **\n{}\n".format(system_info()))
     prepare_cfg(cfg)  # done by _check_names already; kept for callers of _run_dassl alone
-    trainer = build_trainer(cfg)
+    if args.eval_only or eval_freq(cfg) <= 0:
+        trainer = build_trainer(cfg)
+    else:  # Dassl's baselines write the same per-epoch records as DAEL (dassl_adapter/records.py)
+        from dassl.engine import TRAINER_REGISTRY
+
+        print(f"Loading trainer: {cfg.TRAINER.NAME}")
+        trainer = with_records(TRAINER_REGISTRY.get(cfg.TRAINER.NAME))(cfg)
     if cfg.TEST.FINAL_MODEL == "best_val" and getattr(trainer, "val_loader", None) is None:
         raise DAELConfigError(_BEST_VAL_WITHOUT_VAL.format(dataset=cfg.DATASET.NAME))
     recorded = {}
@@ -401,10 +416,41 @@ def _setting(trainer) -> str:
     return "DA" if isinstance(trainer, TrainerXU) and getattr(trainer, "train_loader_u", None) is not None else "DG"
 
 
+def _check_select(args: argparse.Namespace) -> None:
+    from dael_plugin.core.validators import SCORED_PROTOCOLS
+
+    if not args.eval_only:
+        raise DAELConfigError(
+            f"--select {args.select} goes with --eval-only --model-dir <OUTPUT_DIR of a run> (it evaluates the model "
+            "a protocol chose); to choose among finished runs, use scripts/collect.py --select"
+        )
+    if args.load_epoch is not None:
+        raise DAELConfigError("--select and --load-epoch both name the weights to evaluate; pass one")
+    if args.select not in SCORED_PROTOCOLS:
+        raise DAELConfigError(
+            f"--select {args.select}: not a protocol that keeps a model; choose from {', '.join(SCORED_PROTOCOLS)} "
+            "(the last epoch's model is the default)"
+        )
+
+
 def _load_for_eval(trainer, engine: str, args: argparse.Namespace) -> Optional[int]:
     """Load the weights to evaluate; returns the checkpoint's epoch count."""
     if not os.path.isdir(args.model_dir):
         raise DAELConfigError(f"--model-dir {args.model_dir} is not a directory; give the OUTPUT_DIR of a run")
+    if args.select:
+        from dael_plugin.engine.selection import best_name
+
+        name = best_name(args.select)
+        if not os.path.isfile(os.path.join(args.model_dir, name)):
+            raise DAELConfigError(
+                f"no {os.path.join(args.model_dir, name)}: that run kept no model for --select {args.select} (it "
+                "needs SELECTION.EVAL_FREQ > 0 and the protocol in SELECTION.KEEP_BEST)"
+            )
+        if engine == "dassl" and not getattr(trainer, "selection_built_in", False):  # a Dassl baseline
+            from dael_plugin.dassl_adapter.records import load_best
+
+            return load_best(trainer, args.model_dir, args.select)
+        return trainer.load_model(args.model_dir, name=name)
     if engine == "dassl":
         from dassl.engine.trainer import TrainerBase
 
@@ -659,6 +705,8 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         raise DAELConfigError(
             "--eval-only needs --model-dir <OUTPUT_DIR of a run>; it never reads the current directory"
         )
+    if args.select:
+        _check_select(args)
     if engine == "dassl":
         import dael_plugin  # noqa: F401  (registers the trainer, datasets and backbones)
     if args.hash_pixels and not args.check_data:
@@ -743,6 +791,8 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     record["data_digest"] = one_digest(record["data"])
     if pixels is not None:
         record["data_pixels_sha256"] = pixels
+    if args.eval_only and args.select:  # the model a protocol chose, and at which epoch
+        record["selected_by"] = {"protocol": args.select, "epoch": epochs}
     if getattr(trainer, "source_val_info", None) is not None:  # the records' source validation split
         record["source_val_split"] = trainer.source_val_info
     if not args.eval_only:  # the first-step check of the fused pass (CUDA), where this process ran one

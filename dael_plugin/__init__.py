@@ -47,9 +47,22 @@ def _register_with_dassl() -> None:
     register()
 
 
+def _register_with_dassl_part() -> None:
+    """``dassl.modeling`` or ``dassl.data`` imported without ``dassl.engine`` (a script that calls
+    Dassl's ``build_backbone`` or ``build_dataset`` itself): register now. Inside ``dassl.engine``'s
+    own import, which imports both, its hook registers once it is complete."""
+    from dael_plugin.dassl_hook import initialised
+
+    if "dassl.engine" in sys.modules and not initialised("dassl.engine"):
+        return
+    _register_with_dassl()
+
+
 if HAS_DASSL:
     from dael_plugin.dassl_hook import when_imported
 
     when_imported("dassl.engine", _register_with_dassl)
+    when_imported("dassl.modeling", _register_with_dassl_part)
+    when_imported("dassl.data", _register_with_dassl_part)
 
 __all__ = ["DAELConfigError", "HAS_DASSL", "add_dael_config", "__version__"]

@@ -192,3 +192,15 @@ def test_ties_go_to_the_earliest_epoch_then_the_first_setting(tmp_path):
         _run(root, setting, "t", 1, [_ep(1, 40, 50), _ep(2, 60, 50)])
     (choice,) = _cell(root, "source_val")["DAEL"]["t"].choices.values()
     assert (choice.setting, choice.epoch, choice.test) == ("DAEL/a", 1, 40.0)
+
+
+def test_records_without_a_source_split_say_why_source_val_has_no_score(tmp_path):
+    """Runs with EVAL_FREQ auto (no held-out source images) have records but no source_val score:
+    the cell says so, with the fix, rather than 'no records'; a validator still chooses."""
+    root = str(tmp_path / "auto")
+    _run(root, "DAEL", "t", 1, [_ep(1, 40.0, tval=41.0, im=0.2), _ep(2, 50.0, tval=52.0, im=0.1)])
+    text = sel.render_selected(sel.select(root, "source_val"), "source_val")
+    assert "| DAEL | no score in the records | — |" in text and "rerun them with SELECTION.EVAL_FREQ 1" in text
+    cell = sel.select(root, "im")[0][2]["DAEL"]["t"]
+    assert cell.values == [40.0] and cell.choices[1].epoch == 1
+    assert "No score" not in sel.render_selected(sel.select(root, "im"), "im")

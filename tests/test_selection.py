@@ -375,3 +375,45 @@ def _cfg_from(argv, engine):
     from dael_plugin.tools.train import build_parser, setup_cfg
 
     return setup_cfg(build_parser().parse_args(argv), engine)
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_auto_records_leave_the_papers_training_unchanged(tmp_path, tiny_root, engine):
+    """SELECTION.EVAL_FREQ -1 (the default) on a small set: records every epoch, no source image held
+    out, and the trained weights bit for bit those of a run without records (the evaluation draws
+    nothing from the training streams)."""
+    if engine == "dassl":
+        pytest.importorskip("dassl")
+    runs = {}
+    for freq in (-1, 0):
+        cfg = _cfg(tmp_path / str(freq), tiny_root, engine, epochs=2)
+        cfg.defrost()
+        cfg.SELECTION.EVAL_FREQ = freq
+        tr = _trainer(engine, cfg)
+        tr.train()
+        modules = tr.modules if engine == "builtin" else torch.nn.ModuleDict(tr._models)
+        runs[freq] = (tr, {k: v.clone() for k, v in modules.state_dict().items()})
+    auto, plain = runs[-1][0], runs[0][0]
+    assert auto.eval_freq == 1 and auto.source_val_items == [] and auto.source_val_info["auto"] is True
+    assert plain.eval_freq == 0 and plain.source_val_info is None
+    assert [json.loads(x)["epoch"] for x in open(tmp_path / "-1" / S.EPOCHS)] == [1, 2]
+    assert not (tmp_path / "0" / S.EPOCHS).exists()
+    assert len(_train_paths(auto, engine)[0]) == len(_train_paths(plain, engine)[0])
+    for k, v in runs[0][1].items():
+        assert torch.equal(runs[-1][1][k], v), k
+
+
+def test_auto_resolves_by_the_size_of_the_sources():
+    from yacs.config import CfgNode as CN
+
+    def resolve(freq, frac, n):
+        return S.resolve_selection(CN({"EVAL_FREQ": freq, "HOLDOUT_FRACTION": frac}), n)
+
+    assert resolve(-1, -1.0, 2_880) == (1, 0.0, True)  # the embedded set: every epoch, nothing held out
+    assert resolve(-1, -1.0, S.AUTO_MAX_SOURCE_IMAGES) == (1, 0.0, True)
+    assert resolve(-1, -1.0, S.AUTO_MAX_SOURCE_IMAGES + 1) == (0, 0.0, True)  # Digit-5's 100,000: none
+    assert resolve(1, -1.0, 100_000) == (1, 0.2, False)  # asked for: DomainBed's 20% held out
+    assert resolve(2, 0.1, 10) == (2, 0.1, False)
+    assert resolve(-1, 0.3, 10) == (1, 0.3, True)  # a fraction set by hand holds under auto too
+    assert resolve(0, -1.0, 10) == (0, 0.2, False)
+    assert S.resolve_selection(None, 10) == (0, 0.2, False)  # Dassl's tools/train.py: no SELECTION node

@@ -27,7 +27,6 @@ from dael_plugin.builtin import data as bdata
 from dael_plugin.config import uses_target_data
 from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
-from dael_plugin.data.holdout import holdout_split
 from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed
@@ -35,7 +34,7 @@ from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
 from dael_plugin.engine.loop import eval_loader, sync_batch_norm, train_epoch
-from dael_plugin.engine.selection import Selection, keep_list, same_on_every_rank, subsample
+from dael_plugin.engine.selection import Selection, keep_list, split_sources, subsample
 from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_test_transform, check_names
@@ -133,38 +132,26 @@ class BuiltinTrainer:
     # -- model selection: the source validation split and the per-epoch records ----------
     def _source_val_split(self) -> None:
         """With records on (``SELECTION.EVAL_FREQ``), the sources' validation split: the dataset's
-        own, or a stratified held-out part of each source's train split, never trained on."""
-        sel = self.cfg.get("SELECTION", None)
-        self.source_val_items, self.source_val_info = [], None
-        if sel is None or int(sel.EVAL_FREQ) <= 0:
-            return
-        if self.splits["val"]:
-            self.source_val_items = list(self.splits["val"])
-            kind, fraction = "the dataset's val split of the sources", None
-        else:
-            fraction = float(sel.HOLDOUT_FRACTION)
-            train, held = holdout_split(self.splits["train_x"], fraction, self.seed)
+        own, or a stratified held-out part of each source's train split, never trained on
+        (engine/selection.split_sources, shared with the Dassl engine)."""
+        train, held, info, self.eval_freq = split_sources(
+            self.cfg.get("SELECTION", None), self.splits["train_x"], self.splits["val"], self.seed, self.sources
+        )
+        if len(train) != len(self.splits["train_x"]):
             self.splits = dict(self.splits, train_x=train)
-            self.source_val_items = held
-            kind = "held out of each source domain's train split (stratified by class)"
-            same_on_every_rank([it.impath for it in held], "held-out source validation splits")
-        per = {d: sum(1 for it in self.source_val_items if it.domain == i) for i, d in enumerate(self.sources)}
-        self.source_val_info = {
-            "kind": kind,
-            "fraction": fraction,
-            "seed": self.seed,
-            "size": len(self.source_val_items),
-            "per_domain": per,
-        }
+        self.source_val_items, self.source_val_info = held, info
 
     def _build_selection(self):
         sel = self.cfg.get("SELECTION", None)
-        if sel is None or int(sel.EVAL_FREQ) <= 0:
+        if self.eval_freq <= 0:
             return None
         cap = int(sel.TARGET_CAP)
         loaders = {
             "source_val": self._test_loader(self.source_val_items) if self.source_val_items else None,
-            "source_train": self._test_loader(subsample(self.splits["train_x"], cap, self.seed)),
+            # DEV's source features: only read where DEV can be scored (with a source validation split)
+            "source_train": self._test_loader(subsample(self.splits["train_x"], cap, self.seed))
+            if self.source_val_items
+            else None,
             "target": self._test_loader(subsample(self.splits["train_u"], cap, self.seed))
             if self.has_target_train
             else None,
@@ -173,7 +160,7 @@ class BuiltinTrainer:
         da = self.is_da
         return Selection(
             self.cfg.OUTPUT_DIR,
-            int(sel.EVAL_FREQ),
+            self.eval_freq,
             self.cfg.OPTIM.MAX_EPOCH,
             self.sources,
             self.num_classes,

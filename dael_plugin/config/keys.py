@@ -236,12 +236,14 @@ def check_selection(cfg: CN) -> None:
     """The SELECTION node's values (absent keys read as their defaults: Dassl's own tools/train.py)."""
     sel = cfg.get("SELECTION", CN())
     freq = sel.get("EVAL_FREQ", 0)
-    if not isinstance(freq, int) or isinstance(freq, bool) or not 0 <= freq <= 10**6:
-        raise DAELConfigError(f"SELECTION.EVAL_FREQ={freq!r} is invalid: epochs between records, 0 (none) to 1000000")
-    frac = sel.get("HOLDOUT_FRACTION", 0.2)
-    if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not 0.0 <= float(frac) < 1.0:
+    if not isinstance(freq, int) or isinstance(freq, bool) or not -1 <= freq <= 10**6:
         raise DAELConfigError(
-            f"SELECTION.HOLDOUT_FRACTION={frac!r} is invalid: a share from 0 to below 1 (0.2: DomainBed's)"
+            f"SELECTION.EVAL_FREQ={freq!r} is invalid: epochs between records, 0 (none) to 1000000, or -1 (auto)"
+        )
+    frac = sel.get("HOLDOUT_FRACTION", 0.2)
+    if not isinstance(frac, (int, float)) or isinstance(frac, bool) or not (frac == -1 or 0.0 <= float(frac) < 1.0):
+        raise DAELConfigError(
+            f"SELECTION.HOLDOUT_FRACTION={frac!r} is invalid: a share from 0 to below 1 (0.2: DomainBed's), or -1 (auto)"
         )
     cap = sel.get("TARGET_CAP", 1000)
     if not isinstance(cap, int) or isinstance(cap, bool) or not 0 <= cap <= 10**7:

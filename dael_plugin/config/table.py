@@ -119,18 +119,20 @@ TOP_KEYS: Tuple[Key, ...] = (
 SELECTION_KEYS: Tuple[Key, ...] = (
     Key(
         "EVAL_FREQ",
-        0,
+        -1,
         "selection",
         legacy=0,
-        doc="write OUTPUT_DIR/epochs.jsonl every N epochs (and at the last); 0: no records, no held-out source split",
+        doc="write OUTPUT_DIR/epochs.jsonl every N epochs (and at the last); 0: no records, no held-out source split; "
+        "-1 (auto): every epoch on a set of at most 30,000 source training images, else none",
     ),
     Key(
         "HOLDOUT_FRACTION",
-        0.2,
+        -1.0,
         "selection",
         legacy=0.2,
         doc="with records, the share of each source domain's train split held out for validation (DomainBed's "
-        "holdout_fraction) where the dataset has no val split of its sources; never trained on",
+        "holdout_fraction) where the dataset has no val split of its sources; never trained on; -1 (auto): 0.2 "
+        "when EVAL_FREQ is set to 1 or more, 0 (the paper's training set) under EVAL_FREQ auto",
     ),
     Key("TARGET_CAP", 1000, "selection", legacy=1000, doc="target train images the validators and the oracle read"),
     Key(

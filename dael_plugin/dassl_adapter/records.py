@@ -12,48 +12,38 @@ the two redoes that epoch, and its record, on resume).
 from __future__ import annotations
 
 import os.path as osp
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from typing import Callable, Optional, Tuple
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from dael_plugin.data.holdout import holdout_split
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed
-from dael_plugin.engine.selection import Selection, keep_list, same_on_every_rank, subsample
+from dael_plugin.engine.selection import Selection, keep_list, split_sources, subsample
 from dael_plugin.errors import DAELConfigError
 
 Encode = Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
 
 
 def eval_freq(cfg) -> int:
+    """SELECTION.EVAL_FREQ as set (-1: auto, resolved once the data is read; engine/selection.py)."""
     sel = cfg.get("SELECTION", None)
     return int(sel.get("EVAL_FREQ", 0)) if sel is not None else 0
 
 
-def source_val_split(cfg, dataset) -> Tuple[List[Any], Optional[Dict[str, Any]]]:
-    """With records on: the dataset's own val split of the sources, or a stratified held-out part
-    of each source's train split, taken out of ``dataset.train_x`` (before any training loader
-    reads it). Returns the items and what ``results.json`` records of them."""
-    if eval_freq(cfg) <= 0:
-        return [], None
-    sel = cfg.SELECTION
-    seed = max(int(cfg.SEED), 0)
-    if dataset.val:
-        items = list(dataset.val)
-        kind, fraction = "the dataset's val split of the sources", None
-    else:
-        fraction = float(sel.HOLDOUT_FRACTION)
-        train, items = holdout_split(dataset.train_x, fraction, seed)
+def source_val_split(trainer, dataset) -> None:
+    """The trainer's source validation split (``source_val_items``, ``source_val_info``) and its
+    resolved ``eval_freq``; a held-out part leaves ``dataset.train_x`` before any training loader
+    reads it."""
+    cfg = trainer.cfg
+    train, held, info, freq = split_sources(
+        cfg.get("SELECTION", None), dataset.train_x, dataset.val, max(int(cfg.SEED), 0), cfg.DATASET.SOURCE_DOMAINS
+    )
+    if len(train) != len(dataset.train_x):
         dataset._train_x = train  # DatasetBase.train_x reads it
-        kind = "held out of each source domain's train split (stratified by class)"
-        same_on_every_rank([it.impath for it in items], "held-out source validation splits")
-    sources = list(cfg.DATASET.SOURCE_DOMAINS)
-    per = {d: sum(1 for it in items if it.domain == i) for i, d in enumerate(sources)}
-    info = {"kind": kind, "fraction": fraction, "seed": seed, "size": len(items), "per_domain": per}
-    return items, info
+    trainer.source_val_items, trainer.source_val_info, trainer.eval_freq = held, info, freq
 
 
 def eval_loader(cfg, items, template: DataLoader) -> DataLoader:
@@ -77,7 +67,7 @@ def build_selection(
 ) -> Optional[Selection]:
     """The records of a Dassl-engine ``trainer`` (None with ``EVAL_FREQ`` 0)."""
     cfg = trainer.cfg
-    if eval_freq(cfg) <= 0:
+    if trainer.eval_freq <= 0:
         return None
     sel = cfg.SELECTION
     cap, seed = int(sel.TARGET_CAP), max(int(cfg.SEED), 0)
@@ -85,13 +75,16 @@ def build_selection(
     template = trainer.test_loader
     loaders = {
         "source_val": eval_loader(cfg, trainer.source_val_items, template) if trainer.source_val_items else None,
-        "source_train": eval_loader(cfg, subsample(data.train_x, cap, seed), template),
+        # DEV's source features: only read where DEV can be scored (with a source validation split)
+        "source_train": eval_loader(cfg, subsample(data.train_x, cap, seed), template)
+        if trainer.source_val_items
+        else None,
         "target": eval_loader(cfg, subsample(data.train_u, cap, seed), template) if data.train_u else None,
         "test": template,
     }
     return Selection(
         trainer.output_dir,
-        eval_freq(cfg),
+        trainer.eval_freq,
         trainer.max_epoch,
         list(cfg.DATASET.SOURCE_DOMAINS),
         trainer.num_classes,
@@ -158,7 +151,7 @@ class BaselineRecords:
         self.bad_images = getattr(self, "bad_images", set())
         dataset = self.dm.dataset
         before = len(dataset.train_x)
-        self.source_val_items, self.source_val_info = source_val_split(self.cfg, dataset)
+        source_val_split(self, dataset)
         if len(dataset.train_x) != before:  # the held-out images go out of Dassl's source loader
             from dassl.data.data_manager import build_data_loader
 
@@ -178,7 +171,17 @@ class BaselineRecords:
 
     def build_model(self):
         super().build_model()
+        self.selection = None
+        if self.eval_freq <= 0:
+            return
         encode = baseline_encoder(self)
+        if encode is None and eval_freq(self.cfg) < 0:  # auto: a trainer the records cannot read
+            print(
+                f"dael_plugin: no per-epoch records for Dassl's {self.cfg.TRAINER.NAME} (its prediction is not one "
+                "the plugin can split into features and classifiers)"
+            )
+            self.eval_freq = 0
+            return
         if encode is None:
             raise DAELConfigError(
                 f"SELECTION.EVAL_FREQ {eval_freq(self.cfg)}: per-epoch records are not available for Dassl's "
@@ -205,10 +208,12 @@ class BaselineRecords:
 
     def before_train(self):
         super().before_train()
-        self.selection.resume(self.start_epoch)  # the records of epochs this run redoes go
+        if self.selection is not None:
+            self.selection.resume(self.start_epoch)  # the records of epochs this run redoes go
 
     def after_epoch(self):
-        self.selection.after_epoch(self.epoch + 1)  # before Dassl's checkpoint of this epoch
+        if self.selection is not None:
+            self.selection.after_epoch(self.epoch + 1)  # before Dassl's checkpoint of this epoch
         super().after_epoch()
 
 

@@ -123,7 +123,7 @@ class DAELTrainer(TrainerXU):
     # -- model selection: the source validation split and the per-epoch records ----------
     def _source_val_split(self, dataset) -> None:
         """With records on (``SELECTION.EVAL_FREQ``): dassl_adapter/records.py."""
-        self.source_val_items, self.source_val_info = source_val_split(self.cfg, dataset)
+        source_val_split(self, dataset)
 
     def _build_selection(self):
         return build_selection(

@@ -75,6 +75,73 @@ def same_on_every_rank(paths: Sequence[str], what: str) -> None:
         )
 
 
+AUTO_MAX_SOURCE_IMAGES = 30_000  # SELECTION.EVAL_FREQ -1 ("auto") writes records up to this many
+
+
+def resolve_selection(sel: Any, n_source_train: int) -> Tuple[int, float, bool]:
+    """``(eval_freq, holdout_fraction, auto)`` of the SELECTION node for a run with
+    ``n_source_train`` source training images.
+
+    - ``EVAL_FREQ -1`` (the default, "auto"): records every epoch on a small set (at most
+      ``AUTO_MAX_SOURCE_IMAGES`` source training images: the embedded set, PACS, Office-Home, ...),
+      none on a large one (Digit-5, DomainNet), where each evaluation costs more;
+    - ``HOLDOUT_FRACTION -1`` (the default): 0.2 (DomainBed's) when ``EVAL_FREQ`` was set to 1 or
+      more, which asks for selection; 0 under "auto", which keeps every source image for training
+      (the paper's protocol), so the automatic records carry no source-validation accuracy unless
+      the dataset has its own val split."""
+    freq = int(sel.get("EVAL_FREQ", 0)) if sel is not None else 0
+    frac = float(sel.get("HOLDOUT_FRACTION", 0.2)) if sel is not None else 0.2
+    auto = freq < 0
+    if auto:
+        freq = 1 if n_source_train <= AUTO_MAX_SOURCE_IMAGES else 0
+    if frac < 0:
+        frac = 0.0 if auto else 0.2
+    return freq, frac, auto
+
+
+def split_sources(
+    sel: Any, train: Sequence[Any], val: Sequence[Any], seed: int, sources: Sequence[str]
+) -> Tuple[List[Any], List[Any], Optional[Dict[str, Any]], int]:
+    """The run's source validation split, shared by both engines: ``(train, held, info, eval_freq)``.
+    With records on, the dataset's own ``val`` of the sources where it has one, else
+    ``HOLDOUT_FRACTION`` of each source domain's ``train`` (stratified by class, from ``seed``,
+    never trained on); ``info`` is what results.json records of it. Says in one line what it chose."""
+    from dael_plugin.data.holdout import holdout_split
+
+    freq, fraction, auto = resolve_selection(sel, len(train))
+    why = f"SELECTION.EVAL_FREQ {'-1 (auto: ' + format(len(train), ',') + ' source training images)' if auto else freq}"
+    if freq <= 0:
+        if auto and distributed.world().is_main:
+            print(
+                f"dael_plugin: no per-epoch records ({why}, over {AUTO_MAX_SOURCE_IMAGES:,}); set SELECTION.EVAL_FREQ N"
+            )
+        return list(train), [], None, 0
+    if val:
+        held, train, kind, fraction = list(val), list(train), "the dataset's val split of the sources", None
+    else:
+        train, held = holdout_split(train, fraction, seed)
+        kind = (
+            "held out of each source domain's train split (stratified by class)"
+            if held
+            else "none: every source training image is trained on (SELECTION.HOLDOUT_FRACTION 0)"
+        )
+        if held:
+            same_on_every_rank([it.impath for it in held], "held-out source validation splits")
+    per = {d: sum(1 for it in held if it.domain == i) for i, d in enumerate(sources)}
+    info = {"kind": kind, "fraction": fraction, "seed": seed, "size": len(held), "per_domain": per}
+    info.update(eval_freq=freq, auto=auto)
+    if distributed.world().is_main:
+        if held:
+            said = f"source validation: {len(held)} images, {kind}"
+        else:
+            said = (
+                "no source validation split (every source image is trained on, as in the paper; "
+                "for source_val selection set SELECTION.EVAL_FREQ 1, which holds out 20%)"
+            )
+        print(f"dael_plugin: records every {freq} epoch(s) in {EPOCHS} ({why}); {said}")
+    return train, held, info, freq
+
+
 def subsample(items: Sequence[Any], cap: int, seed: int) -> List[Any]:
     """At most ``cap`` of ``items`` (all where ``cap <= 0``), drawn once from ``seed``, in their order."""
     if cap <= 0 or len(items) <= cap:

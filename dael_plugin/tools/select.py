@@ -88,10 +88,13 @@ class CellChoice:
     values: List[float] = field(default_factory=list)
     choices: Dict[object, Choice] = field(default_factory=dict)
     missing: List[str] = field(default_factory=list)  # runs a protocol needs and the sweep lacks
+    recorded: bool = False  # some run of the cell has epoch records (but none the protocol can score)
 
     def text(self, usual_n: int = 0) -> str:
         if not self.values:
-            return "missing runs" if self.missing else "no records"
+            if self.missing:
+                return "missing runs"
+            return "no score in the records" if self.recorded else "no records"
         mean = statistics.fmean(self.values)
         if len(self.values) == 1:
             return f"{mean:.2f} (n=1)"
@@ -235,6 +238,7 @@ def select(
                     if c is not None:
                         cell.values.append(c.test)
                         cell.choices[seed] = c
+                    cell.recorded = cell.recorded or any(run.epochs for run in runs.values())
                 cells[row][t] = cell
         out.append((table, targets, cells))
     return out
@@ -270,6 +274,14 @@ def render_selected(tables, protocol_name: str) -> str:
                 md.append(f"- {row} -> {t}: {picks or '—'}")
                 for m in c.missing:
                     md.append(f"  - needs the run {m}")
+        unscored = any(c.recorded and not c.values for by_t in cells.values() for c in by_t.values())
+        if unscored and protocol_name in ("source_val", "dev", "devn"):
+            md.append("")
+            md.append(
+                f"No score in the records: `{protocol_name}` reads a source validation split, and runs with "
+                "SELECTION.EVAL_FREQ -1 (auto) train on every source image; rerun them with SELECTION.EVAL_FREQ 1, "
+                "which holds out 20% (SELECTION.HOLDOUT_FRACTION)."
+            )
         md.append("")
     return "\n".join(md)
 

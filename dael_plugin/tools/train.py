@@ -380,7 +380,7 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     cuda_settings(cfg)  # every trainer, Dassl's baselines too
     _say_config(cfg, "** System info **\n{}\n".format(system_info()))
     prepare_cfg(cfg)  # done by _check_names already; kept for callers of _run_dassl alone
-    if args.eval_only or eval_freq(cfg) <= 0:
+    if args.eval_only or eval_freq(cfg) == 0:
         trainer = build_trainer(cfg)
     else:  # Dassl's baselines write the same per-epoch records as DAEL (dassl_adapter/records.py)
         from dassl.engine import TRAINER_REGISTRY

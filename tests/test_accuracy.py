@@ -92,6 +92,10 @@ def _start(tmp_path, data_root, trainer, seed):
         str(EPOCHS),
         "USE_CUDA",
         "False",
+        # No per-epoch records (the default writes them on this small set): they leave training
+        # unchanged bit for bit (test_selection.py) and would cost about a CPU-minute here.
+        "SELECTION.EVAL_FREQ",
+        "0",
     ]
     env = dict(os.environ, OMP_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS)
     env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")

@@ -278,14 +278,16 @@ def test_a_full_disk_during_a_checkpoint_is_one_line_and_keeps_the_last_one(tmp_
     """A real full disk: a tmpfs that holds the first epoch's checkpoint but not a second one beside
     it (the atomic write needs both until the rename). Needs root to mount (skipped otherwise)."""
     sizing = tmp_path / "sizing"
-    proc = spawn(args_for(tiny_root, sizing))
+    # the checkpoint alone is under test: no records (the default keeps chosen models beside it)
+    no_records = ["SELECTION.EVAL_FREQ", "0"]
+    proc = spawn(args_for(tiny_root, sizing, extra=no_records))
     assert proc.wait(300) == 0, proc.stderr.read()[-2000:]
     need = (sizing / "checkpoint.pth.tar").stat().st_size
     disk = tmp_path / "disk"
     if not _mount_tmpfs(disk, need * 13 // 10 + 200 * 1024):
         pytest.skip("cannot mount a tmpfs here (needs root)")
     try:
-        proc = spawn(args_for(tiny_root, disk / "run", epochs=3) + ["TEST.NO_TEST", "True"])
+        proc = spawn(args_for(tiny_root, disk / "run", epochs=3) + ["TEST.NO_TEST", "True"] + no_records)
         _, err = proc.communicate(timeout=300)
         line = one_error_line(err)
         assert proc.returncode == 2 and "no space left on the device" in line and "checkpoint.pth.tar" in line, err

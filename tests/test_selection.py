@@ -139,11 +139,19 @@ def test_records_on_each_engine_and_a_source_split_never_trained_on(tmp_path, ti
         assert set(r["validators"]) == set(S.VALIDATORS)
         assert r["target_val_size"] == 40 and r["source_val_size"] == len(val)
         assert 0 <= r["target_test_accuracy"] <= 100
+    from dael_plugin.engine.checkpoint import RESUME_ONLY
+
+    inodes = {}
     for p in S.SCORED:  # each protocol's best checkpoint holds the epoch its score chose
         scores = [(S.protocol_score(r, p), -r["epoch"]) for r in recs]
         chosen = -max(scores)[1]
-        state = torch.load(tmp_path / "run" / S.best_name(p), map_location="cpu", weights_only=True)
+        path = tmp_path / "run" / S.best_name(p)
+        state = torch.load(path, map_location="cpu", weights_only=True)
         assert state["epoch"] == chosen, p
+        assert not set(state) & set(RESUME_ONLY) and state["model" if engine == "builtin" else "models"]
+        inodes.setdefault(chosen, set()).add(os.stat(path).st_ino)
+    # the protocols that chose one epoch share one file (written once, hard links for the others)
+    assert all(len(files) == 1 for files in inodes.values()), inodes
 
 
 @pytest.mark.parametrize("engine", ENGINES)

@@ -178,7 +178,7 @@ class BuiltinTrainer:
         )
 
     def _save_best(self, path: str) -> None:
-        ckpt.save_checkpoint(self._state(self.epoch + 1), path)
+        ckpt.save_checkpoint(ckpt.model_state(self._state(self.epoch + 1)), path)
 
     # -- shared machinery ------------------------------------------------
     def _test_loader(self, items):

@@ -131,7 +131,7 @@ class DAELTrainer(TrainerXU):
         )
 
     def _save_best(self, path: str) -> None:
-        ckpt.save_checkpoint(self._run_state(self.epoch + 1), path)
+        ckpt.save_checkpoint(ckpt.model_state(self._run_state(self.epoch + 1)), path)
 
     def before_train(self):
         super().before_train()

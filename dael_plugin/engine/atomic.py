@@ -69,6 +69,25 @@ def write_bytes(path: str, data: bytes) -> str:
     return path
 
 
+def link_or_copy(source: str, path: str) -> str:
+    """``path`` atomically made the same file as ``source``: a hard link (no bytes written), or a
+    copy where the file system has none. A later atomic write of either path replaces that path
+    alone."""
+    tmp = f"{path}.tmp.{os.getpid()}"
+    _remove(tmp)
+    try:
+        os.link(source, tmp)
+    except OSError:
+        with open(source, "rb") as f:
+            return write_bytes(path, f.read())
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        _remove(tmp)
+        raise
+    return path
+
+
 def _remove(path: str) -> None:
     try:
         os.remove(path)

@@ -300,6 +300,16 @@ def gather_rng() -> list:
     return gather_objects(rng_state())
 
 
+RESUME_ONLY = ("optim", "sched", "optims", "scheds", "rng", "rng_ranks", "scaler")
+
+
+def model_state(state: dict) -> dict:
+    """A run state without what only a resume reads (optimiser, schedulers, RNG, fp16's scaler):
+    a protocol's chosen model, for evaluation and shipping, at about a third of the size with SGD's
+    momentum. It loads for ``--eval-only`` as the last checkpoint does."""
+    return {k: v for k, v in state.items() if k not in RESUME_ONLY}
+
+
 def run_state(
     engine: str,
     cfg: Any,

@@ -332,6 +332,8 @@ class EpochRecords:
         ``save_best(path)``. Returns the protocols whose choice moved to this epoch. Rank 0 only."""
         if not distributed.world().is_main:
             return []
+        from dael_plugin.engine.atomic import link_or_copy
+
         earlier = [r for r in self.read() if r["epoch"] < record["epoch"]]
         moved = []
         for protocol in keep:
@@ -340,7 +342,11 @@ class EpochRecords:
                 continue
             before = [s for s in (protocol_score(r, protocol) for r in earlier) if s is not None]
             if not before or score > max(before):
-                save_best(os.path.join(self.output_dir, best_name(protocol)))
+                path = os.path.join(self.output_dir, best_name(protocol))
+                if moved:  # the same model: one write, hard links for the other protocols
+                    link_or_copy(os.path.join(self.output_dir, best_name(moved[0])), path)
+                else:
+                    save_best(path)
                 moved.append(protocol)
         self._write(earlier + [record])
         return moved

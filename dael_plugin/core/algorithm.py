@@ -13,6 +13,7 @@ from typing import Callable, Dict, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
+from dael_plugin.core.category_shift import mask_logits
 from dael_plugin.core.chunk_norm import (
     convert,
     fused_forward,
@@ -39,6 +40,8 @@ class DAEL:
             chunk, saying why once, where that is not possible.
         chunk_bn: the per-chunk batch-norm implementation, ``auto``, ``split``
             or ``grouped`` (:mod:`.chunk_norm`).
+        class_mask: ``(K, C)`` bool under category shift (:mod:`.category_shift`): which classes
+            each source domain holds; None (the paper) for one shared label set.
     """
 
     def __init__(
@@ -48,10 +51,18 @@ class DAEL:
         hparams: DAELHparams,
         fuse_chunks: bool = True,
         chunk_bn: str = "auto",
+        class_mask: Optional[torch.Tensor] = None,
     ) -> None:
         self.featurizer = featurizer
         self.heads = heads
         self.hparams = hparams
+        if class_mask is not None and hparams.cr_mode != "collaborative":
+            raise ValueError(
+                "category shift's L_cr compares an expert with the others' per-class mean: CR_MODE collaborative"
+            )
+        if class_mask is not None and hparams.classifier != "experts":
+            raise ValueError("category shift masks each expert's classes: CLASSIFIER experts")
+        self.class_mask = class_mask
         self.fuse_chunks = fuse_chunks
         resolve_impl(chunk_bn, "cpu")  # a bad name fails here, not in the first step
         self.chunk_bn = chunk_bn
@@ -130,21 +141,25 @@ class DAEL:
         if use_u:
             logits_u_p = pieces[-1]
 
-        return dael_losses(logits_x_t, logits_x_p, labels, expert_idx, hp, logits_u_t, logits_u_p)
+        return dael_losses(logits_x_t, logits_x_p, labels, expert_idx, hp, logits_u_t, logits_u_p, self.class_mask)
+
+    def _logits(self, feats: torch.Tensor) -> torch.Tensor:
+        logits = self.heads(feats)
+        return logits if self.class_mask is None else mask_logits(logits, self.class_mask)
 
     def features_and_experts(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The backbone's features ``(B, D)`` and each expert's class probabilities ``(B, K, C)``
         (the inputs of the selection validators)."""
         feats = self.featurizer(x)
-        return feats, torch.softmax(self.heads(feats), dim=-1)
+        return feats, torch.softmax(self._logits(feats), dim=-1)
 
     def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         """Each expert's class probabilities, ``(B, K, C)``."""
-        return torch.softmax(self.heads(self.featurizer(x)), dim=-1)
+        return torch.softmax(self._logits(self.featurizer(x)), dim=-1)
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Test-time prediction: the mean of all experts' probabilities, ``(B, C)``."""
-        return ensemble_probs(self.heads(self.featurizer(x)))
+        return ensemble_probs(self.heads(self.featurizer(x)), self.class_mask)
 
 
 def build_heads(in_features: int, num_classes: int, num_domains: int, hparams: DAELHparams) -> nn.Module:

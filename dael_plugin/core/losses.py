@@ -12,6 +12,7 @@ from typing import Dict, Optional
 import torch
 from torch.nn import functional as F
 
+from dael_plugin.core.category_shift import class_ensemble, mask_logits, shared_consistency
 from dael_plugin.core.hparams import DAELHparams
 
 
@@ -29,7 +30,7 @@ def log_mean_probs(log_probs: torch.Tensor, weights: torch.Tensor) -> torch.Tens
 
 
 def pseudo_labels(
-    probs: torch.Tensor, conf_thre: float, source: str = "expert"
+    probs: torch.Tensor, conf_thre: float, source: str = "expert", class_mask: Optional[torch.Tensor] = None
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pseudo-labels for unlabeled target data (Eq. 3).
 
@@ -40,6 +41,8 @@ def pseudo_labels(
     Args:
         probs: ``(B, K, C)`` probabilities on the target view; not differentiated.
         conf_thre: keep a sample where the chosen max probability >= this.
+        class_mask: ``(K, C)`` under category shift (core/category_shift.py): the ensemble is then
+            the per-class mean of the experts that know each class.
     Returns:
         labels ``(B,)`` long, mask ``(B,)`` float in {0, 1}, confidence ``(B,)``.
     """
@@ -49,7 +52,8 @@ def pseudo_labels(
         conf, best = expert_conf.max(dim=1)  # (B,)
         labels = expert_label.gather(1, best.unsqueeze(1)).squeeze(1)
     elif source == "ensemble":
-        conf, labels = probs.mean(dim=1).max(dim=1)
+        ens = probs.mean(dim=1) if class_mask is None else class_ensemble(probs, class_mask)
+        conf, labels = ens.max(dim=1)
     else:
         raise ValueError(f"unknown pseudo-label source {source!r}")
     mask = (conf >= conf_thre).to(probs.dtype)
@@ -115,6 +119,7 @@ def dael_losses(
     hparams: DAELHparams,
     logits_u_target_view: Optional[torch.Tensor] = None,
     logits_u_pred_view: Optional[torch.Tensor] = None,
+    class_mask: Optional[torch.Tensor] = None,
 ) -> Dict[str, torch.Tensor]:
     """The full objective L = L_ce + L_cr + weight_u * L_u (Eq. 4, Algorithm 1).
 
@@ -128,6 +133,9 @@ def dael_losses(
         hparams: weights and design switches.
         logits_u_target_view / logits_u_pred_view: ``(M, K, C)`` on unlabeled
             target images; ``None`` for domain generalisation (no L_u).
+        class_mask: ``(K, C)`` bool, which classes each source domain holds, under category
+            shift (:mod:`.category_shift`: masked experts, per-class ensemble, L_cr on shared
+            classes); ``None`` (the paper) leaves every line below as it was.
     Returns:
         A dict of 0-dim tensors: ``loss`` (to back-propagate), ``loss_x``
         (L_ce), ``loss_cr``, ``loss_u``, ``acc_x`` (%, expert on its own
@@ -135,6 +143,12 @@ def dael_losses(
         ``pseudo_label_u`` and ``pseudo_mask_u`` ``(M,)``, for diagnostics.
     """
     n = labels_x.shape[0]
+    if class_mask is not None:
+        logits_x_target_view = mask_logits(logits_x_target_view, class_mask)
+        logits_x_pred_view = mask_logits(logits_x_pred_view, class_mask)
+        if logits_u_target_view is not None and logits_u_pred_view is not None:
+            logits_u_target_view = mask_logits(logits_u_target_view, class_mask)
+            logits_u_pred_view = mask_logits(logits_u_pred_view, class_mask)
     log_probs_t = F.log_softmax(logits_x_target_view, dim=-1)
     rows = torch.arange(n, device=labels_x.device)
     own_log_probs = log_probs_t[rows, expert_idx]  # (N, C): expert i on its own domain
@@ -151,7 +165,10 @@ def dael_losses(
         else:
             target = _one_hot(labels_x, own_log_probs.shape[-1], own_log_probs.dtype)
         log_probs_p = F.log_softmax(logits_x_pred_view, dim=-1)
-        loss_cr = consistency_loss(target, log_probs_p, expert_idx, hparams.cr_mode, hparams.cr_loss)
+        if class_mask is None:
+            loss_cr = consistency_loss(target, log_probs_p, expert_idx, hparams.cr_mode, hparams.cr_loss)
+        else:
+            loss_cr = shared_consistency(target, log_probs_p, expert_idx, class_mask, hparams.cr_loss)
 
     loss_u = zero
     mask_u = zero
@@ -159,9 +176,12 @@ def dael_losses(
     if hparams.use_u and logits_u_target_view is not None and logits_u_pred_view is not None:
         with torch.no_grad():
             probs_u = F.softmax(logits_u_target_view.detach(), dim=-1)
-            labels_u, mask, _ = pseudo_labels(probs_u, hparams.conf_thre, hparams.pseudo_label)
+            labels_u, mask, _ = pseudo_labels(probs_u, hparams.conf_thre, hparams.pseudo_label, class_mask)
         log_probs_u = F.log_softmax(logits_u_pred_view, dim=-1)
-        ens_log_probs_u = log_mean_probs(log_probs_u, torch.ones_like(log_probs_u[:, :, 0]))
+        if class_mask is None:
+            ens_log_probs_u = log_mean_probs(log_probs_u, torch.ones_like(log_probs_u[:, :, 0]))
+        else:
+            ens_log_probs_u = class_ensemble(log_probs_u.exp(), class_mask).clamp_min(1e-12).log()
         ce_u = F.nll_loss(ens_log_probs_u, labels_u, reduction="none")
         # Eq. 3: masked samples count as zero in the batch mean.
         loss_u = (ce_u * mask).mean()
@@ -181,6 +201,9 @@ def dael_losses(
     return out
 
 
-def ensemble_probs(logits: torch.Tensor) -> torch.Tensor:
-    """Test-time prediction: mean of all experts' probabilities, ``(B, K, C) -> (B, C)``."""
-    return F.softmax(logits, dim=-1).mean(dim=1)
+def ensemble_probs(logits: torch.Tensor, class_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Test-time prediction: mean of all experts' probabilities, ``(B, K, C) -> (B, C)``; under
+    category shift the per-class mean of the experts that know each class."""
+    if class_mask is None:
+        return F.softmax(logits, dim=-1).mean(dim=1)
+    return class_ensemble(F.softmax(mask_logits(logits, class_mask), dim=-1), class_mask)

@@ -1,0 +1,106 @@
+"""DAEL under category shift: source domains with different label sets (Dassl's issue #34).
+
+The label space is the union of the sources' classes; ``class_mask`` ``(K, C)`` says which
+classes source domain k holds (True) and so which its expert can have learned. The paper's DAEL
+assumes every domain holds every class; read naively here, expert k is trained by L_ce to put
+no mass on the classes its domain lacks, its zero probability there pulls the ensemble down on
+exactly the classes only some sources hold, and L_cr asks expert i to match the other experts on
+classes expert i has never seen labelled (and the other way round).
+
+The design, each part a consequence of "an expert speaks only about the classes it knows":
+
+- **experts** predict over their own domain's classes: the other logits are set to ``NEG``, a
+  large finite negative (not ``-inf``: ``0 * log 0`` and ``inf - inf`` would give NaN in
+  ``logsumexp``, KL and the backward pass), so their probability is 0 and their gradient 0;
+- **the ensemble** (test time, L_u, the "ensemble" pseudo-label) averages, for each class, the
+  experts that know it, then renormalises over classes (:func:`class_ensemble`): a class held by
+  one source counts that expert alone, instead of being divided by K;
+- **L_cr** compares expert i with the mean of the *other* experts on the classes they share:
+  for each class of domain i, the others that know it are averaged; classes no other expert knows
+  are dropped; both distributions are renormalised over what is left
+  (:func:`shared_consistency`); a sample whose expert shares no class with the others adds 0;
+- **the pseudo-label** comes from the most confident expert: with masked logits each expert's
+  argmax is one of its own classes, so that is "the most confident expert among those that know
+  its class" with no further rule.
+
+With every domain holding every class these are today's losses: the masks are all True,
+nothing is set to ``NEG``, each class is averaged over all K experts and the renormalisations
+divide by sums that are 1 (a test holds this to float rounding). The paper's path itself
+(``class_mask=None``) does not pass through this module at all.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+NEG = -1.0e4  # a masked logit: exp(NEG - max) is 0 in fp32, fp16 and bf16, and NEG is finite in all three
+_TINY = 1e-12
+
+
+def check_class_mask(class_mask: torch.Tensor, num_experts: int, num_classes: int) -> None:
+    """``(K, C)`` booleans, every class held by some domain and every domain holding a class."""
+    if class_mask.dtype != torch.bool or tuple(class_mask.shape) != (num_experts, num_classes):
+        raise ValueError(
+            f"class_mask must be a ({num_experts}, {num_classes}) bool tensor, got {tuple(class_mask.shape)} "
+            f"{class_mask.dtype}"
+        )
+
+
+def mask_logits(logits: torch.Tensor, class_mask: torch.Tensor) -> torch.Tensor:
+    """``(B, K, C)`` logits with each expert's unknown classes set to :data:`NEG`."""
+    return torch.where(class_mask, logits, logits.new_tensor(NEG))
+
+
+def class_ensemble(probs: torch.Tensor, class_mask: torch.Tensor) -> torch.Tensor:
+    """``(B, K, C) -> (B, C)``: for each class the mean of the experts that know it, renormalised
+    over classes. All True, it is the mean over experts (the paper's ensemble)."""
+    m = class_mask.to(probs.dtype)
+    per_class = (probs * m).sum(1) / m.sum(0).clamp_min(1.0)
+    return per_class / per_class.sum(-1, keepdim=True).clamp_min(_TINY)
+
+
+def shared_consistency(
+    target: torch.Tensor,
+    log_probs_p: torch.Tensor,
+    expert_idx: torch.Tensor,
+    class_mask: torch.Tensor,
+    kind: str = "mse",
+) -> torch.Tensor:
+    """L_cr on shared classes (collaborative mode): expert i's target ``(B, C)`` against the
+    per-class mean of the other experts ``(B, K, C)`` log-probabilities, both restricted to the
+    classes of domain i that another expert knows and renormalised there. Mean over samples."""
+    b, k, c = log_probs_p.shape
+    dtype = log_probs_p.dtype
+    m = class_mask.to(dtype)
+    if k == 1:
+        others = log_probs_p.new_ones(b, 1)
+    else:
+        others = (expert_idx.unsqueeze(1) != torch.arange(k, device=expert_idx.device)).to(dtype)
+    w = others.unsqueeze(-1) * m  # (B, K, C): expert j counts for class c of sample b
+    count = w.sum(1)  # (B, C)
+    ens = (w * log_probs_p.exp()).sum(1) / count.clamp_min(1.0)
+    shared = m[expert_idx] * (count > 0).to(dtype)  # domain i's classes that another expert knows
+    ens = ens * shared
+    ens = ens / ens.sum(-1, keepdim=True).clamp_min(_TINY)
+    t = target * shared
+    t = t / t.sum(-1, keepdim=True).clamp_min(_TINY)
+    if kind == "mse":
+        dist = (ens - t).pow(2).sum(-1)
+    elif kind == "kl":
+        dist = (torch.xlogy(t, t) - t * ens.clamp_min(_TINY).log()).sum(-1)
+    else:
+        raise ValueError(f"unknown consistency loss {kind!r}")
+    return dist.mean()
+
+
+def class_mask_from_labels(labels: torch.Tensor, domains: torch.Tensor, num_domains: int, num_classes: int):
+    """``(K, C)`` bool: which classes each source domain's training labels hold."""
+    mask = torch.zeros(num_domains, num_classes, dtype=torch.bool)
+    mask[domains.long(), labels.long()] = True
+    return mask
+
+
+def is_full(class_mask: Optional[torch.Tensor]) -> bool:
+    return class_mask is None or bool(class_mask.all())

@@ -1,0 +1,156 @@
+"""DAEL under category shift (core/category_shift.py): the masks and losses against hand-worked
+numbers, and the exact reduction to the paper's losses when every domain holds every class."""
+
+import math
+
+import pytest
+import torch
+
+from dael_plugin.core.category_shift import NEG, class_ensemble, mask_logits, shared_consistency
+from dael_plugin.core.hparams import DAELHparams
+from dael_plugin.core.losses import dael_losses, ensemble_probs, pseudo_labels
+
+T, F_ = True, False
+
+
+def test_the_per_class_ensemble_by_hand():
+    """Expert 0 knows classes {0, 1}, expert 1 knows {1, 2}: class 0 is expert 0's alone, class 2
+    expert 1's alone, class 1 the mean of both; then renormalised. The plain mean would halve the
+    classes that one source holds."""
+    mask = torch.tensor([[T, T, F_], [F_, T, T]])
+    probs = torch.tensor([[[0.6, 0.4, 0.0], [0.0, 0.2, 0.8]]])
+    per_class = torch.tensor([0.6, 0.3, 0.8])
+    torch.testing.assert_close(class_ensemble(probs, mask), (per_class / per_class.sum())[None])
+    assert class_ensemble(probs, mask).argmax().item() == 2  # the plain mean ties 0.3 / 0.3 / 0.4 less sharply
+    full = torch.ones(2, 3, dtype=torch.bool)
+    torch.testing.assert_close(class_ensemble(probs, full), probs.mean(1))
+
+
+def test_shared_consistency_by_hand():
+    """Three experts; domain 0 holds {0, 1, 2}, domain 1 {0, 1}, domain 2 {1, 2}. For a sample of
+    domain 0 with target t = (0.5, 0.3, 0.2): the others' per-class mean is (0.6, (0.4 + 0.1) / 2,
+    0.9) = (0.6, 0.25, 0.9), renormalised (12, 5, 18) / 35; t is already normalised (17.5, 10.5,
+    7) / 35; squared error (5.5² + 5.5² + 11²) / 35² = 181.5 / 1225."""
+    mask = torch.tensor([[T, T, T], [T, T, F_], [F_, T, T]])
+    probs = torch.tensor([[[1 / 3, 1 / 3, 1 / 3], [0.6, 0.4, 0.0], [0.0, 0.1, 0.9]]])
+    target = torch.tensor([[0.5, 0.3, 0.2]])
+    got = shared_consistency(target, probs.log(), torch.tensor([0]), mask)
+    assert got.item() == pytest.approx(181.5 / 1225, rel=1e-6)
+    # a sample of domain 1: its classes {0, 1}; expert 2 knows class 1 only, expert 0 both, so
+    # the others' mean is (1/3, (1/3 + 0.1) / 2) over {0, 1}, renormalised; t = (0.7, 0.3, 0)
+    t1 = torch.tensor([[0.7, 0.3, 0.0]])
+    ens = torch.tensor([1 / 3, (1 / 3 + 0.1) / 2])
+    ens = ens / ens.sum()
+    want = (ens[0] - 0.7) ** 2 + (ens[1] - 0.3) ** 2
+    assert shared_consistency(t1, probs.log(), torch.tensor([1]), mask).item() == pytest.approx(want.item(), rel=1e-6)
+
+
+def test_a_domain_sharing_no_class_adds_nothing_to_l_cr():
+    mask = torch.tensor([[T, T, F_, F_], [F_, F_, T, T]])
+    probs = torch.softmax(torch.randn(2, 2, 4), -1)
+    target = torch.softmax(torch.randn(2, 4), -1)
+    assert shared_consistency(target, probs.log(), torch.tensor([0, 1]), mask).item() == 0.0
+
+
+def test_masked_experts_give_no_mass_and_no_gradient_to_classes_they_lack():
+    mask = torch.tensor([[T, T, F_], [F_, T, T]])
+    logits = torch.randn(4, 2, 3, requires_grad=True)
+    probs = torch.softmax(mask_logits(logits, mask), -1)
+    assert (probs[:, 0, 2] == 0).all() and (probs[:, 1, 0] == 0).all()
+    probs.sum().backward()  # the softmax rows sum to 1: use a loss that depends on the classes
+    logits.grad = None
+    loss = (torch.softmax(mask_logits(logits, mask), -1) * torch.arange(3.0)).sum()
+    loss.backward()
+    assert (logits.grad[:, 0, 2] == 0).all() and (logits.grad[:, 1, 0] == 0).all()
+    for dtype in (torch.float16, torch.bfloat16):  # finite in low precision: no inf - inf, no NaN
+        low = mask_logits(logits.detach().to(dtype), mask)
+        assert torch.isfinite(low).all() and low[0, 0, 2].item() == pytest.approx(NEG, rel=1e-2)
+        assert torch.isfinite(torch.log_softmax(low.float(), -1)).all()
+
+
+def test_the_pseudo_label_comes_from_the_most_confident_expert_among_those_that_know_its_class():
+    """Expert 1 is most confident of all on class 0, which its domain lacks: masked, that
+    confidence goes, and expert 0 (which holds class 0) gives the label."""
+    mask = torch.tensor([[T, T, F_], [F_, T, T]])
+    logits = torch.tensor([[[6.0, 0.0, 0.0], [12.0, 0.0, 1.0]]])
+    naive, _, _ = pseudo_labels(torch.softmax(logits, -1), 0.9)
+    labels, keep, conf = pseudo_labels(torch.softmax(mask_logits(logits, mask), -1), 0.9)
+    assert naive.item() == 0 and labels.item() == 0
+    assert conf.item() == pytest.approx(torch.softmax(torch.tensor([6.0, 0.0]), 0)[0].item())
+    logits = torch.tensor([[[0.0, 0.5, 0.0], [9.0, 0.0, 3.0]]])  # expert 1's only confidence is masked away
+    labels, keep, _ = pseudo_labels(torch.softmax(mask_logits(logits, mask), -1), 0.9)
+    assert labels.item() == 2 and keep.item() == 1.0  # expert 1 over {1, 2}: 3 against 0, p = 0.953
+
+
+def _batch(seed, k=3, c=5, n_per=4, m=6):
+    g = torch.Generator().manual_seed(seed)
+    n = k * n_per
+    return (
+        torch.randn(n, k, c, generator=g) * 2,
+        torch.randn(n, k, c, generator=g) * 2,
+        torch.randint(0, c, (n,), generator=g),
+        torch.arange(k).repeat_interleave(n_per),
+        torch.randn(m, 1, c, generator=g) * 10 + torch.randn(m, k, c, generator=g),  # experts mostly agree
+        torch.randn(m, k, c, generator=g) * 2,
+    )
+
+
+@pytest.mark.parametrize(
+    "switches",
+    [{}, {"cr_loss": "kl"}, {"pseudo_label": "ensemble"}, {"cr_target": "label"}, {"conf_thre": 0.5}],
+    ids=["paper", "kl", "ensemble pseudo-label", "label target", "threshold 0.5"],
+)
+def test_with_every_class_in_every_domain_the_losses_are_the_papers(switches):
+    """All-True masks: the same losses and the same gradients as the paper's path (no mask), to
+    float rounding (the renormalisations divide by sums that are 1)."""
+    hp = DAELHparams(**switches)
+    xt, xp, y, idx, ut, up = _batch(3)
+    full = torch.ones(3, 5, dtype=torch.bool)
+    outs, grads = [], []
+    for mask in (None, full):
+        leaves = [t.clone().requires_grad_() for t in (xt, xp, ut, up)]
+        out = dael_losses(leaves[0], leaves[1], y, idx, hp, leaves[2], leaves[3], class_mask=mask)
+        out["loss"].backward()
+        outs.append(out)
+        grads.append([t.grad for t in leaves])
+    assert outs[0]["mask_u"].item() > 0  # L_u is on in this batch
+    for key in ("loss", "loss_x", "loss_cr", "loss_u", "mask_u", "acc_x"):
+        torch.testing.assert_close(outs[1][key], outs[0][key], rtol=1e-6, atol=1e-7)
+    for a, b in zip(grads[1], grads[0]):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    torch.testing.assert_close(ensemble_probs(xt, full), ensemble_probs(xt), rtol=1e-6, atol=1e-7)
+
+
+def test_a_class_held_by_one_source_is_not_diluted_at_test_time():
+    """The hand-worked case end to end: the naive mean of masked experts ranks class 0 (one
+    source) below class 1 (both) even when expert 0 is sure of it; the per-class ensemble does not."""
+    mask = torch.tensor([[T, T, F_], [F_, T, T]])
+    # expert 0 over {0, 1}: (0.7, 0.3); expert 1 over {1, 2}: (0.9, 0.1). Naive mean: (0.35, 0.6,
+    # 0.05); per class: (0.7, 0.6, 0.1) / 1.4
+    logits = torch.tensor([[[0.7, 0.3, 1.0], [1.0, 0.9, 0.1]]]).log()
+    naive = torch.softmax(mask_logits(logits, mask), -1).mean(1)
+    torch.testing.assert_close(ensemble_probs(logits, mask), torch.tensor([[0.5, 3 / 7, 1 / 14]]))
+    assert naive.argmax().item() == 1
+    assert ensemble_probs(logits, mask).argmax().item() == 0
+    assert math.isclose(ensemble_probs(logits, mask).sum().item(), 1.0, rel_tol=1e-6)
+
+
+def test_dael_losses_under_a_partial_mask_use_each_part_of_the_design():
+    """With a real category shift, dael_losses' L_ce, L_cr and L_u are those of the masked logits,
+    the shared-class L_cr and the per-class ensemble (each term recomputed from the parts)."""
+    mask = torch.tensor([[T, T, T, F_, F_], [F_, T, T, T, F_], [T, F_, F_, T, T]])
+    xt, xp, _, idx, ut, up = _batch(5)
+    y = torch.tensor([0, 1, 2, 0] + [1, 2, 3, 3] + [0, 3, 4, 4])  # each domain's labels within its classes
+    hp = DAELHparams(conf_thre=0.5)
+    out = dael_losses(xt, xp, y, idx, hp, ut, up, class_mask=mask)
+    lt = torch.log_softmax(mask_logits(xt, mask), -1)
+    own = lt[torch.arange(12), idx]
+    torch.testing.assert_close(out["loss_x"], torch.nn.functional.nll_loss(own, y))
+    lp = torch.log_softmax(mask_logits(xp, mask), -1)
+    torch.testing.assert_close(out["loss_cr"], shared_consistency(own.exp(), lp, idx, mask))
+    labels, keep, _ = pseudo_labels(torch.softmax(mask_logits(ut, mask), -1), 0.5)
+    ens = class_ensemble(torch.softmax(mask_logits(up, mask), -1), mask)
+    want_u = (torch.nn.functional.nll_loss(ens.log(), labels, reduction="none") * keep).mean()
+    assert keep.sum() > 0
+    torch.testing.assert_close(out["loss_u"], want_u)
+    torch.testing.assert_close(out["loss"], out["loss_x"] + out["loss_cr"] + 0.5 * out["loss_u"])

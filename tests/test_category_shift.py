@@ -154,3 +154,75 @@ def test_dael_losses_under_a_partial_mask_use_each_part_of_the_design():
     assert keep.sum() > 0
     torch.testing.assert_close(out["loss_u"], want_u)
     torch.testing.assert_close(out["loss"], out["loss_x"] + out["loss_cr"] + 0.5 * out["loss_u"])
+
+
+# -- the data and the engines ------------------------------------------------------------------
+ENGINES = ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)]
+HELD = {"hand": "012345", "street": "34567", "font": "06789"}  # tools/category_shift.py's split
+
+
+def _cs_trainer(engine, root, out, *extra):
+    from test_gpu_stand_ins import CFG, ROOT, _trainer
+
+    from dael_plugin.tools.train import build_parser, setup_cfg
+
+    argv = ["--engine", engine, "--trainer", "DAEL", "--root", root]
+    argv += ["--dataset-config-file", f"{ROOT}/configs/datasets/da/embedded_digits_cs.yaml", "--config-file", CFG]
+    argv += ["--source-domains", "hand", "street", "font", "--target-domains", "blend", "--output-dir", str(out)]
+    argv += ["--seed", "1", "OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "SELECTION.EVAL_FREQ", "1"]
+    argv += ["DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8", *extra]
+    if engine == "dassl":
+        pytest.importorskip("dassl")
+    return _trainer(engine, setup_cfg(build_parser().parse_args(argv), engine))
+
+
+@pytest.mark.parametrize("engine", ENGINES)
+def test_a_category_shift_set_trains_on_each_engine_with_its_class_table(tmp_path, tiny_root, engine, capsys):
+    """The embedded category-shift set (tools/category_shift.py) on a tiny copy: the union of the
+    ten digits is the label space, each source's own digits are the mask, the masked experts give
+    no probability to the digits their domain lacks, and one epoch trains and evaluates, records
+    included, on both engines."""
+    from dael_plugin.tools.category_shift import SOURCES, build_set
+
+    assert SOURCES == HELD
+    data = build_set(tiny_root)
+    tr = _cs_trainer(engine, data, tmp_path / "masks", "TRAINER.DAEL.CLASS_MASKS", "True")
+    said = capsys.readouterr().out
+    assert "Category shift: hand: 6 of 10 classes, lacks 6, 7, 8, 9; street: 5 of 10" in said
+    want = torch.tensor([[str(c) in HELD[d] for c in range(10)] for d in ("hand", "street", "font")])
+    assert torch.equal(tr.algorithm.class_mask.cpu(), want)
+    x = next(iter(tr.test_loader))["img"][:4].to(tr.device)
+    with torch.no_grad():
+        probs = tr.algorithm.predict_experts(x)
+    assert (probs[:, ~want] == 0).all() and torch.allclose(probs.sum(-1), torch.ones(4, 3))
+    tr.train()
+    rec = [line for line in open(tmp_path / "masks" / "epochs.jsonl")]
+    assert len(rec) == 1
+    naive = _cs_trainer(engine, data, tmp_path / "naive")
+    assert naive.algorithm.class_mask is None and naive.num_classes == 10
+
+
+def test_without_the_key_such_data_is_refused_in_one_line_that_names_it(tmp_path, tiny_root):
+    from dael_plugin.data.folders import load_splits
+    from dael_plugin.errors import DAELConfigError
+    from dael_plugin.tools.category_shift import build_set
+
+    data = build_set(tiny_root)
+    with pytest.raises(DAELConfigError, match="set DATASET.CATEGORY_SHIFT True to read the union"):
+        load_splits("DomainFolders", data, ["hand", "street", "font"], ["blend"])
+    splits = load_splits("DomainFolders", data, ["hand", "street", "font"], ["blend"], category_shift=True)
+    assert splits["classnames"] == [str(c) for c in range(10)]
+    # a digit only the target holds cannot be learned: one line
+    with pytest.raises(DAELConfigError, match=r"class\(es\) \['1', '2'\] are in no source domain"):
+        load_splits("DomainFolders", data, ["street", "font"], ["blend"], category_shift=True)
+
+
+def test_the_class_table_by_hand():
+    from collections import namedtuple
+
+    from dael_plugin.data.classes import classes_by_domain, describe
+
+    It = namedtuple("It", "domain label")
+    held = classes_by_domain([It(0, 0), It(0, 2), It(1, 1), It(1, 2), It(1, 2)], 2, 3)
+    assert held == [[True, False, True], [False, True, True]]
+    assert describe(held, ["a", "b"], ["x", "y", "z"]) == ["a: 2 of 3 classes, lacks y", "b: 2 of 3 classes, lacks x"]

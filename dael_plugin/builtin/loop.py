@@ -25,6 +25,7 @@ from yacs.config import CfgNode as CN
 
 from dael_plugin.builtin import data as bdata
 from dael_plugin.config import uses_target_data
+from dael_plugin.data.classes import classes_by_domain, describe
 from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
 from dael_plugin.data.images import REPLACED, note_unreadable
@@ -69,8 +70,14 @@ class BuiltinTrainer:
         self.sources = list(cfg.DATASET.SOURCE_DOMAINS)
         self.check_cfg()
         self.seed = max(int(cfg.SEED), 0)
+        self.category_shift = bool(cfg.DATASET.get("CATEGORY_SHIFT", False))
         self.splits = load_splits(
-            cfg.DATASET.NAME, cfg.DATASET.ROOT, self.sources, cfg.DATASET.TARGET_DOMAINS, seed=self.seed
+            cfg.DATASET.NAME,
+            cfg.DATASET.ROOT,
+            self.sources,
+            cfg.DATASET.TARGET_DOMAINS,
+            seed=self.seed,
+            category_shift=self.category_shift,
         )
         # which images were read, per split and domain: in results.json and the checkpoint (resume compares)
         ds = cfg.DATASET
@@ -79,6 +86,10 @@ class BuiltinTrainer:
         )
         self.classnames: List[str] = self.splits["classnames"]
         self.num_classes = len(self.classnames)
+        # which classes each source holds (DATASET.CATEGORY_SHIFT: they may differ; else all of them)
+        self.classes_held = classes_by_domain(self.splits["train_x"], len(self.sources), self.num_classes)
+        if self.category_shift and self.world.is_main:
+            print("Category shift: " + "; ".join(describe(self.classes_held, self.sources, self.classnames)))
         self.has_target_train = self.splits["train_u"] is not None
         self.is_da = self.has_target_train and uses_target_data(cfg)
         self.bad_images: Set[str] = set()
@@ -175,6 +186,7 @@ class BuiltinTrainer:
             self.modules.eval,
             self._save_best,
             self.bad_images,
+            class_mask=getattr(getattr(self, "algorithm", None), "class_mask", None),
         )
 
     def _save_best(self, path: str) -> None:
@@ -483,7 +495,14 @@ class BuiltinTrainer:
         self.modules.eval()
         split, loader = eval_loader(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
         print(f"Evaluate on the *{split}* set")
-        tally, skipped = evaluate_experts(self.predict_experts, loader, self.device, self.bad_images, show_progress())
+        tally, skipped = evaluate_experts(
+            self.predict_experts,
+            loader,
+            self.device,
+            self.bad_images,
+            show_progress(),
+            getattr(getattr(self, "algorithm", None), "class_mask", None),
+        )
         if tally.total == 0:
             raise DAELConfigError(
                 f"no readable image in the {split} split; run with --check-data to list the bad files"

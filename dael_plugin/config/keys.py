@@ -13,7 +13,16 @@ from typing import Optional
 
 from yacs.config import CfgNode as CN
 
-from dael_plugin.config.table import BY_NAME, DEFAULTS, EXECUTION_KEYS, KEYS, METHOD_KEYS, SELECTION_KEYS, TOP_KEYS
+from dael_plugin.config.table import (
+    BY_NAME,
+    DATASET_KEYS,
+    DEFAULTS,
+    EXECUTION_KEYS,
+    KEYS,
+    METHOD_KEYS,
+    SELECTION_KEYS,
+    TOP_KEYS,
+)
 from dael_plugin.core.hparams import DAELHparams
 from dael_plugin.errors import DAELConfigError
 
@@ -42,6 +51,9 @@ def add_dael_config(cfg: CN) -> CN:
     for key in TOP_KEYS:
         if key.name not in cfg:
             cfg[key.name] = key.default
+    for key in DATASET_KEYS:
+        if key.name not in cfg.DATASET:
+            cfg.DATASET[key.name] = key.default
     if "SELECTION" not in cfg:
         cfg.SELECTION = CN()
     for key in SELECTION_KEYS:

@@ -58,6 +58,14 @@ KEYS: Tuple[Key, ...] = (
     _method("PSEUDO_LABEL", "pseudo-label from the most confident expert or the ensemble (Table 3d)"),
     _method("CR_LOSS", "squared error or KL divergence (footnote to Eq. 2)"),
     _method("VIEWS", "(target view, prediction view) of L_cr and L_u (Sec. 4.3, augmentation)"),
+    Key(
+        "CLASS_MASKS",
+        False,
+        "method",
+        legacy=False,
+        doc="category shift (DATASET.CATEGORY_SHIFT): each expert over its domain's classes, the per-class "
+        "ensemble, L_cr on shared classes (core/category_shift.py); False: the paper's DAEL on the union",
+    ),
     _method("LOSSES", "which terms of Eq. 4 are on (Fig. 4)"),
     Key(
         "FUSE_CHUNKS",
@@ -112,6 +120,18 @@ TOP_KEYS: Tuple[Key, ...] = (
         "execution",
         legacy=True,
         doc="on CUDA, TF32 for fp32 matmuls and convolutions (before the key: torch's own CUDA defaults)",
+    ),
+)
+
+# Keys the plugin adds to the DATASET node.
+DATASET_KEYS: Tuple[Key, ...] = (
+    Key(
+        "CATEGORY_SHIFT",
+        False,
+        "data",
+        legacy=False,
+        doc="read domains that hold different classes: the label space is the union, each source's own "
+        "classes are recorded (TRAINER.DAEL.CLASS_MASKS uses them); False: such data is refused",
     ),
 )
 

@@ -39,6 +39,9 @@ class DAELHparams:
     cr_loss: str = "mse"
     views: str = "weak_strong"
     losses: str = "ce_cr_u"
+    # Category shift (core/category_shift.py): experts over their domains' classes, the per-class
+    # ensemble, L_cr on shared classes. Off: the paper's DAEL, on the union of classes.
+    class_masks: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -50,6 +53,11 @@ class DAELHparams:
             raise ValueError(f"CONF_THRE must be in [0, 1], got {self.conf_thre}")
         if self.weight_u < 0:
             raise ValueError(f"WEIGHT_U must be >= 0, got {self.weight_u}")
+        if self.class_masks and (self.cr_mode != "collaborative" or self.classifier != "experts"):
+            raise ValueError(
+                "CLASS_MASKS True masks each domain expert's classes and compares an expert with the others' "
+                "per-class mean: it needs CLASSIFIER experts and CR_MODE collaborative"
+            )
 
     @property
     def use_cr(self) -> bool:

@@ -30,7 +30,13 @@ def _make(name: str):
     spec = folders.SPECS[name]
 
     def __init__(self, cfg: CN):
-        splits = folders.load_splits(name, cfg.DATASET.ROOT, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS)
+        splits = folders.load_splits(
+            name,
+            cfg.DATASET.ROOT,
+            cfg.DATASET.SOURCE_DOMAINS,
+            cfg.DATASET.TARGET_DOMAINS,
+            category_shift=bool(cfg.DATASET.get("CATEGORY_SHIFT", False)),
+        )
         DatasetBase.__init__(
             self,
             train_x=_datums(splits["train_x"]),

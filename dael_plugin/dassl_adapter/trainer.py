@@ -39,6 +39,7 @@ from dael_plugin.core import DAEL, build_heads
 from dael_plugin.dassl_adapter.checks import check_dataset_cfg
 from dael_plugin.dassl_adapter.records import build_selection, source_val_split
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
+from dael_plugin.data.classes import classes_by_domain, describe
 from dael_plugin.data.fingerprint import dataset_fingerprint
 from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.data.sampling import DasslDomainBatchSampler, SeededRandomBatchSampler
@@ -114,6 +115,12 @@ class DAELTrainer(TrainerXU):
                 loader.batch_sampler.set_shard(w.rank, w.size)
         self.num_classes = dm.num_classes
         self.num_source_domains = dm.num_source_domains
+        # which classes each source holds (DATASET.CATEGORY_SHIFT: they may differ; else all of them)
+        self.classes_held = classes_by_domain(dm.dataset.train_x, self.num_source_domains, self.num_classes)
+        if bool(cfg.DATASET.get("CATEGORY_SHIFT", False)):
+            names = [dm.lab2cname.get(i, str(i)) for i in range(self.num_classes)]
+            if distributed.world().is_main:
+                print("Category shift: " + "; ".join(describe(self.classes_held, cfg.DATASET.SOURCE_DOMAINS, names)))
         self.lab2cname = dm.lab2cname
         self.dm = dm
         print(f"DAEL setting: {'domain adaptation (L_u on)' if self.is_da else 'domain generalisation (no L_u)'}")
@@ -201,7 +208,10 @@ class DAELTrainer(TrainerXU):
         self.sched_E = build_lr_scheduler(self.optim_E, cfg.OPTIM)
         self.register_model("E", self.E, self.optim_E, self.sched_E)
         e = self.execution
-        self.algorithm = DAEL(self.F, self.E, self.hparams, fuse_chunks=e.fuse_chunks, chunk_bn=e.chunk_bn)
+        mask = torch.tensor(self.classes_held, device=self.device) if self.hparams.class_masks else None
+        self.algorithm = DAEL(
+            self.F, self.E, self.hparams, fuse_chunks=e.fuse_chunks, chunk_bn=e.chunk_bn, class_mask=mask
+        )
         self.step = make_step(
             e,
             self.algorithm,
@@ -419,7 +429,12 @@ class DAELTrainer(TrainerXU):
         split, data_loader = eval_loader(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
         print(f"Evaluate on the *{split}* set")
         tally, _ = evaluate_experts(
-            self.algorithm.predict_experts, data_loader, self.device, self.bad_images, sys.stderr.isatty()
+            self.algorithm.predict_experts,
+            data_loader,
+            self.device,
+            self.bad_images,
+            sys.stderr.isatty(),
+            self.algorithm.class_mask,
         )
         if tally.total:  # Dassl's evaluator sees the whole (gathered) set once: its argmax is the ensemble's
             yt, yp = tally.labels()

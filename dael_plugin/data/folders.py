@@ -129,13 +129,17 @@ def _check_domain_names(name: str, domains: Sequence[str], sources: Sequence[str
         raise DAELConfigError(f"no target domain given; pass --target-domains one of {list(domains)}")
 
 
-def read_items(path: str, domains: Sequence[str], splits: Sequence[str], classnames: Sequence[str]) -> List[Item]:
+def read_items(
+    path: str, domains: Sequence[str], splits: Sequence[str], classnames: Sequence[str], category_shift: bool = False
+) -> List[Item]:
     """Items of the given domains and splits, labels by position in ``classnames``.
 
     The layout is checked as it is read: every domain and split must hold the
     same class folders, and no class folder may be empty. A class missing
     from one domain, or an empty folder, would otherwise silently change the
-    label space or the per-domain class balance.
+    label space or the per-domain class balance. With ``category_shift``
+    (``DATASET.CATEGORY_SHIFT``) a domain may hold a subset of ``classnames``,
+    the union: each item keeps its label in the union.
     """
     label_of = {c: i for i, c in enumerate(classnames)}
     items: List[Item] = []
@@ -146,10 +150,11 @@ def read_items(path: str, domains: Sequence[str], splits: Sequence[str], classna
                 raise DAELConfigError(f"missing folder {split_dir}: expected <domain>/{split}/<class>/<image>")
             present = _listdirs(split_dir)
             missing = sorted(set(classnames) - set(present))
-            if missing:
+            if missing and not category_shift:
                 raise DAELConfigError(
                     f"classes differ between domains: {split_dir} has no folder for class(es) {missing[:10]}"
-                    f"{' ...' if len(missing) > 10 else ''}; every domain and split needs the same class folders"
+                    f"{' ...' if len(missing) > 10 else ''}; every domain and split needs the same class folders, "
+                    "or set DATASET.CATEGORY_SHIFT True to read the union of the classes (docs/category_shift.md)"
                 )
             for cname in present:
                 cdir = os.path.join(split_dir, cname)
@@ -164,9 +169,15 @@ def read_items(path: str, domains: Sequence[str], splits: Sequence[str], classna
 
 
 def load_splits(
-    name: str, root: str, sources: Sequence[str], targets: Sequence[str], seed: int = 0
+    name: str,
+    root: str,
+    sources: Sequence[str],
+    targets: Sequence[str],
+    seed: int = 0,
+    category_shift: bool = False,
 ) -> Dict[str, object]:
-    """Read train_x, train_u, val and test lists for a DA or DG run (``seed``: Digit-5's subsample)."""
+    """Read train_x, train_u, val and test lists for a DA or DG run (``seed``: Digit-5's subsample;
+    ``category_shift``: domains may hold different classes, read as their union)."""
     check_dataset_names(name, sources, targets)
     if name not in SPECS:
         out = read_format(name, os.path.abspath(os.path.expanduser(root or ".")), sources, targets, seed)
@@ -191,11 +202,15 @@ def load_splits(
         test_splits = ("train",)  # a user's folder with no test split: evaluate on all target images
     out = {
         "classnames": classnames,
-        "train_x": read_items(path, sources, spec.train, classnames),
-        "train_u": read_items(path, targets, spec.train, classnames) if spec.unlabeled_target else None,
-        "val": read_items(path, sources, val_splits, classnames) if val_splits else None,
-        "test": read_items(path, targets, test_splits, classnames),
+        "train_x": read_items(path, sources, spec.train, classnames, category_shift),
+        "train_u": read_items(path, targets, spec.train, classnames, category_shift) if spec.unlabeled_target else None,
+        "val": read_items(path, sources, val_splits, classnames, category_shift) if val_splits else None,
+        "test": read_items(path, targets, test_splits, classnames, category_shift),
     }
     if not out["train_x"]:
         raise DAELConfigError(f"no training images found under {path} for source domains {list(sources)}")
+    if category_shift:
+        from dael_plugin.data.classes import check_union, classes_by_domain
+
+        check_union(classes_by_domain(out["train_x"], len(sources), len(classnames)), sources, classnames)
     return out

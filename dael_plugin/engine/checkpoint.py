@@ -26,7 +26,7 @@ import yaml
 from yacs.config import CfgNode as CN
 
 from dael_plugin.config.keys import TRAINER_NODES
-from dael_plugin.config.table import IN_EVERY_CHECKPOINT, KEYS, SELECTION_KEYS, TOP_KEYS
+from dael_plugin.config.table import DATASET_KEYS, IN_EVERY_CHECKPOINT, KEYS, SELECTION_KEYS, TOP_KEYS
 from dael_plugin.engine.atomic import save_torch
 from dael_plugin.errors import DAELConfigError
 
@@ -59,6 +59,7 @@ LEGACY_VALUES = {
     if key.legacy is not IN_EVERY_CHECKPOINT
 }
 LEGACY_VALUES.update({key.name: key.legacy for key in TOP_KEYS})
+LEGACY_VALUES.update({f"DATASET.{key.name}": key.legacy for key in DATASET_KEYS})
 LEGACY_VALUES.update({f"SELECTION.{key.name}": key.legacy for key in SELECTION_KEYS})
 
 

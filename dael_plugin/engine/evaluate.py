@@ -22,7 +22,8 @@ from dael_plugin.engine import distributed
 class ExpertTally:
     """Hits of the ensemble (mean of the experts' probabilities) and of each expert, on the device."""
 
-    def __init__(self) -> None:
+    def __init__(self, class_mask: Optional[torch.Tensor] = None) -> None:
+        self.class_mask = class_mask  # category shift: the per-class ensemble (core/category_shift.py)
         self.correct: Optional[torch.Tensor] = None
         self.total = 0
         self.y_true: List[torch.Tensor] = []
@@ -31,7 +32,12 @@ class ExpertTally:
 
     def update(self, probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """``probs`` ``(B, K, C)``; returns the ensemble's ``(B, C)`` probabilities."""
-        ens = probs.mean(1)
+        if self.class_mask is None:
+            ens = probs.mean(1)
+        else:
+            from dael_plugin.core.category_shift import class_ensemble
+
+            ens = class_ensemble(probs, self.class_mask)
         hits = (probs.argmax(-1) == labels.unsqueeze(1)).sum(0)
         self.correct = hits if self.correct is None else self.correct + hits
         self.total += labels.shape[0]
@@ -95,11 +101,12 @@ def evaluate_experts(
     device: torch.device,
     bad_images: Set[str],
     progress: bool = False,
+    class_mask: Optional[torch.Tensor] = None,
 ) -> Tuple[ExpertTally, int]:
     """Every expert's predictions over ``loader``, gathered over the processes of a distributed run.
 
     Returns the tally and the number of unreadable images left out (named once in ``bad_images``)."""
-    tally = ExpertTally()
+    tally = ExpertTally(class_mask)
     skipped = 0
     for batch in tqdm(loader, leave=False, dynamic_ncols=True, disable=not progress):
         img, label = batch["img"], batch["label"]

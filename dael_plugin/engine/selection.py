@@ -159,9 +159,14 @@ class Outputs:
     probs: torch.Tensor
     labels: torch.Tensor
     domains: torch.Tensor
+    class_mask: Optional[torch.Tensor] = None  # category shift: the per-class ensemble (core/category_shift.py)
 
     @property
     def ensemble(self) -> torch.Tensor:
+        if self.class_mask is not None:
+            from dael_plugin.core.category_shift import class_ensemble
+
+            return class_ensemble(self.probs, self.class_mask)
         return self.probs.mean(1)
 
 
@@ -171,6 +176,7 @@ def collect(
     loader: Iterable[dict],
     device: torch.device,
     bad_images: Optional[set] = None,
+    class_mask: Optional[torch.Tensor] = None,
 ) -> Optional[Outputs]:
     """``encode(x) -> (features, experts' probabilities)`` over ``loader`` (this process's shard),
     gathered over the processes; unreadable images left out. None when no image was readable."""
@@ -191,7 +197,7 @@ def collect(
         everyone = distributed.gather_objects([t.cpu() for t in mine] if mine is not None else None)
         kept = [p for p in everyone if p is not None]
         mine = [torch.cat(t).to(device) for t in zip(*kept)] if kept else None
-    return Outputs(*mine) if mine is not None else None
+    return Outputs(*mine, class_mask=class_mask) if mine is not None else None
 
 
 def _accuracy(probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
@@ -376,6 +382,7 @@ class Selection:
         set_eval: Callable[[], None],
         save_best: Callable[[str], None],
         bad_images: Optional[set] = None,
+        class_mask: Optional[torch.Tensor] = None,
     ) -> None:
         self.records = EpochRecords(output_dir)
         self.eval_freq, self.max_epoch = int(eval_freq), int(max_epoch)
@@ -384,6 +391,7 @@ class Selection:
         self.encode, self.device, self.loaders = encode, device, loaders
         self.validators, self.keep = list(validators), list(keep)
         self.set_eval, self.save_best, self.bad_images = set_eval, save_best, bad_images
+        self.class_mask = class_mask
 
     def resume(self, epochs_done: int) -> None:
         self.records.truncate(epochs_done)
@@ -401,7 +409,7 @@ class Selection:
         cuda = [self.device] if self.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):  # evaluation draws nothing from the training streams
             outs = {
-                k: (collect(self.encode, ld, self.device, self.bad_images) if ld is not None else None)
+                k: (collect(self.encode, ld, self.device, self.bad_images, self.class_mask) if ld is not None else None)
                 for k, ld in self.loaders.items()
             }
             forward = time.perf_counter() - start

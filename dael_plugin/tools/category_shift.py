@@ -1,0 +1,130 @@
+"""The embedded set with category shift, and the comparison on it (docs/category_shift.md).
+
+    python scripts/category_shift.py [--root data] [--seeds 1 2 3] [--engine builtin] [--epochs 15]
+
+Builds ``<root>/embedded_digits_cs/`` once: hard links (copies where the file system has none)
+into the embedded set, in the layout of ``DATASET.NAME DomainFolders``, where each source domain
+keeps a fixed subset of the ten digits and the target keeps all ten:
+
+- ``hand``: 0 1 2 3 4 5;  ``street``: 3 4 5 6 7;  ``font``: 0 6 7 8 9;  target ``blend``: 0-9.
+
+Digits 1 and 2 are held by ``hand`` alone and 8 and 9 by ``font`` alone; every other digit by two
+sources. Then, for each seed, it trains SourceOnly, the paper's DAEL on the union of the classes
+("naive") and DAEL with ``TRAINER.DAEL.CLASS_MASKS True`` (core/category_shift.py), all through
+scripts/train.py with ``DATASET.CATEGORY_SHIFT True``, and prints the target test accuracy, overall
+and on the digits one source alone holds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+from typing import Dict, List
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SET_DIR = "embedded_digits_cs"
+SOURCES = {"hand": "012345", "street": "34567", "font": "06789"}
+TARGET = "blend"
+SINGLE = {"1": "hand", "2": "hand", "8": "font", "9": "font"}  # digits one source alone holds
+METHODS = {  # row: (trainer, config, extra options)
+    "SourceOnly": ("SourceOnly", "configs/trainers/da/source_only/embedded_digits.yaml", []),
+    "DAEL (naive: the union as one label set)": ("DAEL", "configs/trainers/da/dael/embedded_digits.yaml", []),
+    "DAEL (CLASS_MASKS)": (
+        "DAEL",
+        "configs/trainers/da/dael/embedded_digits.yaml",
+        ["TRAINER.DAEL.CLASS_MASKS", "True"],
+    ),
+}
+
+
+def _link(src: str, dst: str) -> None:
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)
+
+
+def build_set(root: str) -> str:
+    """``<root>/embedded_digits_cs`` (made once, from the embedded set under ``root``)."""
+    from dael_plugin.data.embedded import DATASET_DIR, VERSION, ensure_embedded
+
+    ensure_embedded(root)
+    out = os.path.join(root, SET_DIR)
+    stamp = f"{VERSION} category-shift {json.dumps(SOURCES, sort_keys=True)}"
+    if os.path.isfile(os.path.join(out, "VERSION")) and open(os.path.join(out, "VERSION")).read() == stamp:
+        return out
+    src = os.path.join(root, DATASET_DIR)
+    tmp = f"{out}.tmp.{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    for domain in list(SOURCES) + [TARGET]:
+        keep = SOURCES.get(domain, "0123456789")
+        for split in ("train", "test"):
+            for digit in keep:
+                s, d = os.path.join(src, domain, split, digit), os.path.join(tmp, domain, split, digit)
+                os.makedirs(d)
+                for name in sorted(os.listdir(s)):
+                    _link(os.path.join(s, name), os.path.join(d, name))
+    with open(os.path.join(tmp, "VERSION"), "w") as f:
+        f.write(stamp)
+    shutil.rmtree(out, ignore_errors=True)
+    os.replace(tmp, out)
+    return out
+
+
+def _run(args, method: str, seed: int, data: str) -> Dict:
+    trainer, cfg, extra = METHODS[method]
+    slug = {"SourceOnly": "source_only", "DAEL (CLASS_MASKS)": "dael_masks"}.get(method, "dael_naive")
+    out = os.path.join(args.output, f"{slug}_seed{seed}")
+    cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--engine", args.engine, "--trainer", trainer]
+    cmd += ["--root", data, "--dataset-config-file", os.path.join(ROOT, "configs/datasets/da/embedded_digits_cs.yaml")]
+    cmd += ["--config-file", os.path.join(ROOT, cfg), "--source-domains", *SOURCES, "--target-domains", TARGET]
+    cmd += ["--output-dir", out, "--seed", str(seed), "OPTIM.MAX_EPOCH", str(args.epochs), *extra]
+    if not os.path.isfile(os.path.join(out, "results.json")):
+        print(f"[category shift] {method}, seed {seed}: {out}", flush=True)
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL if args.quiet else None)
+        if proc.returncode != 0:
+            raise SystemExit(f"error: the run {out} failed (exit {proc.returncode}); its log.txt says why")
+    return json.load(open(os.path.join(out, "results.json")))
+
+
+def _sd(values: List[float]) -> float:
+    return statistics.stdev(values) if len(values) > 1 else 0.0
+
+
+def _single_source_accuracy(rec: Dict) -> float:
+    per = rec.get("per_class_accuracy") or {}
+    vals = [per[d] for d in SINGLE if d in per]
+    return statistics.fmean(vals) if len(vals) == len(SINGLE) else float("nan")
+
+
+def main(argv: List[str] = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--root", default=os.path.join(ROOT, "data"), help="where the embedded set is (or is made)")
+    p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
+    p.add_argument("--epochs", type=int, default=15)
+    p.add_argument("--engine", default="builtin", choices=("builtin", "dassl"))
+    p.add_argument("--output", default=os.path.join(ROOT, "output", "category_shift"))
+    p.add_argument("--quiet", action="store_true", help="keep the runs' own output off the terminal")
+    args = p.parse_args(argv)
+    data = build_set(os.path.abspath(os.path.expanduser(args.root)))
+    rows = {m: [_run(args, m, s, data) for s in args.seeds] for m in METHODS}
+    print(f"\nTarget {TARGET} (all 10 digits); sources " + "; ".join(f"{d}: {' '.join(c)}" for d, c in SOURCES.items()))
+    print(f"{args.epochs} epochs, engine {args.engine}, seeds {args.seeds}; target test accuracy (%), mean ± std")
+    print(f"{'method':<44} | {'all digits':>15} | {'1 2 8 9 (one source each)':>26}")
+    for method, recs in rows.items():
+        acc = [r["accuracy"] for r in recs]
+        single = [_single_source_accuracy(r) for r in recs]
+        print(
+            f"{method:<44} | {statistics.fmean(acc):6.2f} ± {_sd(acc):5.2f} | "
+            f"{statistics.fmean(single):17.2f} ± {_sd(single):5.2f}"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

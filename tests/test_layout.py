@@ -98,10 +98,12 @@ def test_imports_run_one_way_with_no_cycle():
 
 
 def test_the_docs_list_every_key_of_the_table_with_its_default():
-    from dael_plugin.config.table import KEYS, TOP_KEYS
+    import dataclasses
+
+    from dael_plugin.config.table import DATASET_KEYS, KEYS, TOP_KEYS
 
     text = open(os.path.join(ROOT, "docs", "config_keys.md")).read()
-    for key in KEYS + TOP_KEYS:
+    for key in KEYS + TOP_KEYS + tuple(dataclasses.replace(k, name=f"DATASET.{k.name}") for k in DATASET_KEYS):
         if key.dassl:
             continue  # Dassl's own three keys are described in the text above the table
         name = "TV_RANDAUGMENT_N" if key.name == "TV_RANDAUGMENT_M" else key.name

@@ -252,36 +252,50 @@ def _model(k=3, c=5):
     return net, build_heads(net.out_features, c, k, DAELHparams(conf_thre=0.0))
 
 
-@pytest.mark.parametrize("setting", ["da", "dg"])
+CS_MASK = [[1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [1, 0, 0, 1, 1]]  # category shift: each source's classes
+
+
+def _cs(setting, dev):
+    """DAEL's hparams and class mask for ``setting`` ("da-cs": category shift, CLASS_MASKS True)."""
+    from dael_plugin.core import DAELHparams
+
+    if setting != "da-cs":
+        return DAELHparams(conf_thre=0.0), None
+    return DAELHparams(conf_thre=0.0, class_masks=True), torch.tensor(CS_MASK, dtype=torch.bool, device=dev)
+
+
+@pytest.mark.parametrize("setting", ["da", "dg", "da-cs"])
 def test_a_step_on_the_meta_device_mixes_no_cpu_tensor(setting):
     """Forward, backward and the optimiser step with every tensor on a non-CPU device (meta), the
     views moved there by the step, the grouped batch norm and channels_last: any CPU tensor in the
     device math raises."""
-    from dael_plugin.core import DAEL, DAELHparams
+    from dael_plugin.core import DAEL
     from dael_plugin.engine.step import DAELStep
 
     dev = torch.device("meta")
     net, heads = _model()
     net.to(dev).to(memory_format=torch.channels_last)
     heads.to(dev)
-    algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="grouped")
+    hp, mask = _cs(setting, dev)
+    algo = DAEL(net, heads, hp, fuse_chunks=True, chunk_bn="grouped", class_mask=mask)
     opt = torch.optim.SGD(list(net.parameters()) + list(heads.parameters()), lr=0.1, momentum=0.9)
-    step = DAELStep(algo, [opt], dev, 3, 4, setting == "da", channels_last=True)
+    da = setting != "dg"
+    step = DAELStep(algo, [opt], dev, 3, 4, da, channels_last=True)
     x, u = _batches()
-    out = step(x, u if setting == "da" else None)
+    out = step(x, u if da else None)
     assert all(v.device.type == "meta" for v in out.values())
-    assert ("loss_u" in out) == (setting == "da")
+    assert ("loss_u" in out) == da
     assert all(p.grad is not None and p.grad.device.type == "meta" for p in net.parameters())
 
 
-@pytest.mark.parametrize("setting", ["da", "dg"])
+@pytest.mark.parametrize("setting", ["da", "dg", "da-cs"])
 def test_a_steps_losses_on_fake_cuda_tensors_with_cudas_defaults(setting, monkeypatch):
     """The step's forward pass and losses on fake CUDA tensors (FakeTensorMode), as the engines build
     it on CUDA: ``CHUNK_BN auto`` resolving to ``grouped``, ``channels_last``, the fused optimiser
     chosen, the views moved with non-blocking copies. The backward pass needs a real CUDA context."""
     from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
 
-    from dael_plugin.core import DAEL, DAELHparams
+    from dael_plugin.core import DAEL
     from dael_plugin.core.chunk_norm import resolve_impl
     from dael_plugin.engine import step as step_module
     from dael_plugin.engine.execution import fused_optimizer
@@ -300,17 +314,19 @@ def test_a_steps_losses_on_fake_cuda_tensors_with_cudas_defaults(setting, monkey
         for p in net.parameters():  # Module.to(memory_format=...) cannot swap fake parameters
             if p.dim() == 4:
                 p.data = p.data.contiguous(memory_format=torch.channels_last)
-        algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="auto")
+        hp, mask = _cs(setting, dev)
+        algo = DAEL(net, heads, hp, fuse_chunks=True, chunk_bn="auto", class_mask=mask)
         assert resolve_impl("auto", dev.type) == "grouped"
         opt = fused_optimizer(torch.optim.SGD(list(net.parameters()) + list(heads.parameters()), lr=0.1, momentum=0.9))
         assert opt.param_groups[0]["fused"]
         # The first-step check (engine/fastpath.py) runs real kernels in float64: not on fake tensors.
-        step = step_module.DAELStep(algo, [opt], dev, 3, 4, setting == "da", channels_last=True, check_first_step=False)
+        da = setting != "dg"
+        step = step_module.DAELStep(algo, [opt], dev, 3, 4, da, channels_last=True, check_first_step=False)
         assert step_module.DAELStep(algo, [opt], dev, 3, 4, True)._first_step_check is not None  # on by default
         xs, _ = step.views(x, None)
         assert all(v.is_cuda and v.is_contiguous(memory_format=torch.channels_last) for v in xs)
         out, us = step.losses(x, u)  # DG: the step never reads a target batch
-        assert all(v.is_cuda for v in out.values()) and (us is not None) == (setting == "da")
+        assert all(v.is_cuda for v in out.values()) and (us is not None) == da
         assert all(k in out for k in step.keys)
 
 

@@ -50,7 +50,7 @@ def check_class_mask(class_mask: torch.Tensor, num_experts: int, num_classes: in
 
 def mask_logits(logits: torch.Tensor, class_mask: torch.Tensor) -> torch.Tensor:
     """``(B, K, C)`` logits with each expert's unknown classes set to :data:`NEG`."""
-    return torch.where(class_mask, logits, logits.new_tensor(NEG))
+    return logits.masked_fill(~class_mask, NEG)  # a Python scalar: no host-to-device copy in a step
 
 
 def class_ensemble(probs: torch.Tensor, class_mask: torch.Tensor) -> torch.Tensor:

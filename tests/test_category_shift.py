@@ -226,3 +226,23 @@ def test_the_class_table_by_hand():
     held = classes_by_domain([It(0, 0), It(0, 2), It(1, 1), It(1, 2), It(1, 2)], 2, 3)
     assert held == [[True, False, True], [False, True, True]]
     assert describe(held, ["a", "b"], ["x", "y", "z"]) == ["a: 2 of 3 classes, lacks y", "b: 2 of 3 classes, lacks x"]
+
+
+def test_the_benchmarks_pseudo_label_columns_read_both_engines_logs(tmp_path):
+    from dael_plugin.tools.category_shift import _last_pseudo_labels
+
+    builtin = "epoch [15/15] batches 19 loss_x 0.0205 acc_x 99.9% loss_cr 0.1644 loss_u 0.5314 mask_u 84.4% pl_acc_u 38.6% eta"
+    dassl = (
+        "epoch [15/15] batch [10/14] time 0.229 (0.352) loss_u 0.4205 (0.4621) mask_u 78.1% (81.2%) "
+        "pl_acc_u 24.0% (39.6%) lr 5.4631e-04"
+    )
+    for name, line, want in (
+        ("b", builtin, (84.4, 38.6)),
+        ("d", dassl, (81.2, 39.6)),
+        ("n", "epoch [1/1] loss 2", None),
+    ):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "log.txt").write_text(
+            "epoch [1/15] batches 19 mask_u 1.0% pl_acc_u 2.0%\n" * (name != "n") + line
+        )
+        assert _last_pseudo_labels({"output_dir": str(tmp_path / name)}) == want

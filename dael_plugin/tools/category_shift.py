@@ -122,7 +122,10 @@ def _last_pseudo_labels(rec: Dict):
     found = None
     with open(os.path.join(rec["output_dir"], "log.txt"), encoding="utf-8", errors="replace") as f:
         for line in f:
-            m = re.search(r"batches \d+ .*mask_u ([\d.]+)% pl_acc_u ([\d.]+)%", line)
+            # the built-in engine's epoch line, or the Dassl engine's running means (to its last print)
+            m = re.search(r"batches \d+ .*mask_u ([\d.]+)% pl_acc_u ([\d.]+)%", line) or re.search(
+                r"mask_u [\d.]+% \(([\d.]+)%\) pl_acc_u [\d.]+% \(([\d.]+)%\)", line
+            )
             if m:
                 found = (float(m.group(1)), float(m.group(2)))
     return found

@@ -246,3 +246,7 @@ def test_the_benchmarks_pseudo_label_columns_read_both_engines_logs(tmp_path):
             "epoch [1/15] batches 19 mask_u 1.0% pl_acc_u 2.0%\n" * (name != "n") + line
         )
         assert _last_pseudo_labels({"output_dir": str(tmp_path / name)}) == want
+    (tmp_path / "z").mkdir()
+    (tmp_path / "z" / "log.txt").write_text("epoch [15/15] batches 19 loss_u 0.0000 mask_u 0.0% pl_acc_u - eta 0:00:00")
+    kept, right = _last_pseudo_labels({"output_dir": str(tmp_path / "z")})
+    assert kept == 0.0 and right != right  # NaN: no pseudo-label kept

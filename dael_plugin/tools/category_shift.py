@@ -123,11 +123,11 @@ def _last_pseudo_labels(rec: Dict):
     with open(os.path.join(rec["output_dir"], "log.txt"), encoding="utf-8", errors="replace") as f:
         for line in f:
             # the built-in engine's epoch line, or the Dassl engine's running means (to its last print)
-            m = re.search(r"batches \d+ .*mask_u ([\d.]+)% pl_acc_u ([\d.]+)%", line) or re.search(
-                r"mask_u [\d.]+% \(([\d.]+)%\) pl_acc_u [\d.]+% \(([\d.]+)%\)", line
+            m = re.search(r"batches \d+ .*mask_u ([\d.]+)% pl_acc_u ([\d.]+%|-)", line) or re.search(
+                r"mask_u [\d.]+% \(([\d.]+)%\) pl_acc_u [\d.-]+%? \(([\d.]+%|-)\)", line
             )
-            if m:
-                found = (float(m.group(1)), float(m.group(2)))
+            if m:  # pl_acc_u "-": no pseudo-label was kept
+                found = (float(m.group(1)), float(m.group(2)[:-1]) if m.group(2) != "-" else float("nan"))
     return found
 
 
@@ -163,7 +163,10 @@ def main(argv: List[str] = None) -> int:
         kept = [_last_pseudo_labels(r) for r in recs]
         pl = "—"
         if all(k is not None for k in kept):
-            pl = f"{statistics.fmean(k[0] for k in kept):.1f}%, {statistics.fmean(k[1] for k in kept):.1f}%"
+            right = [k[1] for k in kept if k[1] == k[1]]
+            pl = f"{statistics.fmean(k[0] for k in kept):.1f}%, " + (
+                f"{statistics.fmean(right):.1f}%" if right else "— (none kept)"
+            )
         one = "— (no per-class accuracy)"  # Dassl's own trainers write none to results.json
         if all(v == v for v in single):
             one = f"{statistics.fmean(single):17.2f} ± {_sd(single):5.2f}"

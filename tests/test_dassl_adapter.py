@@ -12,7 +12,8 @@ pytestmark = pytest.mark.dassl
 
 DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 DS_DG = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
-FAST = ["OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False"]
+# no per-epoch records, which the default writes on this small set (tests/test_selection.py covers them)
+FAST = ["OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0", "USE_CUDA", "False", "SELECTION.EVAL_FREQ", "0"]
 
 
 def test_registration_replaces_dassl_builtins_and_keeps_them_importable():

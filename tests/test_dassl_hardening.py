@@ -22,6 +22,9 @@ DS_DG = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
 DAEL_CFG = os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")
 DG_CFG = os.path.join(ROOT, "configs/trainers/dg/daeldg/embedded_digits_dg.yaml")
 FAST = [
+    # no per-epoch records, which the default writes on this small set (tests/test_selection.py covers them)
+    "SELECTION.EVAL_FREQ",
+    "0",
     "USE_CUDA",
     "False",
     "DATALOADER.TRAIN_X.BATCH_SIZE",

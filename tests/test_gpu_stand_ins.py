@@ -110,6 +110,7 @@ def _cfg(tmp_path, root, engine, epochs=1):
         + ["--config-file", CFG, "--source-domains", "hand", "street", "font", "--target-domains", "blend"]
         + ["--output-dir", str(tmp_path), "--seed", "1", "OPTIM.MAX_EPOCH", str(epochs)]
         + ["DATALOADER.NUM_WORKERS", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8"]
+        + ["SELECTION.EVAL_FREQ", "0"]  # no records unless a test turns them on (tests/test_selection.py)
     )
     return setup_cfg(args, engine)
 

@@ -25,6 +25,9 @@ DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 DS_DG = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
 DAEL_CFG = os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")
 FAST = [
+    # no per-epoch records, which the default writes on this small set (tests/test_selection.py covers them)
+    "SELECTION.EVAL_FREQ",
+    "0",
     "DATALOADER.NUM_WORKERS",
     "0",
     "USE_CUDA",

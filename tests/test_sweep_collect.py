@@ -10,6 +10,9 @@ from conftest import ROOT
 
 DS = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 FAST = [
+    # no per-epoch records, which the default writes on this small set (tests/test_selection.py covers them)
+    "SELECTION.EVAL_FREQ",
+    "0",
     "OPTIM.MAX_EPOCH",
     "1",
     "DATALOADER.NUM_WORKERS",

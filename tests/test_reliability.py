@@ -36,6 +36,9 @@ SWEEP_FAST = [
     "24",
     "DATALOADER.TRAIN_U.BATCH_SIZE",
     "8",
+    # no per-epoch records, which the default writes on this small set (tests/test_selection.py covers them)
+    "SELECTION.EVAL_FREQ",
+    "0",
 ]
 
 

@@ -10,9 +10,6 @@ from conftest import ROOT
 
 DS = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 FAST = [
-    # no per-epoch records, which the default writes on this small set (tests/test_selection.py covers them)
-    "SELECTION.EVAL_FREQ",
-    "0",
     "OPTIM.MAX_EPOCH",
     "1",
     "DATALOADER.NUM_WORKERS",
@@ -25,6 +22,9 @@ FAST = [
     "8",
     "TEST.NO_TEST",
     "False",
+    # no per-epoch records, which the default writes on this small set (tests/test_selection.py covers them)
+    "SELECTION.EVAL_FREQ",
+    "0",
 ]
 
 

@@ -31,21 +31,10 @@ divide by sums that are 1 (a test holds this to float rounding). The paper's pat
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 NEG = -1.0e4  # a masked logit: exp(NEG - max) is 0 in fp32, fp16 and bf16, and NEG is finite in all three
 _TINY = 1e-12
-
-
-def check_class_mask(class_mask: torch.Tensor, num_experts: int, num_classes: int) -> None:
-    """``(K, C)`` booleans, every class held by some domain and every domain holding a class."""
-    if class_mask.dtype != torch.bool or tuple(class_mask.shape) != (num_experts, num_classes):
-        raise ValueError(
-            f"class_mask must be a ({num_experts}, {num_classes}) bool tensor, got {tuple(class_mask.shape)} "
-            f"{class_mask.dtype}"
-        )
 
 
 def mask_logits(logits: torch.Tensor, class_mask: torch.Tensor) -> torch.Tensor:
@@ -93,14 +82,3 @@ def shared_consistency(
     else:
         raise ValueError(f"unknown consistency loss {kind!r}")
     return dist.mean()
-
-
-def class_mask_from_labels(labels: torch.Tensor, domains: torch.Tensor, num_domains: int, num_classes: int):
-    """``(K, C)`` bool: which classes each source domain's training labels hold."""
-    mask = torch.zeros(num_domains, num_classes, dtype=torch.bool)
-    mask[domains.long(), labels.long()] = True
-    return mask
-
-
-def is_full(class_mask: Optional[torch.Tensor]) -> bool:
-    return class_mask is None or bool(class_mask.all())

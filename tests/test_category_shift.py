@@ -103,7 +103,8 @@ def _batch(seed, k=3, c=5, n_per=4, m=6):
 def test_with_every_class_in_every_domain_the_losses_are_the_papers(switches):
     """All-True masks: the same losses and the same gradients as the paper's path (no mask), to
     float rounding (the renormalisations divide by sums that are 1)."""
-    hp = DAELHparams(**switches)
+    hp = DAELHparams(class_masks=("all",), **switches)
+    assert hp.class_masks == ("experts", "ensemble", "cr", "pseudo_label")
     xt, xp, y, idx, ut, up = _batch(3)
     full = torch.ones(3, 5, dtype=torch.bool)
     outs, grads = [], []
@@ -141,7 +142,7 @@ def test_dael_losses_under_a_partial_mask_use_each_part_of_the_design():
     mask = torch.tensor([[T, T, T, F_, F_], [F_, T, T, T, F_], [T, F_, F_, T, T]])
     xt, xp, _, idx, ut, up = _batch(5)
     y = torch.tensor([0, 1, 2, 0] + [1, 2, 3, 3] + [0, 3, 4, 4])  # each domain's labels within its classes
-    hp = DAELHparams(conf_thre=0.5)
+    hp = DAELHparams(conf_thre=0.5, class_masks=("all",))
     out = dael_losses(xt, xp, y, idx, hp, ut, up, class_mask=mask)
     lt = torch.log_softmax(mask_logits(xt, mask), -1)
     own = lt[torch.arange(12), idx]
@@ -154,6 +155,127 @@ def test_dael_losses_under_a_partial_mask_use_each_part_of_the_design():
     assert keep.sum() > 0
     torch.testing.assert_close(out["loss_u"], want_u)
     torch.testing.assert_close(out["loss"], out["loss_x"] + out["loss_cr"] + 0.5 * out["loss_u"])
+
+
+PARTS = ("experts", "ensemble", "cr", "pseudo_label")
+
+
+def _by_parts(xt, xp, y, idx, ut, up, mask, parts, conf_thre):
+    """dael_losses' three terms rebuilt from the primitives, each part of the design on or off."""
+    from dael_plugin.core.losses import consistency_loss
+
+    nll = torch.nn.functional.nll_loss
+    masked = (lambda lg: mask_logits(lg, mask)) if "experts" in parts else (lambda lg: lg)
+    own = torch.log_softmax(masked(xt), -1)[torch.arange(len(y)), idx]
+    lp = torch.log_softmax(masked(xp), -1)
+    target = own.detach().exp()
+    cr = shared_consistency(target, lp, idx, mask) if "cr" in parts else consistency_loss(target, lp, idx)
+    probs_u = torch.softmax(masked(ut), -1)
+    if "pseudo_label" in parts:
+        probs_u = probs_u * mask  # each expert's candidate among its own classes
+    labels, keep, _ = pseudo_labels(probs_u, conf_thre)
+    pu = torch.softmax(masked(up), -1)
+    ens = class_ensemble(pu, mask) if "ensemble" in parts else pu.mean(1)
+    return nll(own, y), cr, (nll(ens.log(), labels, reduction="none") * keep).mean(), keep
+
+
+@pytest.mark.parametrize(
+    "parts", [(p,) for p in PARTS] + [("experts", "cr"), ("ensemble", "pseudo_label"), PARTS], ids=str
+)
+def test_each_part_of_class_masks_is_its_own_switch(parts):
+    """``CLASS_MASKS`` lists the parts that are on: each changes its own term and nothing else
+    (the unlisted parts stay the paper's), on a real category shift where every part matters."""
+    mask = torch.tensor([[T, T, T, F_, F_], [F_, T, T, T, F_], [T, F_, F_, T, T]])
+    xt, xp, _, idx, _, up = _batch(5)
+    ut = torch.randn(6, 3, 5, generator=torch.Generator().manual_seed(5)) * 2  # experts disagree
+    y = torch.tensor([0, 1, 2, 0] + [1, 2, 3, 3] + [0, 3, 4, 4])
+    hp = DAELHparams(conf_thre=0.8, class_masks=parts)
+    out = dael_losses(xt, xp, y, idx, hp, ut, up, class_mask=mask)
+    loss_x, loss_cr, loss_u, keep = _by_parts(xt, xp, y, idx, ut, up, mask, parts, 0.8)
+    assert 0 < keep.sum() < len(keep)
+    torch.testing.assert_close(out["loss_x"], loss_x)
+    torch.testing.assert_close(out["loss_cr"], loss_cr)
+    torch.testing.assert_close(out["loss_u"], loss_u)
+    torch.testing.assert_close(out["mask_u"], keep.mean())
+    # each unlisted part would have changed a term (but 'pseudo_label', which masked experts imply)
+    for other in [q for q in PARTS if q not in parts and not (q == "pseudo_label" and "experts" in parts)]:
+        flipped = _by_parts(xt, xp, y, idx, ut, up, mask, parts + (other,), 0.8)
+        assert any(not torch.allclose(a, b) for a, b in zip(flipped[:3], (loss_x, loss_cr, loss_u))), other
+    want = ensemble_probs(mask_logits(xt, mask) if "experts" in parts else xt, None)
+    if "ensemble" in parts:
+        want = class_ensemble(torch.softmax(mask_logits(xt, mask) if "experts" in parts else xt, -1), mask)
+    torch.testing.assert_close(ensemble_probs(xt, mask, hp.class_masks), want)
+
+
+@pytest.mark.parametrize("parts", [("experts",), ("ensemble",), PARTS], ids=str)
+def test_the_algorithm_predicts_with_the_parts_that_are_on(parts):
+    """What the hosts evaluate and record: the experts are masked with part ``experts`` only, and
+    the per-class ensemble (``ensemble_mask``, given to the evaluation and the records) is used
+    with part ``ensemble`` only."""
+    from dael_plugin.core.algorithm import DAEL
+    from dael_plugin.core.heads import ExpertHeads
+
+    torch.manual_seed(0)
+    mask = torch.tensor([[T, T, F_], [F_, T, T]])
+    algo = DAEL(torch.nn.Identity(), ExpertHeads(4, 3, 2), DAELHparams(class_masks=parts), class_mask=mask)
+    x = torch.randn(5, 4)
+    with torch.no_grad():
+        experts = algo.predict_experts(x)
+        raw = torch.softmax(algo.heads(x), -1)
+        assert ((experts[:, ~mask] == 0).all()) == ("experts" in parts)
+        torch.testing.assert_close(experts, torch.softmax(mask_logits(algo.heads(x), mask), -1) if "experts" in parts else raw)
+        assert (algo.ensemble_mask is mask) == ("ensemble" in parts)
+        want = class_ensemble(experts, mask) if "ensemble" in parts else experts.mean(1)
+        torch.testing.assert_close(algo.predict(x), want)
+    assert DAEL(torch.nn.Identity(), ExpertHeads(4, 3, 2), DAELHparams(), class_mask=mask).class_mask is None
+    with pytest.raises(ValueError, match="needs the"):
+        DAEL(torch.nn.Identity(), ExpertHeads(4, 3, 2), DAELHparams(class_masks=parts))
+
+
+def test_class_masks_values():
+    """``all`` is the four parts; an unknown or repeated part, and the parts a setting cannot
+    have (a shared classifier has no per-domain expert; 'cr' compares with the others' mean),
+    are one line each; the parts come out in one order."""
+    assert DAELHparams(class_masks=("all",)).class_masks == PARTS
+    assert DAELHparams(class_masks=["cr", "experts"]).class_masks == ("experts", "cr")
+    assert DAELHparams(class_masks=("experts",), cr_mode="individual").masks("experts")
+    for bad, said in [
+        (dict(class_masks=("expert",)), "must list parts"),
+        (dict(class_masks=("cr", "cr")), "must list parts"),
+        (dict(class_masks=("all", "cr")), "'all' stands alone"),
+        (dict(class_masks=(True,)), "must list parts"),
+        (dict(class_masks=("ensemble",), classifier="single"), "CLASSIFIER experts"),
+        (dict(class_masks=("cr",), cr_mode="individual"), "CR_MODE collaborative"),
+    ]:
+        with pytest.raises(ValueError, match=said):
+            DAELHparams(**bad)
+
+
+def test_class_masks_on_the_command_line_and_in_old_checkpoints(tmp_path):
+    """``TRAINER.DAEL.CLASS_MASKS all`` (a bare word for a list key) is ``['all']``; a checkpoint
+    written while the key was one bool resumes under the same setting, and only that."""
+    from test_gpu_stand_ins import CFG, ROOT
+
+    from dael_plugin.engine.checkpoint import config_diff
+    from dael_plugin.tools.train import build_parser, setup_cfg
+
+    def cfg(*opts):
+        argv = ["--engine", "builtin", "--trainer", "DAEL", "--root", str(tmp_path), "--config-file", CFG]
+        argv += ["--dataset-config-file", f"{ROOT}/configs/datasets/da/embedded_digits_cs.yaml", *opts]
+        return setup_cfg(build_parser().parse_args(argv), "builtin")
+
+    every = cfg("TRAINER.DAEL.CLASS_MASKS", "all", "SELECTION.KEEP_BEST", "im,oracle")
+    assert list(every.TRAINER.DAEL.CLASS_MASKS) == ["all"] and list(every.SELECTION.KEEP_BEST) == ["im", "oracle"]
+    two = cfg("TRAINER.DAEL.CLASS_MASKS", "cr,experts")
+    assert list(two.TRAINER.DAEL.CLASS_MASKS) == ["cr", "experts"]
+    for cur, old, same in [(every, True, True), (cfg(), False, True), (every, False, False), (two, True, False)]:
+        saved = cur.clone()
+        saved.defrost()
+        saved.TRAINER.DAEL.CLASS_MASKS = old  # (a CfgNode takes any value set by hand)
+        diff = [d for d in config_diff(saved.dump(), cur) if d[0] == "TRAINER.DAEL.CLASS_MASKS"]
+        assert (diff == []) == same, (old, list(cur.TRAINER.DAEL.CLASS_MASKS), diff)
+    explicit = cfg("TRAINER.DAEL.CLASS_MASKS", "pseudo_label,cr,ensemble,experts")
+    assert config_diff(cfg("TRAINER.DAEL.CLASS_MASKS", "all").dump(), explicit) == []
 
 
 # -- the data and the engines ------------------------------------------------------------------
@@ -186,7 +308,7 @@ def test_a_category_shift_set_trains_on_each_engine_with_its_class_table(tmp_pat
 
     assert SOURCES == HELD
     data = build_set(tiny_root)
-    tr = _cs_trainer(engine, data, tmp_path / "masks", "TRAINER.DAEL.CLASS_MASKS", "True")
+    tr = _cs_trainer(engine, data, tmp_path / "masks", "TRAINER.DAEL.CLASS_MASKS", "all")
     said = capsys.readouterr().out
     assert "Category shift: hand: 6 of 10 classes, lacks 6, 7, 8, 9; street: 5 of 10" in said
     want = torch.tensor([[str(c) in HELD[d] for c in range(10)] for d in ("hand", "street", "font")])

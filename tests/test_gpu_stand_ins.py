@@ -257,12 +257,12 @@ CS_MASK = [[1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [1, 0, 0, 1, 1]]  # category shift:
 
 
 def _cs(setting, dev):
-    """DAEL's hparams and class mask for ``setting`` ("da-cs": category shift, CLASS_MASKS True)."""
+    """DAEL's hparams and class mask for ``setting`` ("da-cs": category shift, CLASS_MASKS all)."""
     from dael_plugin.core import DAELHparams
 
     if setting != "da-cs":
         return DAELHparams(conf_thre=0.0), None
-    return DAELHparams(conf_thre=0.0, class_masks=True), torch.tensor(CS_MASK, dtype=torch.bool, device=dev)
+    return DAELHparams(conf_thre=0.0, class_masks=("all",)), torch.tensor(CS_MASK, dtype=torch.bool, device=dev)
 
 
 @pytest.mark.parametrize("setting", ["da", "dg", "da-cs"])

@@ -186,7 +186,7 @@ class BuiltinTrainer:
             self.modules.eval,
             self._save_best,
             self.bad_images,
-            class_mask=getattr(getattr(self, "algorithm", None), "class_mask", None),
+            class_mask=getattr(getattr(self, "algorithm", None), "ensemble_mask", None),
         )
 
     def _save_best(self, path: str) -> None:
@@ -501,7 +501,7 @@ class BuiltinTrainer:
             self.device,
             self.bad_images,
             show_progress(),
-            getattr(getattr(self, "algorithm", None), "class_mask", None),
+            getattr(getattr(self, "algorithm", None), "ensemble_mask", None),
         )
         if tally.total == 0:
             raise DAELConfigError(

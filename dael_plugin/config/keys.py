@@ -83,6 +83,8 @@ def _read(node: CN, key) -> object:
         return float(value)
     if isinstance(key.default, int):
         return int(value)
+    if isinstance(key.default, tuple):
+        return tuple(value) if isinstance(value, (list, tuple)) else (value,)
     return str(value).lower() if key.kind == "execution" else str(value)
 
 

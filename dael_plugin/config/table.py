@@ -20,7 +20,7 @@ from dataclasses import dataclass, fields
 from typing import Dict, Tuple
 
 from dael_plugin.core.chunk_norm import IMPLS
-from dael_plugin.core.hparams import CHOICES, DAELHparams
+from dael_plugin.core.hparams import CHOICES, CLASS_MASK_PARTS, DAELHparams
 from dael_plugin.transforms.registry import TV_RANDAUGMENT_M, TV_RANDAUGMENT_N
 
 _PAPER = DAELHparams()
@@ -60,11 +60,14 @@ KEYS: Tuple[Key, ...] = (
     _method("VIEWS", "(target view, prediction view) of L_cr and L_u (Sec. 4.3, augmentation)"),
     Key(
         "CLASS_MASKS",
-        False,
+        (),
         "method",
-        legacy=False,
-        doc="category shift (DATASET.CATEGORY_SHIFT): each expert over its domain's classes, the per-class "
-        "ensemble, L_cr on shared classes (core/category_shift.py); False: the paper's DAEL on the union",
+        ("all",) + CLASS_MASK_PARTS,
+        legacy=(),
+        doc="category shift (DATASET.CATEGORY_SHIFT), the parts of core/category_shift.py that are on: 'experts' "
+        "(each expert over its domain's classes), 'ensemble' (per-class mean of the experts that know the class), "
+        "'cr' (L_cr on shared classes), 'pseudo_label' (each expert's pseudo-label among its classes); ['all']; "
+        "(): the paper's DAEL on the union",
     ),
     _method("LOSSES", "which terms of Eq. 4 are on (Fig. 4)"),
     Key(

@@ -41,7 +41,8 @@ class DAEL:
         chunk_bn: the per-chunk batch-norm implementation, ``auto``, ``split``
             or ``grouped`` (:mod:`.chunk_norm`).
         class_mask: ``(K, C)`` bool under category shift (:mod:`.category_shift`): which classes
-            each source domain holds; None (the paper) for one shared label set.
+            each source domain holds; read by the parts of the design ``hparams.class_masks`` turns
+            on (none: the paper, and the table is not kept).
     """
 
     def __init__(
@@ -56,13 +57,9 @@ class DAEL:
         self.featurizer = featurizer
         self.heads = heads
         self.hparams = hparams
-        if class_mask is not None and hparams.cr_mode != "collaborative":
-            raise ValueError(
-                "category shift's L_cr compares an expert with the others' per-class mean: CR_MODE collaborative"
-            )
-        if class_mask is not None and hparams.classifier != "experts":
-            raise ValueError("category shift masks each expert's classes: CLASSIFIER experts")
-        self.class_mask = class_mask
+        if hparams.class_masks and class_mask is None:
+            raise ValueError(f"CLASS_MASKS {list(hparams.class_masks)} needs the (K, C) table of each domain's classes")
+        self.class_mask = class_mask if hparams.class_masks else None
         self.fuse_chunks = fuse_chunks
         resolve_impl(chunk_bn, "cpu")  # a bad name fails here, not in the first step
         self.chunk_bn = chunk_bn
@@ -143,9 +140,15 @@ class DAEL:
 
         return dael_losses(logits_x_t, logits_x_p, labels, expert_idx, hp, logits_u_t, logits_u_p, self.class_mask)
 
+    @property
+    def ensemble_mask(self) -> Optional[torch.Tensor]:
+        """The class table where the ensemble is the per-class one (``CLASS_MASKS`` part ``ensemble``),
+        for the hosts' evaluation and records; None for the mean over experts."""
+        return self.class_mask if self.hparams.masks("ensemble") else None
+
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:
         logits = self.heads(feats)
-        return logits if self.class_mask is None else mask_logits(logits, self.class_mask)
+        return mask_logits(logits, self.class_mask) if self.hparams.masks("experts") else logits
 
     def features_and_experts(self, x: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The backbone's features ``(B, D)`` and each expert's class probabilities ``(B, K, C)``
@@ -159,7 +162,7 @@ class DAEL:
 
     def predict(self, x: torch.Tensor) -> torch.Tensor:
         """Test-time prediction: the mean of all experts' probabilities, ``(B, C)``."""
-        return ensemble_probs(self.heads(self.featurizer(x)), self.class_mask)
+        return ensemble_probs(self.heads(self.featurizer(x)), self.class_mask, self.hparams.class_masks)
 
 
 def build_heads(in_features: int, num_classes: int, num_domains: int, hparams: DAELHparams) -> nn.Module:

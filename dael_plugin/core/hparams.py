@@ -7,6 +7,7 @@ the paper's Analysis section (Sec. 4.3, Table 3 and the augmentation study).
 from __future__ import annotations
 
 from dataclasses import dataclass, fields
+from typing import Tuple
 
 CHOICES = {
     # Table 3c: target of L_cr is the expert's weak-view prediction or the true label.
@@ -25,6 +26,9 @@ CHOICES = {
     "losses": ("ce_cr_u", "ce_cr", "ce"),
 }
 
+# Category shift (core/category_shift.py): the parts of the design, each a switch on its own.
+CLASS_MASK_PARTS = ("experts", "ensemble", "cr", "pseudo_label")
+
 
 @dataclass(frozen=True)
 class DAELHparams:
@@ -39,9 +43,9 @@ class DAELHparams:
     cr_loss: str = "mse"
     views: str = "weak_strong"
     losses: str = "ce_cr_u"
-    # Category shift (core/category_shift.py): experts over their domains' classes, the per-class
-    # ensemble, L_cr on shared classes. Off: the paper's DAEL, on the union of classes.
-    class_masks: bool = False
+    # Category shift (core/category_shift.py): which parts of the design are on (CLASS_MASK_PARTS,
+    # or "all"). (): the paper's DAEL, on the union of the classes.
+    class_masks: Tuple[str, ...] = ()
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -53,11 +57,31 @@ class DAELHparams:
             raise ValueError(f"CONF_THRE must be in [0, 1], got {self.conf_thre}")
         if self.weight_u < 0:
             raise ValueError(f"WEIGHT_U must be >= 0, got {self.weight_u}")
-        if self.class_masks and (self.cr_mode != "collaborative" or self.classifier != "experts"):
+        parts = tuple(str(p) for p in self.class_masks)
+        if "all" in parts:
+            if len(parts) > 1:
+                raise ValueError(f"CLASS_MASKS: 'all' stands alone, got {list(parts)}")
+            parts = CLASS_MASK_PARTS
+        unknown = [p for p in parts if p not in CLASS_MASK_PARTS]
+        if unknown or len(set(parts)) != len(parts):
             raise ValueError(
-                "CLASS_MASKS True masks each domain expert's classes and compares an expert with the others' "
-                "per-class mean: it needs CLASSIFIER experts and CR_MODE collaborative"
+                f"CLASS_MASKS must list parts of {list(CLASS_MASK_PARTS)} at most once each (or be ['all']), "
+                f"got {list(self.class_masks)}"
             )
+        object.__setattr__(self, "class_masks", tuple(p for p in CLASS_MASK_PARTS if p in parts))
+        if self.class_masks and self.classifier != "experts":
+            raise ValueError(
+                f"CLASS_MASKS {list(self.class_masks)} masks each domain expert's classes: it needs CLASSIFIER experts"
+            )
+        if "cr" in self.class_masks and self.cr_mode != "collaborative":
+            raise ValueError(
+                "CLASS_MASKS 'cr' compares an expert with the others' per-class mean: it needs CR_MODE collaborative"
+            )
+
+    def masks(self, part: str) -> bool:
+        """Whether this part of the category-shift design (:data:`CLASS_MASK_PARTS`) is on."""
+        assert part in CLASS_MASK_PARTS, part
+        return part in self.class_masks
 
     @property
     def use_cr(self) -> bool:

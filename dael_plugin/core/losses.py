@@ -7,13 +7,13 @@ training step without a device sync.
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+from typing import Dict, Optional, Sequence
 
 import torch
 from torch.nn import functional as F
 
 from dael_plugin.core.category_shift import class_ensemble, mask_logits, shared_consistency
-from dael_plugin.core.hparams import DAELHparams
+from dael_plugin.core.hparams import CLASS_MASK_PARTS, DAELHparams
 
 
 def log_mean_probs(log_probs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -30,7 +30,11 @@ def log_mean_probs(log_probs: torch.Tensor, weights: torch.Tensor) -> torch.Tens
 
 
 def pseudo_labels(
-    probs: torch.Tensor, conf_thre: float, source: str = "expert", class_mask: Optional[torch.Tensor] = None
+    probs: torch.Tensor,
+    conf_thre: float,
+    source: str = "expert",
+    class_mask: Optional[torch.Tensor] = None,
+    own_classes: Optional[torch.Tensor] = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Pseudo-labels for unlabeled target data (Eq. 3).
 
@@ -41,13 +45,18 @@ def pseudo_labels(
     Args:
         probs: ``(B, K, C)`` probabilities on the target view; not differentiated.
         conf_thre: keep a sample where the chosen max probability >= this.
-        class_mask: ``(K, C)`` under category shift (core/category_shift.py): the ensemble is then
-            the per-class mean of the experts that know each class.
+        class_mask: ``(K, C)`` under category shift (core/category_shift.py): with ``source="ensemble"``
+            the ensemble is the per-class mean of the experts that know each class.
+        own_classes: ``(K, C)``, with ``source="expert"``: each expert's candidate is its most probable
+            class among those its domain holds, with that class's probability as its confidence
+            (``CLASS_MASKS`` part ``pseudo_label``; a no-op where part ``experts`` already masked them).
     Returns:
         labels ``(B,)`` long, mask ``(B,)`` float in {0, 1}, confidence ``(B,)``.
     """
     probs = probs.detach()
     if source == "expert":
+        if own_classes is not None:
+            probs = probs.masked_fill(~own_classes, 0.0)
         expert_conf, expert_label = probs.max(dim=2)  # (B, K)
         conf, best = expert_conf.max(dim=1)  # (B,)
         labels = expert_label.gather(1, best.unsqueeze(1)).squeeze(1)
@@ -143,12 +152,14 @@ def dael_losses(
         ``pseudo_label_u`` and ``pseudo_mask_u`` ``(M,)``, for diagnostics.
     """
     n = labels_x.shape[0]
-    if class_mask is not None:
+    parts = hparams.class_masks if class_mask is not None else ()
+    if "experts" in parts:
         logits_x_target_view = mask_logits(logits_x_target_view, class_mask)
         logits_x_pred_view = mask_logits(logits_x_pred_view, class_mask)
         if logits_u_target_view is not None and logits_u_pred_view is not None:
             logits_u_target_view = mask_logits(logits_u_target_view, class_mask)
             logits_u_pred_view = mask_logits(logits_u_pred_view, class_mask)
+    ensemble_mask = class_mask if "ensemble" in parts else None
     log_probs_t = F.log_softmax(logits_x_target_view, dim=-1)
     rows = torch.arange(n, device=labels_x.device)
     own_log_probs = log_probs_t[rows, expert_idx]  # (N, C): expert i on its own domain
@@ -165,10 +176,10 @@ def dael_losses(
         else:
             target = _one_hot(labels_x, own_log_probs.shape[-1], own_log_probs.dtype)
         log_probs_p = F.log_softmax(logits_x_pred_view, dim=-1)
-        if class_mask is None:
-            loss_cr = consistency_loss(target, log_probs_p, expert_idx, hparams.cr_mode, hparams.cr_loss)
-        else:
+        if "cr" in parts:
             loss_cr = shared_consistency(target, log_probs_p, expert_idx, class_mask, hparams.cr_loss)
+        else:
+            loss_cr = consistency_loss(target, log_probs_p, expert_idx, hparams.cr_mode, hparams.cr_loss)
 
     loss_u = zero
     mask_u = zero
@@ -176,12 +187,15 @@ def dael_losses(
     if hparams.use_u and logits_u_target_view is not None and logits_u_pred_view is not None:
         with torch.no_grad():
             probs_u = F.softmax(logits_u_target_view.detach(), dim=-1)
-            labels_u, mask, _ = pseudo_labels(probs_u, hparams.conf_thre, hparams.pseudo_label, class_mask)
+            labels_u, mask, _ = pseudo_labels(
+                probs_u, hparams.conf_thre, hparams.pseudo_label, ensemble_mask,
+                class_mask if "pseudo_label" in parts else None,
+            )
         log_probs_u = F.log_softmax(logits_u_pred_view, dim=-1)
-        if class_mask is None:
+        if ensemble_mask is None:
             ens_log_probs_u = log_mean_probs(log_probs_u, torch.ones_like(log_probs_u[:, :, 0]))
         else:
-            ens_log_probs_u = class_ensemble(log_probs_u.exp(), class_mask).clamp_min(1e-12).log()
+            ens_log_probs_u = class_ensemble(log_probs_u.exp(), ensemble_mask).clamp_min(1e-12).log()
         ce_u = F.nll_loss(ens_log_probs_u, labels_u, reduction="none")
         # Eq. 3: masked samples count as zero in the batch mean.
         loss_u = (ce_u * mask).mean()
@@ -201,9 +215,15 @@ def dael_losses(
     return out
 
 
-def ensemble_probs(logits: torch.Tensor, class_mask: Optional[torch.Tensor] = None) -> torch.Tensor:
-    """Test-time prediction: mean of all experts' probabilities, ``(B, K, C) -> (B, C)``; under
-    category shift the per-class mean of the experts that know each class."""
-    if class_mask is None:
-        return F.softmax(logits, dim=-1).mean(dim=1)
-    return class_ensemble(F.softmax(mask_logits(logits, class_mask), dim=-1), class_mask)
+def ensemble_probs(
+    logits: torch.Tensor, class_mask: Optional[torch.Tensor] = None, parts: Sequence[str] = CLASS_MASK_PARTS
+) -> torch.Tensor:
+    """Test-time prediction: mean of all experts' probabilities, ``(B, K, C) -> (B, C)``. Under
+    category shift (``class_mask``), ``parts`` of the design (``CLASS_MASKS``): ``experts`` masks
+    each expert's classes, ``ensemble`` takes the per-class mean of the experts that know each class."""
+    if class_mask is not None and "experts" in parts:
+        logits = mask_logits(logits, class_mask)
+    probs = F.softmax(logits, dim=-1)
+    if class_mask is None or "ensemble" not in parts:
+        return probs.mean(dim=1)
+    return class_ensemble(probs, class_mask)

@@ -99,7 +99,7 @@ def build_selection(
         lambda: trainer.set_model_mode("eval"),
         save_best,
         getattr(trainer, "bad_images", None),
-        class_mask=getattr(getattr(trainer, "algorithm", None), "class_mask", None),
+        class_mask=getattr(getattr(trainer, "algorithm", None), "ensemble_mask", None),
     )
 
 

@@ -434,7 +434,7 @@ class DAELTrainer(TrainerXU):
             self.device,
             self.bad_images,
             sys.stderr.isatty(),
-            self.algorithm.class_mask,
+            self.algorithm.ensemble_mask,
         )
         if tally.total:  # Dassl's evaluator sees the whole (gathered) set once: its argmax is the ensemble's
             yt, yp = tally.labels()

@@ -26,6 +26,7 @@ import yaml
 from yacs.config import CfgNode as CN
 
 from dael_plugin.config.keys import TRAINER_NODES
+from dael_plugin.core.hparams import CLASS_MASK_PARTS
 from dael_plugin.config.table import DATASET_KEYS, IN_EVERY_CHECKPOINT, KEYS, SELECTION_KEYS, TOP_KEYS
 from dael_plugin.engine.atomic import save_torch
 from dael_plugin.errors import DAELConfigError
@@ -192,6 +193,20 @@ def comparable_config(cfg: CN, free: Iterable[str] = RESUME_FREE_KEYS) -> str:
     return "\n".join(f"{k}={now[k]!r}" for k in keep)
 
 
+def _class_mask_parts(value: object) -> object:
+    """``CLASS_MASKS`` as the parts it turns on, in one order: ``['all']`` and the four parts are one
+    setting; a checkpoint written while the key was one bool (before its parts were switches) held False or
+    True (all)."""
+    if isinstance(value, bool):
+        return list(CLASS_MASK_PARTS) if value else []
+    if isinstance(value, (list, tuple)):
+        parts = [str(p) for p in value]
+        return list(CLASS_MASK_PARTS) if parts == ["all"] else [p for p in CLASS_MASK_PARTS if p in parts] + sorted(
+            p for p in parts if p not in CLASS_MASK_PARTS
+        )
+    return value
+
+
 def config_diff(saved_yaml: str, cfg: CN, free: Iterable[str] = RESUME_FREE_KEYS) -> List[Tuple[str, object, object]]:
     """``(key, checkpoint value, current value)`` for each training-relevant difference."""
     saved = _flatten(yaml.safe_load(saved_yaml) or {})
@@ -199,6 +214,11 @@ def config_diff(saved_yaml: str, cfg: CN, free: Iterable[str] = RESUME_FREE_KEYS
     for key, value in LEGACY_VALUES.items():
         if key in now and key not in saved:
             saved[key] = value
+    for flat in (saved, now):
+        for node in TRAINER_NODES:
+            key = f"TRAINER.{node}.CLASS_MASKS"
+            if key in flat:
+                flat[key] = _class_mask_parts(flat[key])
     free = tuple(free)
     out = []
     for key in sorted(set(saved) | set(now)):

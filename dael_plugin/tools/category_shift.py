@@ -10,9 +10,10 @@ keeps a fixed subset of the ten digits and the target keeps all ten:
 
 Digits 1 and 2 are held by ``hand`` alone and 8 and 9 by ``font`` alone; every other digit by two
 sources. Then, for each seed, it trains SourceOnly, the paper's DAEL on the union of the classes
-("naive") and DAEL with ``TRAINER.DAEL.CLASS_MASKS True`` (core/category_shift.py), all through
+("naive") and DAEL with ``TRAINER.DAEL.CLASS_MASKS all`` (core/category_shift.py), all through
 scripts/train.py with ``DATASET.CATEGORY_SHIFT True``, and prints the target test accuracy, overall
-and on the digits one source alone holds.
+and on the digits one source alone holds. ``--ablations`` adds L_u's variants; ``--parts`` each
+part of the design turned on alone.
 """
 
 from __future__ import annotations
@@ -37,7 +38,7 @@ METHODS = {  # row: (trainer, config, extra options)
     "DAEL (CLASS_MASKS)": (
         "DAEL",
         "configs/trainers/da/dael/embedded_digits.yaml",
-        ["TRAINER.DAEL.CLASS_MASKS", "True"],
+        ["TRAINER.DAEL.CLASS_MASKS", "all"],
     ),
 }
 # Ablations of the category-shift DAEL (--ablations): pseudo-labels from the per-class ensemble
@@ -46,16 +47,27 @@ ABLATIONS = {
     "DAEL (CLASS_MASKS, PSEUDO_LABEL ensemble)": (
         "DAEL",
         "configs/trainers/da/dael/embedded_digits.yaml",
-        ["TRAINER.DAEL.CLASS_MASKS", "True", "TRAINER.DAEL.PSEUDO_LABEL", "ensemble"],
+        ["TRAINER.DAEL.CLASS_MASKS", "all", "TRAINER.DAEL.PSEUDO_LABEL", "ensemble"],
     ),
     "DAEL (CLASS_MASKS, no L_u)": (
         "DAEL",
         "configs/trainers/da/dael/embedded_digits.yaml",
-        ["TRAINER.DAEL.CLASS_MASKS", "True", "TRAINER.DAEL.LOSSES", "ce_cr"],
+        ["TRAINER.DAEL.CLASS_MASKS", "all", "TRAINER.DAEL.LOSSES", "ce_cr"],
     ),
     "DAEL (naive, no L_u)": ("DAEL", "configs/trainers/da/dael/embedded_digits.yaml", ["TRAINER.DAEL.LOSSES", "ce_cr"]),
 }
+# Each part of the design alone (--parts): the three that act without L_u, against "naive, no L_u",
+# and the pseudo-labeller's part, with L_u, against naive DAEL.
+PARTS = {
+    f"DAEL (CLASS_MASKS {part}{', no L_u' if part != 'pseudo_label' else ''})": (
+        "DAEL",
+        "configs/trainers/da/dael/embedded_digits.yaml",
+        ["TRAINER.DAEL.CLASS_MASKS", part] + (["TRAINER.DAEL.LOSSES", "ce_cr"] if part != "pseudo_label" else []),
+    )
+    for part in ("experts", "ensemble", "cr", "pseudo_label")
+}
 SLUGS = {
+    **{m: "dael_part_" + m.split()[2].rstrip(",)") for m in PARTS},
     "SourceOnly": "source_only",
     "DAEL (naive: the union as one label set)": "dael_naive",
     "DAEL (CLASS_MASKS)": "dael_masks",
@@ -100,7 +112,7 @@ def build_set(root: str) -> str:
 
 
 def _run(args, method: str, seed: int, data: str) -> Dict:
-    trainer, cfg, extra = {**METHODS, **ABLATIONS}[method]
+    trainer, cfg, extra = {**METHODS, **ABLATIONS, **PARTS}[method]
     out = os.path.join(args.output, f"{SLUGS[method]}_seed{seed}")
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--engine", args.engine, "--trainer", trainer]
     cmd += ["--root", data, "--dataset-config-file", os.path.join(ROOT, "configs/datasets/da/embedded_digits_cs.yaml")]
@@ -150,9 +162,10 @@ def main(argv: List[str] = None) -> int:
     p.add_argument("--output", default=os.path.join(ROOT, "output", "category_shift"))
     p.add_argument("--quiet", action="store_true", help="keep the runs' own output off the terminal")
     p.add_argument("--ablations", action="store_true", help="also " + "; ".join(ABLATIONS))
+    p.add_argument("--parts", action="store_true", help="also each part of CLASS_MASKS alone: " + "; ".join(PARTS))
     args = p.parse_args(argv)
     data = build_set(os.path.abspath(os.path.expanduser(args.root)))
-    methods = list(METHODS) + (list(ABLATIONS) if args.ablations else [])
+    methods = list(METHODS) + (list(ABLATIONS) if args.ablations else []) + (list(PARTS) if args.parts else [])
     rows = {m: [_run(args, m, s, data) for s in args.seeds] for m in methods}
     print(f"\nTarget {TARGET} (all 10 digits); sources " + "; ".join(f"{d}: {' '.join(c)}" for d, c in SOURCES.items()))
     print(f"{args.epochs} epochs, engine {args.engine}, seeds {args.seeds}; target test accuracy (%), mean ± std")

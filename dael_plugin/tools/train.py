@@ -206,16 +206,20 @@ def reset_cfg(cfg: CN, args: argparse.Namespace) -> None:
 
 
 def _ints_as_floats(cfg: CN, opts: List[str]) -> List[str]:
-    """``TRAINER.DAEL.WEIGHT_U 0`` means 0.0: yacs refuses an int for a float key, so a
-    whole number given for a float key is passed as a float (nothing else changes)."""
+    """What yacs would refuse as a type mismatch, read as meant (nothing yacs accepts changes):
+    ``TRAINER.DAEL.WEIGHT_U 0`` is 0.0 for a float key, and a list key given bare words,
+    ``TRAINER.DAEL.CLASS_MASKS all`` or ``SELECTION.KEEP_BEST im,oracle``, is that list."""
     out = list(opts)
     for i in range(0, len(out) - 1, 2):
         node, parts = cfg, str(out[i]).split(".")
         for part in parts[:-1]:
             node = node.get(part) if isinstance(node, CN) else None
         current = node.get(parts[-1]) if isinstance(node, CN) else None
-        if isinstance(current, float) and not isinstance(current, bool) and re.fullmatch(r"[-+]?\d+", str(out[i + 1])):
-            out[i + 1] = str(float(out[i + 1]))
+        value = str(out[i + 1])
+        if isinstance(current, float) and not isinstance(current, bool) and re.fullmatch(r"[-+]?\d+", value):
+            out[i + 1] = str(float(value))
+        elif isinstance(current, (list, tuple)) and re.fullmatch(r"[A-Za-z_][\w.\-]*(,[A-Za-z_][\w.\-]*)*", value):
+            out[i + 1] = repr([v for v in value.split(",")])
     return out
 
 

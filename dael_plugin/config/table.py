@@ -134,7 +134,8 @@ DATASET_KEYS: Tuple[Key, ...] = (
         "data",
         legacy=False,
         doc="read domains that hold different classes: the label space is the union, each source's own "
-        "classes are recorded (TRAINER.DAEL.CLASS_MASKS uses them); False: such data is refused",
+        "classes are recorded (TRAINER.DAEL.CLASS_MASKS uses them); False: such data is refused; every format, "
+        "on the Dassl engine through the plugin's readers",
     ),
 )
 

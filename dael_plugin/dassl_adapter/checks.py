@@ -66,7 +66,12 @@ def check_dassl_data(cfg: CN) -> None:
     if name not in builtin_datasets() or name in PLUGIN_DATASETS:  # the plugin's own ones read once, later
         return
     splits = load_splits(
-        name, cfg.DATASET.ROOT, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS, max(cfg.SEED, 0)
+        name,
+        cfg.DATASET.ROOT,
+        cfg.DATASET.SOURCE_DOMAINS,
+        cfg.DATASET.TARGET_DOMAINS,
+        max(cfg.SEED, 0),
+        bool(cfg.DATASET.get("CATEGORY_SHIFT", False)),
     )
     # Dassl's Datum asserts os.path.isfile(impath): a FIFO, a device link or a folder named like
     # an image would stop its reader with a bare AssertionError (the plugin's own datasets keep

@@ -50,6 +50,36 @@ def _make(name: str):
     return type(name, (DatasetBase,), attrs)
 
 
+def _category_shift_aware(name: str, dassl_cls: type) -> type:
+    """Dassl's own reader of ``name``, or, under ``DATASET.CATEGORY_SHIFT``, the plugin's reader of
+    the same files (data/folders.py, data/dassl_formats.py). Dassl's readers of class folders number
+    each domain's folders on their own, so a domain that lacks a class would shift its labels; the
+    plugin's number every domain by the union. Without the key this is Dassl's class, unchanged."""
+
+    def __init__(self, cfg: CN):
+        if not bool(cfg.DATASET.get("CATEGORY_SHIFT", False)):
+            dassl_cls.__init__(self, cfg)
+            return
+        splits = folders.load_splits(
+            name,
+            cfg.DATASET.ROOT,
+            cfg.DATASET.SOURCE_DOMAINS,
+            cfg.DATASET.TARGET_DOMAINS,
+            max(int(cfg.SEED), 0),  # Digit-5's subsample (the plugin's draw, not Dassl's)
+            category_shift=True,
+        )
+        DatasetBase.__init__(
+            self,
+            train_x=_datums(splits["train_x"]),
+            train_u=_datums(splits["train_u"]),
+            val=_datums(splits["val"]),
+            test=_datums(splits["test"]),
+        )
+
+    doc = f"{dassl_cls.__doc__ or name}\n\nUnder DATASET.CATEGORY_SHIFT read by dael_plugin (the union of the classes)."
+    return type(name, (dassl_cls,), {"__init__": __init__, "__doc__": doc, "_dael_dassl_reader": dassl_cls})
+
+
 # Dassl ships its own DigitsDG and OfficeHomeDG; only the plugin's sets are added.
 PLUGIN_DATASETS = ("EmbeddedDigits", "EmbeddedDigitsDG", "DomainFolders", "DomainFoldersDG")
 
@@ -58,3 +88,10 @@ def register_datasets() -> None:
     for name in PLUGIN_DATASETS:
         if name not in DATASET_REGISTRY.registered_names():
             DATASET_REGISTRY.register(_make(name))
+    # Dassl's own datasets that the plugin also reads: its reader, or the plugin's under category shift
+    for name in folders.builtin_datasets():
+        if name in PLUGIN_DATASETS or name not in DATASET_REGISTRY.registered_names():
+            continue
+        current = DATASET_REGISTRY.get(name)
+        if not hasattr(current, "_dael_dassl_reader"):
+            DATASET_REGISTRY._do_register(name, _category_shift_aware(name, current), force=True)

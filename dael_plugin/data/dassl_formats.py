@@ -51,7 +51,7 @@ class Format:
     dataset_dir: str  # under --root
     domains: Tuple[str, ...]
     unlabeled_target: bool  # DA (the target's train split is train_u) or DG
-    read: Callable[[str, Sequence[str], Sequence[str], int], Splits]  # (dataset path, sources, targets, seed)
+    read: Callable[..., Splits]  # (dataset path, sources, targets, seed, category_shift)
     layout: str  # what the reader expects, for error lines
     anchor: str  # DATASETS.md's section
     seeded: Tuple[str, ...] = ()  # domains whose images are a subsample drawn from SEED
@@ -134,7 +134,7 @@ def _read_split_file(
 
 
 def _domainnet(split_dir: str, anchor: str, with_val: bool):
-    def read(path: str, sources: Sequence[str], targets: Sequence[str], seed: int) -> Splits:
+    def read(path: str, sources: Sequence[str], targets: Sequence[str], seed: int, category_shift: bool) -> Splits:
         listing = _Listing()
 
         def split(domains: Sequence[str], name: str) -> List[Item]:
@@ -159,7 +159,7 @@ def _domainnet(split_dir: str, anchor: str, with_val: bool):
 PACS_BROKEN = ("sketch/dog/n02103406_4068-1.png",)  # Dassl's ``_error_paths``
 
 
-def _pacs(path: str, sources: Sequence[str], targets: Sequence[str], seed: int) -> Splits:
+def _pacs(path: str, sources: Sequence[str], targets: Sequence[str], seed: int, category_shift: bool) -> Splits:
     listing = _Listing()
     image_dir, split_dir = os.path.join(path, "images"), os.path.join(path, "splits")
     broken = {os.path.join(image_dir, p) for p in PACS_BROKEN}  # absent or not, never read
@@ -195,13 +195,17 @@ class _BrokenAware:
 
 
 # -- class folders (Office31, OfficeHome, VLCS) --------------------------------
-def _class_folders(domain_dirs: Sequence[str], anchor: str) -> List[str]:
+def _class_folders(domain_dirs: Sequence[str], anchor: str, category_shift: bool = False) -> List[str]:
     """The sorted class folders, the same in every domain: Dassl numbers each domain's folders
-    on its own, so a class missing from one domain would shift every later label there."""
+    on its own, so a class missing from one domain would shift every later label there. With
+    ``category_shift`` (``DATASET.CATEGORY_SHIFT``) a domain may hold a subset: the sorted union,
+    by which every domain's labels are numbered."""
     per = []
     for d in domain_dirs:
         _need_dir(d, "domain folder", anchor)
         per.append(sorted(c for c in _listdir(d) if os.path.isdir(os.path.join(d, c))))
+    if category_shift:
+        return sorted(set().union(*per))
     for d, classes in zip(domain_dirs[1:], per[1:]):
         if classes != per[0]:
             missing = sorted(set(per[0]) - set(classes))
@@ -210,14 +214,15 @@ def _class_folders(domain_dirs: Sequence[str], anchor: str) -> List[str]:
                 f"class folders differ between {domain_dirs[0]} and {d}: "
                 f"{'missing ' + str(missing[:5]) if missing else ''}{' ' if missing and extra else ''}"
                 f"{'extra ' + str(extra[:5]) if extra else ''}; Dassl would number each domain's classes "
-                "on its own and shift the labels: every domain needs the same class folders"
+                "on its own and shift the labels: every domain needs the same class folders, or set "
+                "DATASET.CATEGORY_SHIFT True to read the union of the classes (docs/category_shift.md)"
             )
     return per[0]
 
 
 def _office(lower: bool, anchor: str):
-    def read(path: str, sources: Sequence[str], targets: Sequence[str], seed: int) -> Splits:
-        classes = _class_folders([os.path.join(path, d) for d in list(sources) + list(targets)], anchor)
+    def read(path: str, sources: Sequence[str], targets: Sequence[str], seed: int, category_shift: bool) -> Splits:
+        classes = _class_folders([os.path.join(path, d) for d in list(sources) + list(targets)], anchor, category_shift)
 
         def split(domains: Sequence[str]) -> List[Item]:
             per_domain = []
@@ -225,6 +230,8 @@ def _office(lower: bool, anchor: str):
                 pairs = []
                 for label, cname in enumerate(classes):
                     cdir = os.path.join(path, dname, cname)
+                    if not os.path.isdir(cdir):
+                        continue  # a class this domain lacks (category shift)
                     pairs += [(os.path.join(cdir, f), label, cname.lower() if lower else cname) for f in _listdir(cdir)]
                 per_domain.append(pairs)
             return _items(per_domain)
@@ -234,15 +241,26 @@ def _office(lower: bool, anchor: str):
     return read
 
 
-def _vlcs(path: str, sources: Sequence[str], targets: Sequence[str], seed: int) -> Splits:
+def _vlcs(path: str, sources: Sequence[str], targets: Sequence[str], seed: int, category_shift: bool) -> Splits:
+    every = [os.path.join(path, d.upper(), s) for d in list(sources) + list(targets) for s in ("train", "crossval", "test")]
+    # one label space for every split: the union with category shift (Dassl's splits each number their own)
+    union = _class_folders([d for d in every if os.path.isdir(d)], "vlcs", True) if category_shift else None
+
     def split(domains: Sequence[str], name: str) -> List[Item]:
         dirs = [os.path.join(path, d.upper(), name) for d in domains]
-        classes = _class_folders(dirs, "vlcs")
+        if union is None:
+            classes = _class_folders(dirs, "vlcs")
+        else:
+            for d in dirs:
+                _need_dir(d, "domain folder", "vlcs")
+            classes = union
         per_domain = []
         for sdir in dirs:
             pairs = []
             for label, cname in enumerate(classes):
                 cdir = os.path.join(sdir, cname)
+                if not os.path.isdir(cdir):
+                    continue  # a class this domain lacks (category shift)
                 # glob.glob("*.jpg")'s order and filter: the listing's order, hidden names left out
                 pairs += [(os.path.join(cdir, f), label, cname) for f in _listdir(cdir) if f.endswith(".jpg")]
             per_domain.append(pairs)
@@ -261,7 +279,7 @@ DIGIT5_CAPS = {"train": 25000, "test": 9000}  # MNIST, MNIST-M, SVHN, SYN (M3SDA
 DIGIT5_USPS_REPEAT = 3  # USPS's training list, to match the others' size
 
 
-def _digit5(path: str, sources: Sequence[str], targets: Sequence[str], seed: int) -> Splits:
+def _digit5(path: str, sources: Sequence[str], targets: Sequence[str], seed: int, category_shift: bool) -> Splits:
     rng = random.Random(seed)  # Dassl draws from Python's global RNG, seeded by set_random_seed(SEED)
 
     def domain(dname: str, split: str) -> Pairs:
@@ -349,7 +367,15 @@ def classnames_of(name: str, splits: Splits) -> List[str]:
     return [names[k] for k in range(len(names))]
 
 
-def read_format(name: str, root: str, sources: Sequence[str], targets: Sequence[str], seed: int) -> Dict[str, object]:
+def read_format(
+    name: str, root: str, sources: Sequence[str], targets: Sequence[str], seed: int, category_shift: bool = False
+) -> Dict[str, object]:
+    """The splits and class names of ``name`` under ``root``. The source domains must hold the same
+    classes; with ``category_shift`` (``DATASET.CATEGORY_SHIFT``) they may hold different ones, and
+    the label space is their union (class folders: the sorted union; split files and Digit-5: the
+    files' labels, which are already the union's)."""
+    from dael_plugin.data.classes import check_union, classes_by_domain, describe
+
     fmt = FORMATS[name]
     path = os.path.join(root, fmt.dataset_dir)
     if not os.path.isdir(path):
@@ -357,7 +383,16 @@ def read_format(name: str, root: str, sources: Sequence[str], targets: Sequence[
             f"dataset folder {path} not found: {name} is read from <root>/{fmt.dataset_dir}/{fmt.layout}; "
             f"set --root to the folder that holds {fmt.dataset_dir}/ (get the data as {_where(fmt.anchor)} says)"
         )
-    splits = fmt.read(path, sources, targets, seed)
+    splits = fmt.read(path, sources, targets, seed, category_shift)
     out: Dict[str, object] = dict(splits)
-    out["classnames"] = classnames_of(name, splits)
+    out["classnames"] = names = classnames_of(name, splits)
+    held = classes_by_domain(splits["train_x"] or [], len(sources), len(names))
+    if category_shift:
+        check_union(held, sources, names)
+    elif any(row != held[0] for row in held):
+        raise DAELConfigError(
+            f"{name}: the source domains hold different classes ({'; '.join(describe(held, sources, names))[:300]}); "
+            "set DATASET.CATEGORY_SHIFT True to read the union of the classes (docs/category_shift.md), "
+            "or complete the split files"
+        )
     return out

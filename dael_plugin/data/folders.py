@@ -112,11 +112,13 @@ def check_dataset_names(name: str, sources: Sequence[str], targets: Sequence[str
         _check_domain_names(name, domains, sources, targets)
 
 
-def check_dataset_files(name: str, root: str, sources: Sequence[str], targets: Sequence[str]) -> None:
+def check_dataset_files(
+    name: str, root: str, sources: Sequence[str], targets: Sequence[str], category_shift: bool = False
+) -> None:
     """Missing or partial data in Dassl's formats, said before a run makes its output folder
     (file lists are read, no image; the trainer reads them again)."""
     if name in FORMATS:
-        load_splits(name, root, sources, targets)
+        load_splits(name, root, sources, targets, category_shift=category_shift)
 
 
 def _check_domain_names(name: str, domains: Sequence[str], sources: Sequence[str], targets: Sequence[str]) -> None:
@@ -180,7 +182,7 @@ def load_splits(
     ``category_shift``: domains may hold different classes, read as their union)."""
     check_dataset_names(name, sources, targets)
     if name not in SPECS:
-        out = read_format(name, os.path.abspath(os.path.expanduser(root or ".")), sources, targets, seed)
+        out = read_format(name, os.path.abspath(os.path.expanduser(root or ".")), sources, targets, seed, category_shift)
         if not out["train_x"]:
             raise DAELConfigError(f"no training images found for {name} source domains {list(sources)}")
         return out

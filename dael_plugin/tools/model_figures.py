@@ -54,7 +54,8 @@ class LoadedRun:
 
         ds = self.cfg["DATASET"]
         seed = max(int(self.cfg.get("SEED", 0)), 0)  # Digit-5's subsample, as the run drew it
-        splits = load_splits(ds["NAME"], ds["ROOT"], ds["SOURCE_DOMAINS"], ds["TARGET_DOMAINS"], seed=seed)
+        shift = bool(ds.get("CATEGORY_SHIFT", False))
+        splits = load_splits(ds["NAME"], ds["ROOT"], ds["SOURCE_DOMAINS"], ds["TARGET_DOMAINS"], seed, shift)
         return splits["classnames"], splits["test"], splits["train_x"]
 
     def _tensor(self, items):

@@ -685,7 +685,13 @@ def _check_names(cfg: CN, engine: str) -> None:
             f"{sorted(TRAINERS)}); install Dassl and use --engine dassl for Dassl's baselines"
         )
     check_dataset_names(cfg.DATASET.NAME, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS)
-    check_dataset_files(cfg.DATASET.NAME, cfg.DATASET.ROOT, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS)
+    check_dataset_files(
+        cfg.DATASET.NAME,
+        cfg.DATASET.ROOT,
+        cfg.DATASET.SOURCE_DOMAINS,
+        cfg.DATASET.TARGET_DOMAINS,
+        bool(cfg.DATASET.get("CATEGORY_SHIFT", False)),
+    )
 
 
 def _prepare_output_dir(path: str) -> None:

@@ -30,12 +30,16 @@ def run(args, w, setting: str, fuse: int, chunk_bn: str, out_path: str) -> None:
     backbone = SmallCNN()
     heads = build_heads(backbone.out_features, c, k, DAELHparams())
     hp = DAELHparams(conf_thre=0.0)  # every pseudo-label kept: L_u is exercised from the first step
-    algo = DAEL(backbone, heads, hp, fuse_chunks=bool(fuse), chunk_bn=chunk_bn)
+    mask = None
+    if setting == "da-cs":  # category shift: each source holds a subset of the classes, every part on
+        hp = DAELHparams(conf_thre=0.0, class_masks=("all",))
+        mask = torch.tensor([[1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [1, 0, 0, 1, 1]], dtype=torch.bool)
+    algo = DAEL(backbone, heads, hp, fuse_chunks=bool(fuse), chunk_bn=chunk_bn, class_mask=mask)
     model = torch.nn.ModuleList([backbone, heads])
     if w.distributed:
         set_sync(model, distributed.device_group(), w.size)
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    is_da = setting == "da"
+    is_da = setting in ("da", "da-cs")
     if args.channels_last:
         backbone.to(memory_format=torch.channels_last)
     step = DAELStep(
@@ -51,13 +55,15 @@ def run(args, w, setting: str, fuse: int, chunk_bn: str, out_path: str) -> None:
         compile_backend=args.compile_backend,
     )
     g = torch.Generator().manual_seed(args.data_seed)
+    held = mask if mask is not None else torch.ones(k, c, dtype=torch.bool)
     record = {"loss": [], "grads": [], "parts": []}
     for _ in range(args.steps):
         n = k * args.per_domain
         batch_x = {
             "img": torch.randn(n, 3, args.size, args.size, generator=g),
             "img2": torch.randn(n, 3, args.size, args.size, generator=g),
-            "label": torch.randint(c, (n,), generator=g),
+            # each domain's labels among its own classes (all of them without category shift)
+            "label": torch.multinomial(held.float(), args.per_domain, replacement=True, generator=g).flatten(),
             "domain": torch.arange(k).repeat_interleave(args.per_domain),
         }
         batch_u = {
@@ -85,7 +91,7 @@ def run(args, w, setting: str, fuse: int, chunk_bn: str, out_path: str) -> None:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--out", required=True)
-    p.add_argument("--setting", choices=("da", "dg"), default="da")
+    p.add_argument("--setting", choices=("da", "dg", "da-cs"), default="da")
     p.add_argument("--fuse", type=int, default=1)
     p.add_argument("--chunk-bn", default="split")
     p.add_argument("--per-domain", type=int, default=4)

@@ -232,6 +232,51 @@ def test_the_algorithm_predicts_with_the_parts_that_are_on(parts):
         DAEL(torch.nn.Identity(), ExpertHeads(4, 3, 2), DAELHparams(class_masks=parts))
 
 
+def test_part_other_by_hand():
+    """Expert 0 knows {0, 1}, expert 1 knows {1, 2}. An image of domain 0, class 0: expert 1 lacks
+    class 0, so it should answer "not mine", -log p_1(0). An image of domain 1, class 2: -log p_0(2).
+    An image of class 1: both know it, no pair. The mean over the two pairs."""
+    from dael_plugin.core.category_shift import other_loss
+
+    mask = torch.tensor([[T, T, F_], [F_, T, T]])
+    probs = torch.tensor(
+        [[[0.7, 0.2, 0.1], [0.3, 0.3, 0.4]], [[0.1, 0.1, 0.8], [0.05, 0.15, 0.8]], [[0.2, 0.6, 0.2], [0.1, 0.8, 0.1]]]
+    )
+    labels = torch.tensor([0, 2, 1])
+    want = -(math.log(0.3) + math.log(0.8)) / 2
+    assert other_loss(probs.log(), labels, mask).item() == pytest.approx(want, rel=1e-6)
+    # Expert 0 knows {0} alone: its "not mine" is its mass on {1, 2} together. Images of classes 2, 2
+    # and 1 (all domain 1's): one pair each, with expert 0.
+    three = torch.tensor([[T, F_, F_], [F_, T, T]])
+    want = -(math.log(0.2 + 0.1) + math.log(0.1 + 0.8) + math.log(0.6 + 0.2)) / 3
+    assert other_loss(probs.log(), torch.tensor([2, 2, 1]), three).item() == pytest.approx(want, rel=1e-6)
+    assert other_loss(probs.log(), labels, torch.ones(2, 3, dtype=torch.bool)).item() == 0.0
+
+
+def test_part_other_adds_its_term_and_nothing_else():
+    """``CLASS_MASKS other``: the loss gains ``loss_other`` (on the target view's log-probabilities,
+    unmasked), the other terms are the paper's; with every class everywhere it adds 0; it cannot
+    be listed with ``experts``, which would mask the mass it trains."""
+    from dael_plugin.core.category_shift import other_loss
+
+    mask = torch.tensor([[T, T, T, F_, F_], [F_, T, T, T, F_], [T, F_, F_, T, T]])
+    xt, xp, _, idx, ut, up = _batch(5)
+    y = torch.tensor([0, 1, 2, 0] + [1, 2, 3, 3] + [0, 3, 4, 4])
+    paper = dael_losses(xt, xp, y, idx, DAELHparams(), ut, up)
+    out = dael_losses(xt, xp, y, idx, DAELHparams(class_masks=("other",)), ut, up, class_mask=mask)
+    torch.testing.assert_close(out["loss_other"], other_loss(torch.log_softmax(xt, -1), y, mask))
+    assert out["loss_other"].item() > 0
+    for key in ("loss_x", "loss_cr", "loss_u"):
+        torch.testing.assert_close(out[key], paper[key])
+    torch.testing.assert_close(out["loss"], paper["loss"] + out["loss_other"])
+    full = dael_losses(xt, xp, y, idx, DAELHparams(class_masks=("other",)), ut, up, torch.ones(3, 5, dtype=torch.bool))
+    assert full["loss_other"].item() == 0.0
+    torch.testing.assert_close(full["loss"], paper["loss"])
+    with pytest.raises(ValueError, match="list one of the two"):
+        DAELHparams(class_masks=("experts", "other"))
+    assert "other" not in DAELHparams(class_masks=("all",)).class_masks
+
+
 def test_class_masks_values():
     """``all`` is the four parts; an unknown or repeated part, and the parts a setting cannot
     have (a shared classifier has no per-domain expert; 'cr' compares with the others' mean),

@@ -75,6 +75,7 @@ CASES = [
     "dg:1:split",
     "da:0:split",  # one backbone call per chunk
     "da:1:grouped",
+    "da-cs:1:split",  # category shift: every part of CLASS_MASKS, the (K, C) mask in the step
 ]
 # ``COMPILE default`` under DDP: the synchronised batch norm's collectives and its backward are
 # traced with the step (the fused DA pass: two runs of chunk sizes). Dynamo and AOTAutograd trace

@@ -23,6 +23,15 @@ The design, each part a consequence of "an expert speaks only about the classes 
   argmax is one of its own classes, so that is "the most confident expert among those that know
   its class" with no further rule.
 
+**An alternative to masking the experts, part ``other``** (measured because the masks do not
+repair L_u: an expert whose domain lacks the true class cannot say so, and is confidently wrong
+among its own classes). The experts keep all C outputs, and each learns to put its mass on the
+classes its domain lacks, read as one answer "not mine", from the other source domains' images
+of those classes (:func:`other_loss`, added to the loss). An expert's probability of one of its
+own classes is then lowered by its "not mine" mass; the per-class ensemble and the pseudo-label
+restricted to each expert's classes (parts ``ensemble`` and ``pseudo_label``) read it so. Masking
+(``experts``) would remove that mass, so the two are exclusive.
+
 With every domain holding every class these are today's losses: the masks are all True,
 nothing is set to ``NEG``, each class is averaged over all K experts and the renormalisations
 divide by sums that are 1 (a test holds this to float rounding). The paper's path itself
@@ -82,3 +91,17 @@ def shared_consistency(
     else:
         raise ValueError(f"unknown consistency loss {kind!r}")
     return dist.mean()
+
+
+def other_loss(log_probs: torch.Tensor, labels: torch.Tensor, class_mask: torch.Tensor) -> torch.Tensor:
+    """Part ``other``: each expert learns to answer "not one of my classes" (its mass on the classes
+    its domain lacks) on the other source domains' images of those classes.
+
+    ``log_probs`` ``(N, K, C)`` of every expert on the labelled source images; ``labels`` ``(N,)``.
+    For each pair (image n, expert k) whose class expert k's domain lacks, ``-log sum_{c not in S_k}
+    p_k(c)``; the mean over those pairs (0 where there is none: every domain holding every class
+    gives 0). An image's own expert never lacks its class."""
+    dtype = log_probs.dtype
+    log_other = torch.logsumexp(log_probs.masked_fill(class_mask, NEG), dim=-1)  # (N, K): log p_k(not S_k)
+    lacks = (~class_mask).to(dtype).t()[labels]  # (N, K): expert k's domain lacks image n's class
+    return -(lacks * log_other).sum() / lacks.sum().clamp_min(1.0)

@@ -26,8 +26,10 @@ CHOICES = {
     "losses": ("ce_cr_u", "ce_cr", "ce"),
 }
 
-# Category shift (core/category_shift.py): the parts of the design, each a switch on its own.
-CLASS_MASK_PARTS = ("experts", "ensemble", "cr", "pseudo_label")
+# Category shift (core/category_shift.py): the parts of the design, each a switch on its own;
+# "all" is the first four. "other" is the alternative to "experts" (core/category_shift.py).
+CLASS_MASK_PARTS = ("experts", "ensemble", "cr", "pseudo_label", "other")
+ALL_CLASS_MASK_PARTS = CLASS_MASK_PARTS[:4]
 
 
 @dataclass(frozen=True)
@@ -61,7 +63,7 @@ class DAELHparams:
         if "all" in parts:
             if len(parts) > 1:
                 raise ValueError(f"CLASS_MASKS: 'all' stands alone, got {list(parts)}")
-            parts = CLASS_MASK_PARTS
+            parts = ALL_CLASS_MASK_PARTS
         unknown = [p for p in parts if p not in CLASS_MASK_PARTS]
         if unknown or len(set(parts)) != len(parts):
             raise ValueError(
@@ -72,6 +74,11 @@ class DAELHparams:
         if self.class_masks and self.classifier != "experts":
             raise ValueError(
                 f"CLASS_MASKS {list(self.class_masks)} masks each domain expert's classes: it needs CLASSIFIER experts"
+            )
+        if "experts" in self.class_masks and "other" in self.class_masks:
+            raise ValueError(
+                "CLASS_MASKS 'other' trains each expert's mass on the classes its domain lacks as an 'other' answer, "
+                "and 'experts' masks that mass away: list one of the two"
             )
         if "cr" in self.class_masks and self.cr_mode != "collaborative":
             raise ValueError(

@@ -12,8 +12,8 @@ from typing import Dict, Optional, Sequence
 import torch
 from torch.nn import functional as F
 
-from dael_plugin.core.category_shift import class_ensemble, mask_logits, shared_consistency
-from dael_plugin.core.hparams import CLASS_MASK_PARTS, DAELHparams
+from dael_plugin.core.category_shift import class_ensemble, mask_logits, other_loss, shared_consistency
+from dael_plugin.core.hparams import ALL_CLASS_MASK_PARTS, DAELHparams
 
 
 def log_mean_probs(log_probs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -202,6 +202,9 @@ def dael_losses(
         mask_u = mask.mean()
 
     loss = loss_x + loss_cr + hparams.weight_u * loss_u
+    if "other" in parts:
+        out_other = other_loss(log_probs_t, labels_x, class_mask)
+        loss = loss + out_other
     out = {
         "loss": loss,
         "loss_x": loss_x,
@@ -210,13 +213,15 @@ def dael_losses(
         "acc_x": acc_x,
         "mask_u": mask_u,
     }
+    if "other" in parts:
+        out["loss_other"] = out_other
     if labels_u is not None:  # for diagnostics only: (M,) pseudo-labels and their 0/1 mask
         out["pseudo_label_u"], out["pseudo_mask_u"] = labels_u, mask
     return out
 
 
 def ensemble_probs(
-    logits: torch.Tensor, class_mask: Optional[torch.Tensor] = None, parts: Sequence[str] = CLASS_MASK_PARTS
+    logits: torch.Tensor, class_mask: Optional[torch.Tensor] = None, parts: Sequence[str] = ALL_CLASS_MASK_PARTS
 ) -> torch.Tensor:
     """Test-time prediction: mean of all experts' probabilities, ``(B, K, C) -> (B, C)``. Under
     category shift (``class_mask``), ``parts`` of the design (``CLASS_MASKS``): ``experts`` masks

@@ -88,6 +88,8 @@ class DAELStep:
         self.scaler = ex.grad_scaler(prec, device)
         self.num_views = algorithm.hparams.num_views
         self.keys = ["loss_x", "acc_x", "loss_cr"] + (["loss_u", "mask_u"] if is_da else [])
+        if algorithm.class_mask is not None and algorithm.hparams.masks("other"):
+            self.keys.append("loss_other")
         # The fused grouped pass checked against per-chunk batch norm on the first batch (on CUDA by
         # default: engine/fastpath.py); its finding lands in results.json.
         check = device.type == "cuda" if check_first_step is None else check_first_step
@@ -273,6 +275,7 @@ _SHORT = {
     "acc_x": "acc",
     "loss_cr": "cr",
     "loss_u": "u",
+    "loss_other": "oth",
     "mask_u": "mask",
     "pl_acc_u": "pl",
     "loss": "loss",

@@ -57,17 +57,29 @@ ABLATIONS = {
     "DAEL (naive, no L_u)": ("DAEL", "configs/trainers/da/dael/embedded_digits.yaml", ["TRAINER.DAEL.LOSSES", "ce_cr"]),
 }
 # Each part of the design alone (--parts): the three that act without L_u, against "naive, no L_u",
-# and the pseudo-labeller's part, with L_u, against naive DAEL.
+# and the pseudo-labeller's part, with L_u, against naive DAEL; then "experts" with "ensemble"; and
+# part "other" (the experts learn "not mine" instead of being masked) with and without L_u.
+# (parts, L_u on, output folder's name)
+_PART_RUNS = [
+    ("experts", False, "dael_part_experts"),
+    ("ensemble", False, "dael_part_ensemble"),
+    ("cr", False, "dael_part_cr"),
+    ("pseudo_label", True, "dael_part_pseudo_label"),
+    ("experts,ensemble", False, "dael_part_experts_ensemble"),
+    ("other,ensemble", False, "dael_part_other_ensemble_no_lu"),
+    ("other,ensemble,pseudo_label", True, "dael_part_other_ensemble_pseudo_label"),
+    ("other,ensemble,cr,pseudo_label", True, "dael_part_other_ensemble_cr_pseudo_label"),
+]
 PARTS = {
-    f"DAEL (CLASS_MASKS {part}{', no L_u' if part != 'pseudo_label' else ''})": (
+    f"DAEL (CLASS_MASKS {parts}{'' if lu else ', no L_u'})": (
         "DAEL",
         "configs/trainers/da/dael/embedded_digits.yaml",
-        ["TRAINER.DAEL.CLASS_MASKS", part] + (["TRAINER.DAEL.LOSSES", "ce_cr"] if part != "pseudo_label" else []),
+        ["TRAINER.DAEL.CLASS_MASKS", parts] + ([] if lu else ["TRAINER.DAEL.LOSSES", "ce_cr"]),
     )
-    for part in ("experts", "ensemble", "cr", "pseudo_label")
+    for parts, lu, _ in _PART_RUNS
 }
 SLUGS = {
-    **{m: "dael_part_" + m.split()[2].rstrip(",)") for m in PARTS},
+    **{m: slug for m, (_, _, slug) in zip(PARTS, _PART_RUNS)},
     "SourceOnly": "source_only",
     "DAEL (naive: the union as one label set)": "dael_naive",
     "DAEL (CLASS_MASKS)": "dael_masks",
@@ -169,7 +181,7 @@ def main(argv: List[str] = None) -> int:
     rows = {m: [_run(args, m, s, data) for s in args.seeds] for m in methods}
     print(f"\nTarget {TARGET} (all 10 digits); sources " + "; ".join(f"{d}: {' '.join(c)}" for d, c in SOURCES.items()))
     print(f"{args.epochs} epochs, engine {args.engine}, seeds {args.seeds}; target test accuracy (%), mean ± std")
-    print(f"{'method':<44} | {'all digits':>15} | {'1 2 8 9 (one source each)':>26} | pseudo-labels kept, right")
+    print(f"{'method':<58} | {'all digits':>15} | {'1 2 8 9 (one source each)':>26} | pseudo-labels kept, right")
     for method, recs in rows.items():
         acc = [r["accuracy"] for r in recs]
         single = [_single_source_accuracy(r) for r in recs]
@@ -183,7 +195,7 @@ def main(argv: List[str] = None) -> int:
         one = "— (no per-class accuracy)"  # Dassl's own trainers write none to results.json
         if all(v == v for v in single):
             one = f"{statistics.fmean(single):17.2f} ± {_sd(single):5.2f}"
-        print(f"{method:<44} | {statistics.fmean(acc):6.2f} ± {_sd(acc):5.2f} | {one:>26} | {pl}")
+        print(f"{method:<58} | {statistics.fmean(acc):6.2f} ± {_sd(acc):5.2f} | {one:>26} | {pl}")
     return 0
 
 

@@ -239,23 +239,39 @@ def test_dassls_own_trainers_under_torchrun_are_refused_in_one_line(tmp_path, ti
     assert not os.path.exists(tmp_path / "run")  # refused before the output folder is made
 
 
+def _category_shift(args, tiny_root):
+    """``args`` on the category-shift copy of the tiny set (tools/category_shift.py), every part on."""
+    from dael_plugin.tools.category_shift import SOURCES, TARGET, build_set
+
+    out = list(args)
+    out[out.index("--root") + 1] = build_set(tiny_root)
+    out[out.index("--dataset-config-file") + 1] = os.path.join(ROOT, "configs/datasets/da/embedded_digits_cs.yaml")
+    i, j = out.index("--source-domains"), out.index("--target-domains")
+    out[i + 1 : j + 2] = list(SOURCES) + ["--target-domains", TARGET]
+    return out + ["TRAINER.DAEL.CLASS_MASKS", "all"]
+
+
 def test_sharded_evaluation_equals_one_process(tmp_path, tiny_root):
     """--eval-only of one checkpoint: each process evaluates every second image and the tallies
-    are gathered; accuracy, per-class and per-expert figures are the one-process figures."""
-    train = _Here(_args(tiny_root, tmp_path / "run", "builtin"))
+    are gathered; accuracy, per-class and per-expert figures are the one-process figures. On the
+    category-shift set with every part of CLASS_MASKS on: each rank builds the class table, and the
+    masked experts and per-class ensemble are evaluated sharded."""
+    train = _Here(_category_shift(_args(tiny_root, tmp_path / "run", "builtin"), tiny_root))
     assert train.returncode == 0
     evals = {}
     for name, launch in (
         ("one", _Here),
         ("two", lambda a: torchrun([TRAIN] + a)),
     ):
-        args = _args(tiny_root, tmp_path / f"eval_{name}", "builtin")
+        args = _category_shift(_args(tiny_root, tmp_path / f"eval_{name}", "builtin"), tiny_root)
         proc = launch(["--eval-only", "--model-dir", str(tmp_path / "run")] + args)
         assert proc.returncode == 0, proc.stderr[-3000:]
         evals[name] = json.loads((tmp_path / f"eval_{name}" / "results_eval.json").read_text())
     for key in ("accuracy", "expert_accuracy", "per_class_accuracy", "per_class_expert_accuracy"):
         assert evals["one"][key] == evals["two"][key], key
     assert evals["two"]["world_size"] == 2
+    assert proc.stdout.count("Category shift: hand: 6 of 10 classes") == 1  # rank 0 says it
+    assert len(evals["two"]["per_class_accuracy"]) == 10
 
 
 def _checkpoint_epoch(path):

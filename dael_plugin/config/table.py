@@ -66,7 +66,8 @@ KEYS: Tuple[Key, ...] = (
         legacy=(),
         doc="category shift (DATASET.CATEGORY_SHIFT), the parts of core/category_shift.py that are on: 'experts' "
         "(each expert over its domain's classes), 'ensemble' (per-class mean of the experts that know the class), "
-        "'cr' (L_cr on shared classes), 'pseudo_label' (each expert's pseudo-label among its classes); ['all']; "
+        "'cr' (L_cr on shared classes), 'pseudo_label' (each expert's pseudo-label among its classes), 'other' (each "
+        "expert learns 'not mine' on the classes it lacks; instead of 'experts'); ['all']: the first four; "
         "(): the paper's DAEL on the union",
     ),
     _method("LOSSES", "which terms of Eq. 4 are on (Fig. 4)"),

@@ -223,7 +223,9 @@ def test_the_algorithm_predicts_with_the_parts_that_are_on(parts):
         experts = algo.predict_experts(x)
         raw = torch.softmax(algo.heads(x), -1)
         assert ((experts[:, ~mask] == 0).all()) == ("experts" in parts)
-        torch.testing.assert_close(experts, torch.softmax(mask_logits(algo.heads(x), mask), -1) if "experts" in parts else raw)
+        torch.testing.assert_close(
+            experts, torch.softmax(mask_logits(algo.heads(x), mask), -1) if "experts" in parts else raw
+        )
         assert (algo.ensemble_mask is mask) == ("ensemble" in parts)
         want = class_ensemble(experts, mask) if "ensemble" in parts else experts.mean(1)
         torch.testing.assert_close(algo.predict(x), want)

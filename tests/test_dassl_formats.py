@@ -448,7 +448,9 @@ def _strip_a_class(name, root):
             drop_lines(os.path.join(root, "pacs", "splits", f"cartoon_{split}_kfold.txt"))
         return 1, 0
     if name in ("Office31", "OfficeHome"):
-        shutil.rmtree(os.path.join(root, {"Office31": "office31/webcam", "OfficeHome": "office_home/clipart"}[name], "Dog"))
+        shutil.rmtree(
+            os.path.join(root, {"Office31": "office31/webcam", "OfficeHome": "office_home/clipart"}[name], "Dog")
+        )
         return 1, 0
     if name == "VLCS":
         for split in ("train", "crossval", "test"):

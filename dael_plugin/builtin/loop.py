@@ -35,7 +35,7 @@ from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
 from dael_plugin.engine.loop import eval_loader, sync_batch_norm, train_epoch
-from dael_plugin.engine.selection import Selection, keep_list, split_sources, subsample
+from dael_plugin.engine.selection import Selection, keep_list, record_loaders, split_sources
 from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_test_transform, check_names
@@ -157,17 +157,15 @@ class BuiltinTrainer:
         if self.eval_freq <= 0:
             return None
         cap = int(sel.TARGET_CAP)
-        loaders = {
-            "source_val": self._test_loader(self.source_val_items) if self.source_val_items else None,
-            # DEV's source features: only read where DEV can be scored (with a source validation split)
-            "source_train": self._test_loader(subsample(self.splits["train_x"], cap, self.seed))
-            if self.source_val_items
-            else None,
-            "target": self._test_loader(subsample(self.splits["train_u"], cap, self.seed))
-            if self.has_target_train
-            else None,
-            "test": self.test_loader,
-        }
+        loaders = record_loaders(
+            self._test_loader,
+            self.source_val_items,
+            self.splits["train_x"],
+            self.splits["train_u"] if self.has_target_train else None,
+            self.test_loader,
+            cap,
+            self.seed,
+        )
         da = self.is_da
         return Selection(
             self.cfg.OUTPUT_DIR,

@@ -188,7 +188,10 @@ def dael_losses(
         with torch.no_grad():
             probs_u = F.softmax(logits_u_target_view.detach(), dim=-1)
             labels_u, mask, _ = pseudo_labels(
-                probs_u, hparams.conf_thre, hparams.pseudo_label, ensemble_mask,
+                probs_u,
+                hparams.conf_thre,
+                hparams.pseudo_label,
+                ensemble_mask,
                 class_mask if "pseudo_label" in parts else None,
             )
         log_probs_u = F.log_softmax(logits_u_pred_view, dim=-1)

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed
-from dael_plugin.engine.selection import Selection, keep_list, split_sources, subsample
+from dael_plugin.engine.selection import Selection, keep_list, record_loaders, split_sources
 from dael_plugin.errors import DAELConfigError
 
 Encode = Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
@@ -73,15 +73,15 @@ def build_selection(
     cap, seed = int(sel.TARGET_CAP), max(int(cfg.SEED), 0)
     data = trainer.dm.dataset
     template = trainer.test_loader
-    loaders = {
-        "source_val": eval_loader(cfg, trainer.source_val_items, template) if trainer.source_val_items else None,
-        # DEV's source features: only read where DEV can be scored (with a source validation split)
-        "source_train": eval_loader(cfg, subsample(data.train_x, cap, seed), template)
-        if trainer.source_val_items
-        else None,
-        "target": eval_loader(cfg, subsample(data.train_u, cap, seed), template) if data.train_u else None,
-        "test": template,
-    }
+    loaders = record_loaders(
+        lambda items: eval_loader(cfg, items, template),
+        trainer.source_val_items,
+        data.train_x,
+        data.train_u or None,
+        template,
+        cap,
+        seed,
+    )
     return Selection(
         trainer.output_dir,
         trainer.eval_freq,

@@ -242,7 +242,9 @@ def _office(lower: bool, anchor: str):
 
 
 def _vlcs(path: str, sources: Sequence[str], targets: Sequence[str], seed: int, category_shift: bool) -> Splits:
-    every = [os.path.join(path, d.upper(), s) for d in list(sources) + list(targets) for s in ("train", "crossval", "test")]
+    every = [
+        os.path.join(path, d.upper(), s) for d in list(sources) + list(targets) for s in ("train", "crossval", "test")
+    ]
     # one label space for every split: the union with category shift (Dassl's splits each number their own)
     union = _class_folders([d for d in every if os.path.isdir(d)], "vlcs", True) if category_shift else None
 

@@ -182,7 +182,9 @@ def load_splits(
     ``category_shift``: domains may hold different classes, read as their union)."""
     check_dataset_names(name, sources, targets)
     if name not in SPECS:
-        out = read_format(name, os.path.abspath(os.path.expanduser(root or ".")), sources, targets, seed, category_shift)
+        out = read_format(
+            name, os.path.abspath(os.path.expanduser(root or ".")), sources, targets, seed, category_shift
+        )
         if not out["train_x"]:
             raise DAELConfigError(f"no training images found for {name} source domains {list(sources)}")
         return out

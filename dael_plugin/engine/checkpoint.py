@@ -26,8 +26,8 @@ import yaml
 from yacs.config import CfgNode as CN
 
 from dael_plugin.config.keys import TRAINER_NODES
-from dael_plugin.core.hparams import ALL_CLASS_MASK_PARTS, CLASS_MASK_PARTS
 from dael_plugin.config.table import DATASET_KEYS, IN_EVERY_CHECKPOINT, KEYS, SELECTION_KEYS, TOP_KEYS
+from dael_plugin.core.hparams import ALL_CLASS_MASK_PARTS, CLASS_MASK_PARTS
 from dael_plugin.engine.atomic import save_torch
 from dael_plugin.errors import DAELConfigError
 
@@ -201,8 +201,10 @@ def _class_mask_parts(value: object) -> object:
         return list(ALL_CLASS_MASK_PARTS) if value else []
     if isinstance(value, (list, tuple)):
         parts = [str(p) for p in value]
-        return list(ALL_CLASS_MASK_PARTS) if parts == ["all"] else [p for p in CLASS_MASK_PARTS if p in parts] + sorted(
-            p for p in parts if p not in CLASS_MASK_PARTS
+        return (
+            list(ALL_CLASS_MASK_PARTS)
+            if parts == ["all"]
+            else [p for p in CLASS_MASK_PARTS if p in parts] + sorted(p for p in parts if p not in CLASS_MASK_PARTS)
         )
     return value
 

@@ -150,6 +150,27 @@ def subsample(items: Sequence[Any], cap: int, seed: int) -> List[Any]:
     return [items[i] for i in sorted(keep.tolist())]
 
 
+def record_loaders(
+    make_loader: Callable[[Sequence[Any]], Any],
+    source_val: Optional[Sequence[Any]],
+    train_x: Sequence[Any],
+    train_u: Optional[Sequence[Any]],
+    test_loader: Any,
+    cap: int,
+    seed: int,
+) -> Dict[str, Any]:
+    """The loaders a :class:`Selection` reads, the same on both engines (``make_loader`` builds an
+    evaluation loader over items): the source validation split, the capped source-train and target
+    subsamples, and the test loader. DEV's source features are read only where DEV can be scored,
+    with a source validation split."""
+    return {
+        "source_val": make_loader(source_val) if source_val else None,
+        "source_train": make_loader(subsample(train_x, cap, seed)) if source_val else None,
+        "target": make_loader(subsample(train_u, cap, seed)) if train_u else None,
+        "test": test_loader,
+    }
+
+
 @dataclass
 class Outputs:
     """A split's features ``(N, D)``, experts' probabilities ``(N, K, C)``, labels and source

@@ -408,6 +408,8 @@ def test_the_benchmarks_pseudo_label_columns_read_both_engines_logs(tmp_path):
     for name, line, want in (
         ("b", builtin, (84.4, 38.6)),
         ("d", dassl, (81.2, 39.6)),
+        ("bo", builtin.replace("pl_acc_u", "loss_other 0.3451 pl_acc_u"), (84.4, 38.6)),  # part 'other'
+        ("do", dassl.replace("pl_acc_u", "loss_other 0.2384 (0.4771) pl_acc_u"), (81.2, 39.6)),
         ("n", "epoch [1/1] loss 2", None),
     ):
         (tmp_path / name).mkdir()

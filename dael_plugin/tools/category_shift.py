@@ -147,8 +147,9 @@ def _last_pseudo_labels(rec: Dict):
     with open(os.path.join(rec["output_dir"], "log.txt"), encoding="utf-8", errors="replace") as f:
         for line in f:
             # the built-in engine's epoch line, or the Dassl engine's running means (to its last print)
-            m = re.search(r"batches \d+ .*mask_u ([\d.]+)% pl_acc_u ([\d.]+%|-)", line) or re.search(
-                r"mask_u [\d.]+% \(([\d.]+)%\) pl_acc_u [\d.-]+%? \(([\d.]+%|-)\)", line
+            # (other meters, loss_other, may stand between mask_u and pl_acc_u)
+            m = re.search(r"batches \d+ .*mask_u ([\d.]+)% (?:\S+ \S+ )*?pl_acc_u ([\d.]+%|-)", line) or re.search(
+                r"mask_u [\d.]+% \(([\d.]+)%\) (?:\S+ \S+ \S+ )*?pl_acc_u [\d.-]+%? \(([\d.]+%|-)\)", line
             )
             if m:  # pl_acc_u "-": no pseudo-label was kept
                 found = (float(m.group(1)), float(m.group(2)[:-1]) if m.group(2) != "-" else float("nan"))
@@ -175,9 +176,18 @@ def main(argv: List[str] = None) -> int:
     p.add_argument("--quiet", action="store_true", help="keep the runs' own output off the terminal")
     p.add_argument("--ablations", action="store_true", help="also " + "; ".join(ABLATIONS))
     p.add_argument("--parts", action="store_true", help="also each part of CLASS_MASKS alone: " + "; ".join(PARTS))
+    p.add_argument(
+        "--only",
+        nargs="+",
+        metavar="NAME",
+        choices=sorted(SLUGS.values()),
+        help="just these rows, by output folder name",
+    )
     args = p.parse_args(argv)
     data = build_set(os.path.abspath(os.path.expanduser(args.root)))
     methods = list(METHODS) + (list(ABLATIONS) if args.ablations else []) + (list(PARTS) if args.parts else [])
+    if args.only:
+        methods = [m for m in {**METHODS, **ABLATIONS, **PARTS} if SLUGS[m] in args.only]
     rows = {m: [_run(args, m, s, data) for s in args.seeds] for m in methods}
     print(f"\nTarget {TARGET} (all 10 digits); sources " + "; ".join(f"{d}: {' '.join(c)}" for d, c in SOURCES.items()))
     print(f"{args.epochs} epochs, engine {args.engine}, seeds {args.seeds}; target test accuracy (%), mean ± std")

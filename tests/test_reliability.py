@@ -312,10 +312,13 @@ def test_stale_temporary_files_are_removed_at_the_next_start(tmp_path, tiny_root
 
 # -- SIGTERM like Ctrl-C -------------------------------------------------------------------------
 def test_sigterm_stops_a_run_like_ctrl_c(tmp_path, tiny_root):
+    """SIGTERM to the run's whole process group, data-loader workers included, as ``scancel``,
+    ``timeout`` or a job's cgroup sends it: the main process may see a worker's death (torch's
+    SIGCHLD check raises) before its own SIGTERM, and stops with the same one line either way."""
     out = tmp_path / "term"
-    proc = spawn(args_for(tiny_root, out, epochs=50))
+    proc = spawn(args_for(tiny_root, out, epochs=50, extra=["DATALOADER.NUM_WORKERS", "2"]), start_new_session=True)
     assert wait_for_checkpoint(out, 1, proc), "never finished epoch 1"
-    proc.send_signal(signal.SIGTERM)
+    os.killpg(proc.pid, signal.SIGTERM)
     _, err = proc.communicate(timeout=60)
     assert proc.returncode == 143, err[-2000:]
     last = err.strip().splitlines()[-1]
@@ -487,3 +490,24 @@ def test_threads_follow_the_cpus_this_process_may_use(tmp_path, monkeypatch):
         assert pin_cpu_threads(str(cg)) == "5 CPU threads (OMP_NUM_THREADS=5)" and torch.get_num_threads() == 5
     finally:
         torch.set_num_threads(before)
+
+
+def test_a_worker_stopped_by_sigterm_first_is_the_same_stop(tmp_path, monkeypatch, capsys):
+    """The order the group-wide SIGTERM above cannot force: torch's error for a worker killed by
+    SIGTERM reaches the main process first. Exit 143 and the one line, as for the main's own."""
+    from dael_plugin.tools import train
+
+    def stopped(args, state):
+        raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Terminated. ")
+
+    monkeypatch.setattr(train, "_main", stopped)
+    assert train.main(["--output-dir", str(tmp_path / "o")]) == 143
+    assert capsys.readouterr().err.strip().startswith("terminated (SIGTERM): ")
+    assert signal.getsignal(signal.SIGTERM) is not signal.SIG_IGN  # main's handlers are given back
+
+    def crashed(args, state):
+        raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Segmentation fault. ")
+
+    monkeypatch.setattr(train, "_main", crashed)
+    with pytest.raises(RuntimeError, match="Segmentation fault"):  # a real crash stays one
+        train.main(["--output-dir", str(tmp_path / "o")])

@@ -469,6 +469,13 @@ def _terminate(signum, _frame):
     raise Terminated(signum)
 
 
+def _worker_terminated(exc: BaseException) -> bool:
+    """A data-loader worker stopped by SIGTERM: a scheduler (``scancel``, ``timeout``, a job's
+    cgroup) signals every process of the run at once, and the main process can see its worker's
+    death (torch's SIGCHLD check) before its own SIGTERM."""
+    return "DataLoader worker" in str(exc) and "killed by signal: Terminated" in str(exc)
+
+
 PATH_FLAGS = ("root", "output_dir", "resume", "model_dir", "config_file", "dataset_config_file")
 
 
@@ -563,12 +570,23 @@ def main(argv: Optional[List[str]] = None) -> int:
         # Started with SIGINT ignored (a background job of a script, a pytest-xdist worker's child):
         # Python then leaves it ignored, and the sweep's clean stop (SIGINT) would do nothing.
         previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
-    try:
-        return _main(args, state)
-    except Terminated:
+    sigchld = signal.getsignal(signal.SIGCHLD) if previous is not None else None
+
+    def terminated() -> int:
+        if previous is not None:
+            # Stopping: a second SIGTERM (the rest of a group-wide one) must not interrupt the cleanup,
+            # and the loaders' dead workers no longer concern anyone (torch's SIGCHLD check would
+            # otherwise raise again from wherever the interpreter is, down to its exit hooks).
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            signal.signal(signal.SIGCHLD, sigchld if sigchld is not None else signal.SIG_DFL)
         if distributed.world().is_main:  # torchrun stops every rank: one of them says so
             say(f"terminated (SIGTERM): {_where_to_resume(state.get('output_dir'), args.eval_only)}")
         return 143
+
+    try:
+        return _main(args, state)
+    except Terminated:
+        return terminated()
     except ClashError as exc:
         say(f"error: {exc}")
         return EXIT_CLASH
@@ -596,6 +614,8 @@ def main(argv: Optional[List[str]] = None) -> int:
     except (RuntimeError, getattr(torch_distributed(), "DistError", RuntimeError)) as exc:
         if is_host_oom(exc):  # torch's CPU allocator raises a plain RuntimeError
             return _oom_exit(exc, state)
+        if _worker_terminated(exc):
+            return terminated()
         if not distributed.lost_peer(exc):
             raise
         # Rank 0 says it, once: another rank that lost rank 0 (which stopped with its own line, or

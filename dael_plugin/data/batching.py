@@ -33,3 +33,50 @@ def split_domains(domain: torch.Tensor, per_domain: int, num_domains: int) -> Tu
             "domain-balanced sampler: set DATALOADER.TRAIN_X.SAMPLER RandomDomainSampler"
         )
     return [per_domain] * blocks.shape[0], domain.long()
+
+
+def release_loaders(root: object, depth: int = 3) -> int:
+    """Stop the worker processes of every ``DataLoader`` reachable from ``root`` (its attributes,
+    and theirs, dict values and list items, ``depth`` levels down); returns how many it stopped.
+
+    A run's loaders keep their workers across epochs (``persistent_workers``). When the run ends
+    in a process that goes on (``train.main`` called from Python: a notebook, a test, a sweep in
+    one process), the trainer and its loaders become garbage in reference cycles. Collected by the
+    cyclic GC, an iterator's queues may be finalised before the iterator, its shutdown message
+    never reaches the workers, and each worker costs a 5 s join timeout at whatever line the
+    collection happens to run (measured: 12 workers, 60 s). Dropping the iterator here, while its
+    queues are whole, stops the workers in milliseconds."""
+    from torch.utils.data import DataLoader
+
+    seen, found = set(), []
+
+    def walk(obj, level):
+        if id(obj) in seen or level > depth:
+            return
+        seen.add(id(obj))
+        if isinstance(obj, DataLoader):
+            found.append(obj)
+            return
+        if isinstance(obj, dict):
+            children = list(obj.values())
+        elif isinstance(obj, (list, tuple)):
+            children = list(obj)
+        elif hasattr(obj, "__dict__") and not isinstance(obj, type):
+            children = list(vars(obj).values())
+        else:
+            return
+        for child in children:
+            if isinstance(child, (str, bytes, int, float, bool)) or child is None:
+                continue
+            walk(child, level + 1)
+
+    walk(root, 0)
+    stopped = 0
+    for loader in found:
+        it = getattr(loader, "_iterator", None)  # a persistent-workers loader's iterator (torch's attribute)
+        if it is not None and hasattr(it, "_shutdown_workers"):
+            it._shutdown_workers()
+            stopped += 1
+        if it is not None:
+            loader._iterator = None
+    return stopped

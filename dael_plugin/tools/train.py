@@ -624,6 +624,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             say(f"error: {distributed.lost_peer_line(exc)}")
         return EXIT_LOST_PEER
     finally:
+        if state.get("trainer") is not None:  # its loaders' workers, now, not at a later garbage collection
+            from dael_plugin.data.batching import release_loaders
+
+            release_loaders(state.pop("trainer"))
         restore_host_memory(state.pop("memory_cap", None))  # in-process callers (tests) get theirs back
         if state.get("lock") is not None:
             state["lock"].release()
@@ -783,6 +787,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         _say_config(cfg)
         trainer = build_builtin_trainer(cfg, eval_each_epoch=args.eval_each_epoch)
         recorded = {}
+    state["trainer"] = trainer
     distributed.seed_ranks(cfg.SEED)
     pixels = None
     if args.check_data:

@@ -67,28 +67,8 @@ def dassl_args(root, out, epochs=1, trainer="DAEL", ds=DS_DA, cfg=DAEL_CFG, flag
     )
 
 
-def test_dassl_engine_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root):
-    """Dassl's loaders start new workers each epoch, seeded from the global torch
-    RNG, and its RandomDomainSampler draws from Python's random: restoring those
-    states at the epoch boundary makes the resumed run equal the uninterrupted one."""
-    workers = ["DATALOADER.NUM_WORKERS", "2"]
-    full, killed = tmp_path / "full", tmp_path / "killed"
-    finished(dassl_args(tiny_root, full, epochs=3, extra=workers))
-    proc = spawn(dassl_args(tiny_root, killed, epochs=3, extra=workers))
-    assert wait_for_checkpoint(killed, 1, proc), "never finished epoch 1"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
-    assert not (killed / "results.json").exists()
-    out = finished(dassl_args(tiny_root, killed, epochs=3, extra=workers)).stdout
-    # Wherever the kill landed (mid-epoch 2, or just after its checkpoint), it resumed, not restarted.
-    assert "will resume training from epoch 2" in out or "will resume training from epoch 3" in out
-    a = torch.load(full / "checkpoint.pth.tar", weights_only=True)["models"]
-    b = torch.load(killed / "checkpoint.pth.tar", weights_only=True)["models"]
-    for name in a:
-        for k in a[name]:
-            assert torch.equal(a[name][k], b[name][k]), (name, k)
-    ra, rb = (json.loads((d / "results.json").read_text()) for d in (full, killed))
-    assert ra["accuracy"] == rb["accuracy"] and ra["expert_accuracy"] == rb["expert_accuracy"]
+# The Dassl engine's resume after kill -9 (fp32, 2 workers, records): test_hardening.py's
+# test_resume_after_kill_9_is_bitwise_exact_with_persistent_workers[dassl].
 
 
 def test_dassl_engine_worker_count_does_not_change_a_run(tmp_path, tiny_root):

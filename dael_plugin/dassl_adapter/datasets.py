@@ -26,24 +26,30 @@ def _datums(items):
     )
 
 
+def _read_into(dataset, name: str, cfg: CN, seed: int = 0) -> None:
+    """Fill a Dassl ``DatasetBase`` with the plugin's reading of ``name`` (``seed``: Digit-5's subsample)."""
+    splits = folders.load_splits(
+        name,
+        cfg.DATASET.ROOT,
+        cfg.DATASET.SOURCE_DOMAINS,
+        cfg.DATASET.TARGET_DOMAINS,
+        seed,
+        category_shift=bool(cfg.DATASET.get("CATEGORY_SHIFT", False)),
+    )
+    DatasetBase.__init__(
+        dataset,
+        train_x=_datums(splits["train_x"]),
+        train_u=_datums(splits["train_u"]),
+        val=_datums(splits["val"]),
+        test=_datums(splits["test"]),
+    )
+
+
 def _make(name: str):
     spec = folders.SPECS[name]
 
     def __init__(self, cfg: CN):
-        splits = folders.load_splits(
-            name,
-            cfg.DATASET.ROOT,
-            cfg.DATASET.SOURCE_DOMAINS,
-            cfg.DATASET.TARGET_DOMAINS,
-            category_shift=bool(cfg.DATASET.get("CATEGORY_SHIFT", False)),
-        )
-        DatasetBase.__init__(
-            self,
-            train_x=_datums(splits["train_x"]),
-            train_u=_datums(splits["train_u"]),
-            val=_datums(splits["val"]),
-            test=_datums(splits["test"]),
-        )
+        _read_into(self, name, cfg)
 
     doc = f"{name}: read by dael_plugin.data.folders ({'DA' if spec.unlabeled_target else 'DG'})."
     attrs = {"__init__": __init__, "__doc__": doc, "dataset_dir": spec.dataset_dir, "domains": list(spec.domains or [])}
@@ -59,22 +65,8 @@ def _category_shift_aware(name: str, dassl_cls: type) -> type:
     def __init__(self, cfg: CN):
         if not bool(cfg.DATASET.get("CATEGORY_SHIFT", False)):
             dassl_cls.__init__(self, cfg)
-            return
-        splits = folders.load_splits(
-            name,
-            cfg.DATASET.ROOT,
-            cfg.DATASET.SOURCE_DOMAINS,
-            cfg.DATASET.TARGET_DOMAINS,
-            max(int(cfg.SEED), 0),  # Digit-5's subsample (the plugin's draw, not Dassl's)
-            category_shift=True,
-        )
-        DatasetBase.__init__(
-            self,
-            train_x=_datums(splits["train_x"]),
-            train_u=_datums(splits["train_u"]),
-            val=_datums(splits["val"]),
-            test=_datums(splits["test"]),
-        )
+        else:
+            _read_into(self, name, cfg, max(int(cfg.SEED), 0))  # Digit-5: the plugin's draw, not Dassl's
 
     doc = f"{dassl_cls.__doc__ or name}\n\nUnder DATASET.CATEGORY_SHIFT read by dael_plugin (the union of the classes)."
     return type(name, (dassl_cls,), {"__init__": __init__, "__doc__": doc, "_dael_dassl_reader": dassl_cls})

@@ -143,8 +143,10 @@ def dael_losses(
         logits_u_target_view / logits_u_pred_view: ``(M, K, C)`` on unlabeled
             target images; ``None`` for domain generalisation (no L_u).
         class_mask: ``(K, C)`` bool, which classes each source domain holds, under category
-            shift (:mod:`.category_shift`: masked experts, per-class ensemble, L_cr on shared
-            classes); ``None`` (the paper) leaves every line below as it was.
+            shift (:mod:`.category_shift`); read by the parts ``hparams.class_masks`` turns on
+            (masked experts, per-class ensemble, L_cr on shared classes, the pseudo-label among an
+            expert's classes, the "not mine" term). ``None`` or no part (the paper) leaves every
+            line below as it was.
     Returns:
         A dict of 0-dim tensors: ``loss`` (to back-propagate), ``loss_x``
         (L_ce), ``loss_cr``, ``loss_u``, ``acc_x`` (%, expert on its own

@@ -60,6 +60,8 @@ def release_loaders(root: object, depth: int = 3) -> int:
         if isinstance(obj, dict):
             children = list(obj.values())
         elif isinstance(obj, (list, tuple)):
+            if len(obj) > 64:  # a split's items (600k for DomainNet), not a list of loaders
+                return
             children = list(obj)
         elif hasattr(obj, "__dict__") and not isinstance(obj, type):
             children = list(vars(obj).values())

@@ -205,7 +205,7 @@ def reset_cfg(cfg: CN, args: argparse.Namespace) -> None:
         cfg.MODEL.HEAD.NAME = args.head
 
 
-def _ints_as_floats(cfg: CN, opts: List[str]) -> List[str]:
+def _coerce_opts(cfg: CN, opts: List[str]) -> List[str]:
     """What yacs would refuse as a type mismatch, read as meant (nothing yacs accepts changes):
     ``TRAINER.DAEL.WEIGHT_U 0`` is 0.0 for a float key, and a list key given bare words,
     ``TRAINER.DAEL.CLASS_MASKS all`` or ``SELECTION.KEEP_BEST im,oracle``, is that list."""
@@ -219,7 +219,7 @@ def _ints_as_floats(cfg: CN, opts: List[str]) -> List[str]:
         if isinstance(current, float) and not isinstance(current, bool) and re.fullmatch(r"[-+]?\d+", value):
             out[i + 1] = str(float(value))
         elif isinstance(current, (list, tuple)) and re.fullmatch(r"[A-Za-z_][\w.\-]*(,[A-Za-z_][\w.\-]*)*", value):
-            out[i + 1] = repr([v for v in value.split(",")])
+            out[i + 1] = repr(value.split(","))
     return out
 
 
@@ -252,7 +252,7 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     if len(opts) % 2:
         raise DAELConfigError(f"trailing options must be KEY VALUE pairs, got {opts}")
     try:
-        cfg.merge_from_list(_ints_as_floats(cfg, opts))
+        cfg.merge_from_list(_coerce_opts(cfg, opts))
     except (KeyError, AssertionError) as exc:  # yacs asserts on unknown keys here
         raise DAELConfigError(_key_error(exc, engine, "the command line", cfg)) from None
     except ValueError as exc:

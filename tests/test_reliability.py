@@ -511,3 +511,33 @@ def test_a_worker_stopped_by_sigterm_first_is_the_same_stop(tmp_path, monkeypatc
     monkeypatch.setattr(train, "_main", crashed)
     with pytest.raises(RuntimeError, match="Segmentation fault"):  # a real crash stays one
         train.main(["--output-dir", str(tmp_path / "o")])
+
+
+@pytest.mark.parametrize("pending", ["worker", "sigterm"])
+def test_a_signal_pending_while_stopping_does_not_break_the_stop(monkeypatch, pending):
+    """``signal.signal`` runs the handlers of signals already pending before it swaps one: torch's
+    SIGCHLD check raised the worker's error from the very call that was to silence it (seen in CI:
+    exit 1 and a traceback instead of 143). Here the first swap raises what the pending handler
+    would; the stop retries and ends with both handlers swapped."""
+    from dael_plugin.tools import train
+
+    real = signal.signal
+    saved = {s: signal.getsignal(s) for s in (signal.SIGCHLD, signal.SIGTERM)}
+    calls = []
+
+    def swap(signum, handler):
+        calls.append(signum)
+        if len(calls) == 1:
+            if pending == "worker":
+                raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Terminated. ")
+            raise train.Terminated(signal.SIGTERM)
+        return real(signum, handler)
+
+    monkeypatch.setattr(signal, "signal", swap)
+    try:
+        train._stop_listening(None)
+        assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
+        assert signal.getsignal(signal.SIGCHLD) is signal.SIG_DFL and len(calls) == 3
+    finally:
+        for s, h in saved.items():
+            real(s, h)

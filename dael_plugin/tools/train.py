@@ -476,6 +476,27 @@ def _worker_terminated(exc: BaseException) -> bool:
     return "DataLoader worker" in str(exc) and "killed by signal: Terminated" in str(exc)
 
 
+def _stop_listening(sigchld) -> None:
+    """Stopping: a second SIGTERM (the rest of a group-wide one) must not interrupt the cleanup,
+    and the loaders' dead workers no longer concern anyone (torch's SIGCHLD check would otherwise
+    raise again from wherever the interpreter is, down to its exit hooks).
+
+    ``signal.signal`` first runs the handlers of signals already pending, with the handlers being
+    replaced: torch's SIGCHLD check can raise the worker's error from the very call that removes
+    it, and a late SIGTERM its ``Terminated``. Each such signal is spent once it has run, so the
+    swap is retried until it goes through."""
+    for _ in range(64):
+        try:
+            signal.signal(signal.SIGCHLD, sigchld if sigchld is not None else signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            return
+        except Terminated:
+            continue
+        except RuntimeError as exc:
+            if not _worker_terminated(exc):
+                raise
+
+
 PATH_FLAGS = ("root", "output_dir", "resume", "model_dir", "config_file", "dataset_config_file")
 
 
@@ -574,11 +595,7 @@ def main(argv: Optional[List[str]] = None) -> int:
 
     def terminated() -> int:
         if previous is not None:
-            # Stopping: a second SIGTERM (the rest of a group-wide one) must not interrupt the cleanup,
-            # and the loaders' dead workers no longer concern anyone (torch's SIGCHLD check would
-            # otherwise raise again from wherever the interpreter is, down to its exit hooks).
-            signal.signal(signal.SIGTERM, signal.SIG_IGN)
-            signal.signal(signal.SIGCHLD, sigchld if sigchld is not None else signal.SIG_DFL)
+            _stop_listening(sigchld)
         if distributed.world().is_main:  # torchrun stops every rank: one of them says so
             say(f"terminated (SIGTERM): {_where_to_resume(state.get('output_dir'), args.eval_only)}")
         return 143

@@ -271,6 +271,9 @@ def test_part_other_adds_its_term_and_nothing_else():
     for key in ("loss_x", "loss_cr", "loss_u"):
         torch.testing.assert_close(out[key], paper[key])
     torch.testing.assert_close(out["loss"], paper["loss"] + out["loss_other"])
+    weighted = dael_losses(xt, xp, y, idx, DAELHparams(class_masks=("other",), weight_other=0.25), ut, up, mask)
+    torch.testing.assert_close(weighted["loss_other"], out["loss_other"])
+    torch.testing.assert_close(weighted["loss"], paper["loss"] + 0.25 * out["loss_other"])
     full = dael_losses(xt, xp, y, idx, DAELHparams(class_masks=("other",)), ut, up, torch.ones(3, 5, dtype=torch.bool))
     assert full["loss_other"].item() == 0.0
     torch.testing.assert_close(full["loss"], paper["loss"])
@@ -293,6 +296,8 @@ def test_class_masks_values():
         (dict(class_masks=(True,)), "must list parts"),
         (dict(class_masks=("ensemble",), classifier="single"), "CLASSIFIER experts"),
         (dict(class_masks=("cr",), cr_mode="individual"), "CR_MODE collaborative"),
+        (dict(class_masks=("other",), weight_other=-1.0), "WEIGHT_OTHER must be >= 0"),
+        (dict(class_masks=("all",), weight_other=0.5), "part 'other', which is off"),
     ]:
         with pytest.raises(ValueError, match=said):
             DAELHparams(**bad)

@@ -70,6 +70,13 @@ KEYS: Tuple[Key, ...] = (
         "expert learns 'not mine' on the classes it lacks; instead of 'experts'); ['all']: the first four; "
         "(): the paper's DAEL on the union",
     ),
+    Key(
+        "WEIGHT_OTHER",
+        _PAPER.weight_other,
+        "method",
+        legacy=1.0,
+        doc="category shift: the weight of CLASS_MASKS part 'other''s loss (L_ce's is 1); 1.0 unless 'other' is on",
+    ),
     _method("LOSSES", "which terms of Eq. 4 are on (Fig. 4)"),
     Key(
         "FUSE_CHUNKS",

@@ -48,6 +48,8 @@ class DAELHparams:
     # Category shift (core/category_shift.py): which parts of the design are on (CLASS_MASK_PARTS,
     # or "all"). (): the paper's DAEL, on the union of the classes.
     class_masks: Tuple[str, ...] = ()
+    # The weight of part "other"'s loss (core/category_shift.other_loss), beside L_ce's 1.
+    weight_other: float = 1.0
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -79,6 +81,13 @@ class DAELHparams:
             raise ValueError(
                 "CLASS_MASKS 'other' trains each expert's mass on the classes its domain lacks as an 'other' answer, "
                 "and 'experts' masks that mass away: list one of the two"
+            )
+        if self.weight_other < 0:
+            raise ValueError(f"WEIGHT_OTHER must be >= 0, got {self.weight_other}")
+        if self.weight_other != 1.0 and "other" not in self.class_masks:
+            raise ValueError(
+                f"WEIGHT_OTHER {self.weight_other} weighs the loss of CLASS_MASKS part 'other', which is off "
+                f"(CLASS_MASKS {list(self.class_masks)}): add 'other' or leave WEIGHT_OTHER at 1.0"
             )
         if "cr" in self.class_masks and self.cr_mode != "collaborative":
             raise ValueError(

@@ -209,7 +209,7 @@ def dael_losses(
     loss = loss_x + loss_cr + hparams.weight_u * loss_u
     if "other" in parts:
         out_other = other_loss(log_probs_t, labels_x, class_mask)
-        loss = loss + out_other
+        loss = loss + hparams.weight_other * out_other
     out = {
         "loss": loss,
         "loss_x": loss_x,

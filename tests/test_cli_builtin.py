@@ -119,6 +119,14 @@ def test_builtin_dg_and_rerun_into_a_finished_run(tmp_path, tiny_root, capsys):
     assert (out / "results.json").read_bytes() == first
     code, stdout, err = run(args + ["OPTIM.LR", "0.2"])
     assert code == 2 and "OPTIM.LR" in err and (out / "results.json").read_bytes() == first
+    # A finished run of the other engine (the record says which): refused in one line, not reused.
+    other = json.loads(first)
+    other["engine"] = "dassl"
+    (out / "results.json").write_text(json.dumps(other))
+    code, stdout, err = run(args)
+    assert code == 2 and "holds a finished run of the dassl engine" in err and "--engine dassl to keep it" in err
+    assert "Traceback" not in err and json.loads((out / "results.json").read_text()) == other
+    (out / "results.json").write_bytes(first)
     code, stdout, err = run(["--retrain"] + args)
     assert code == 0, err[-3000:]
     aside = [d for d in os.listdir(out) if d.startswith("replaced-")]

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import difflib
+import json
 import os
 import re
 import shutil
@@ -663,15 +664,26 @@ def _fingerprint(trainer, cfg: CN) -> dict:
     return fp if fp is not None else dataset_fingerprint(cfg, trainer.dm.dataset)
 
 
-def _finished(cfg: CN, args: argparse.Namespace) -> bool:
+def _finished(cfg: CN, args: argparse.Namespace, engine: str) -> bool:
     """A run whose ``results.json`` exists is finished: rerunning its command does nothing (and
-    says so) unless ``--retrain`` moves its files aside; another config is refused, as on resume."""
+    says so) unless ``--retrain`` moves its files aside; another engine or config is refused, as
+    on resume."""
     from dael_plugin.engine.checkpoint import check_resume_config, load_checkpoint
 
     out = cfg.OUTPUT_DIR
     record = os.path.join(out, "results.json")
     if not os.path.isfile(record):
         return False
+    try:
+        with open(record, encoding="utf-8") as f:
+            wrote = json.load(f).get("engine")
+    except (OSError, ValueError, AttributeError):
+        wrote = None
+    if not args.retrain and wrote in ENGINES and wrote != engine:
+        raise DAELConfigError(
+            f"{out} holds a finished run of the {wrote} engine ({record}) and this command runs the {engine} "
+            f"engine: pass --engine {wrote} to keep it, or another --output-dir (--retrain replaces it)"
+        )
     if args.retrain:
         aside = os.path.join(out, time.strftime("replaced-%Y%m%d-%H%M%S"))
         keep = {".dael_run.lock", ".dael_run.json", "sweep_log.txt", "sweep_job.txt", "sweep_run.json"}
@@ -784,7 +796,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         state["lock"] = RunLock(cfg.OUTPUT_DIR, settings=settings_digest(cfg)).acquire()
         for path in remove_stale_temps(cfg.OUTPUT_DIR):
             print(f"dael_plugin: removed {path}, left by a write that was killed")
-        finished = not args.eval_only and not args.no_train and _finished(cfg, args)
+        finished = not args.eval_only and not args.no_train and _finished(cfg, args, engine)
     if distributed.from_main(finished):
         return 0
     start = time.time()

@@ -426,3 +426,49 @@ def test_the_benchmarks_pseudo_label_columns_read_both_engines_logs(tmp_path):
     (tmp_path / "z" / "log.txt").write_text("epoch [15/15] batches 19 loss_u 0.0000 mask_u 0.0% pl_acc_u - eta 0:00:00")
     kept, right = _last_pseudo_labels({"output_dir": str(tmp_path / "z")})
     assert kept == 0.0 and right != right  # NaN: no pseudo-label kept
+
+
+def test_the_benchmark_reuses_a_run_only_under_the_settings_it_was_launched_with(tmp_path, monkeypatch):
+    """scripts/category_shift.py reused any folder holding a results.json: ``--epochs 5`` after 15,
+    or ``--engine dassl`` into the folder of a built-in run, printed the old run's accuracy as the
+    new row's. Now each folder keeps its settings: the same settings reuse the record without a
+    process; others, or a hostile settings file, are one line; a folder from before the settings
+    were kept goes through train.py's own check. (train.py is replaced by a stand-in here.)"""
+    import argparse
+    import json
+    import os
+
+    from dael_plugin.tools import category_shift as cs
+
+    launched = []
+
+    def fake_run(cmd, stdout=None):
+        out = cmd[cmd.index("--output-dir") + 1]
+        launched.append((out, stdout))
+        with open(os.path.join(out, "results.json"), "w") as f:
+            json.dump({"accuracy": 50.0, "epochs": int(cmd[cmd.index("OPTIM.MAX_EPOCH") + 1])}, f)
+        return argparse.Namespace(returncode=0)
+
+    monkeypatch.setattr(cs.subprocess, "run", fake_run)
+    args = argparse.Namespace(output=str(tmp_path), engine="builtin", epochs=15, quiet=True)
+    method = "DAEL (CLASS_MASKS)"
+    assert cs._run(args, method, 1, "data")["accuracy"] == 50.0 and len(launched) == 1
+    folder = tmp_path / "dael_masks_seed1"
+    assert json.loads((folder / cs.IDENTITY).read_text()) == cs.identity(args, method, 1)
+    assert cs._run(args, method, 1, "data")["epochs"] == 15 and len(launched) == 1  # reused, no process
+    for change, said in [
+        (dict(epochs=5), "epochs: 15 -> 5"),
+        (dict(engine="dassl"), "engine: 'builtin' -> 'dassl'"),
+    ]:
+        with pytest.raises(SystemExit, match=said):
+            cs._run(argparse.Namespace(**{**vars(args), **change}), method, 1, "data")
+    assert len(launched) == 1
+    (folder / cs.IDENTITY).unlink()
+    os.mkfifo(folder / cs.IDENTITY)  # would block a plain open() until a writer came
+    with pytest.raises(SystemExit, match="is not a regular file; move the folder aside"):
+        cs._run(args, method, 1, "data")
+    (folder / cs.IDENTITY).unlink()  # a folder written before the settings were kept
+    assert cs._run(args, method, 1, "data")["accuracy"] == 50.0
+    assert launched[-1] == (str(folder), cs.subprocess.DEVNULL) and len(launched) == 2  # train.py checked it
+    assert json.loads((folder / cs.IDENTITY).read_text()) == cs.identity(args, method, 1)
+    assert cs.output_folder(argparse.Namespace(output=None, engine="dassl")).endswith("category_shift/dassl")

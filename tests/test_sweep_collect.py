@@ -105,6 +105,22 @@ def test_bad_sweeps_are_one_line(tmp_path, capsys, argv, msg):
     assert code == 2 and msg in err and len(err.strip().splitlines()) == 1
 
 
+@pytest.mark.parametrize("kind", ["fifo", "truncated"])
+def test_a_hostile_settings_file_in_a_run_folder_is_one_line(tmp_path, capsys, kind):
+    """A run folder's ``sweep_run.json`` that is a FIFO (a plain ``open`` blocks until a writer
+    comes: the sweep hung) or a truncated file: the sweep refuses in one line naming it, and
+    leaves the folder as it is."""
+    argv = base("data", tmp_path, "--trainers", "SourceOnly", "--targets", "blend", "--dry-run", *FAST)
+    code, out, _ = sweep(argv, capsys)
+    folder = out.strip().splitlines()[-1].split()[-1]
+    os.makedirs(folder)
+    path = os.path.join(folder, "sweep_run.json")
+    os.mkfifo(path) if kind == "fifo" else open(path, "w").write('{"trainer": "Sourc')
+    code, _, err = sweep(argv, capsys)
+    said = "is not a regular file" if kind == "fifo" else "is truncated or not JSON"
+    assert code == 2 and f"its sweep_run.json {said}" in err and len(err.strip().splitlines()) == 1, err
+
+
 def test_local_sweep_skips_done_runs_and_resumes_an_interrupted_one(tmp_path, tiny_root, capsys):
     argv = base(tiny_root, tmp_path, "--trainers", "DAEL", "SourceOnly", "--targets", "street", "--workers", "2", *FAST)
     code, out, _ = sweep(argv, capsys)

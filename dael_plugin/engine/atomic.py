@@ -22,7 +22,8 @@ import json
 import os
 import re
 import shutil
-from typing import Any, List
+import stat
+from typing import Any, List, Optional
 
 from dael_plugin.errors import DAELConfigError
 
@@ -103,6 +104,32 @@ def write_json(path: str, obj: Any) -> str:
     return write_text(path, json.dumps(obj, indent=2) + "\n")
 
 
+def read_json_dict(path: str, limit: int = 1 << 20) -> Optional[dict]:
+    """The JSON object :func:`write_json` wrote to ``path``; None when there is no such file.
+    Anything else raises ``ValueError`` saying what it is: not a regular file (a FIFO would block
+    ``open`` until a writer comes), over ``limit`` bytes, unreadable, not JSON, not an object."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        raise ValueError(f"cannot be read ({type(exc).__name__})") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise ValueError("is not a regular file")
+    if st.st_size > limit:
+        raise ValueError(f"is {st.st_size:,} bytes, not a settings file")
+    try:
+        with open(path, "rb") as f:
+            data = json.loads(f.read(limit + 1).decode("utf-8"))
+    except (OSError, UnicodeDecodeError) as exc:
+        raise ValueError(f"cannot be read ({type(exc).__name__})") from None
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"is truncated or not JSON ({exc.msg} at character {exc.pos})") from None
+    if not isinstance(data, dict):
+        raise ValueError(f"holds a JSON {type(data).__name__}, not an object")
+    return data
+
+
 def save_torch(path: str, obj: Any) -> str:
     """``torch.save`` through :func:`write_bytes` (serialised in memory first, so the bytes a
     full disk lacks can be named)."""
@@ -139,4 +166,12 @@ def remove_stale_temps(folder: str, recursive: bool = False) -> List[str]:
     return removed
 
 
-__all__ = ["WriteError", "remove_stale_temps", "save_torch", "write_bytes", "write_json", "write_text"]
+__all__ = [
+    "WriteError",
+    "read_json_dict",
+    "remove_stale_temps",
+    "save_torch",
+    "write_bytes",
+    "write_json",
+    "write_text",
+]

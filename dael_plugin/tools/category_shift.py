@@ -19,6 +19,7 @@ part of the design turned on alone.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import os
 import shutil
@@ -27,10 +28,14 @@ import subprocess
 import sys
 from typing import Dict, List
 
+from dael_plugin.engine.atomic import read_json_dict, write_json
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SET_DIR = "embedded_digits_cs"
 SOURCES = {"hand": "012345", "street": "34567", "font": "06789"}
 TARGET = "blend"
+DATASET_CFG = "configs/datasets/da/embedded_digits_cs.yaml"
+IDENTITY = "category_shift_run.json"  # the settings a folder's run was launched with
 SINGLE = {"1": "hand", "2": "hand", "8": "font", "9": "font"}  # digits one source alone holds
 METHODS = {  # row: (trainer, config, extra options)
     "SourceOnly": ("SourceOnly", "configs/trainers/da/source_only/embedded_digits.yaml", []),
@@ -123,19 +128,74 @@ def build_set(root: str) -> str:
     return out
 
 
+def _sha256(path: str) -> str:
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
+
+
+def identity(args, method: str, seed: int) -> Dict:
+    """Everything that makes a row's run: a folder's record is reused only for exactly these."""
+    trainer, cfg, extra = {**METHODS, **ABLATIONS, **PARTS}[method]
+    return {
+        "engine": args.engine,
+        "trainer": trainer,
+        "seed": seed,
+        "epochs": args.epochs,
+        "options": list(extra),
+        "config": cfg,
+        "config_sha256": _sha256(os.path.join(ROOT, cfg)),
+        "dataset_config_sha256": _sha256(os.path.join(ROOT, DATASET_CFG)),
+        "sources": SOURCES,
+        "target": TARGET,
+    }
+
+
+def output_folder(args) -> str:
+    """``--output``, or one folder per engine: the two engines' runs of a row never share one."""
+    return args.output or os.path.join(ROOT, "output", "category_shift", args.engine)
+
+
 def _run(args, method: str, seed: int, data: str) -> Dict:
+    """One row's run for one seed. Its folder keeps the settings it was launched with
+    (``IDENTITY``): a record is reused only under the same settings, and a folder of other
+    settings is refused in one line (``--epochs 5`` after 15, another engine, an edited config).
+    A folder without them (written before they were kept) goes through scripts/train.py, which
+    says "nothing to do" for a finished run of this config, resumes an unfinished one and refuses
+    another config or engine."""
     trainer, cfg, extra = {**METHODS, **ABLATIONS, **PARTS}[method]
     out = os.path.join(args.output, f"{SLUGS[method]}_seed{seed}")
+    record = os.path.join(out, "results.json")
+    want = identity(args, method, seed)
+    try:
+        had = read_json_dict(os.path.join(out, IDENTITY))
+    except ValueError as exc:
+        raise SystemExit(f"error: {os.path.join(out, IDENTITY)} {exc}; move the folder aside") from None
+    if had is not None and had != want:
+        changed = "; ".join(
+            f"{k}: {had.get(k)!r} -> {want.get(k)!r}" for k in sorted(set(had) | set(want)) if had.get(k) != want.get(k)
+        )
+        raise SystemExit(
+            f"error: {out} holds a run of other settings ({changed}); pass another --output, or move the folder aside"
+        )
+    if had is not None and os.path.isfile(record):
+        return json.load(open(record))
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--engine", args.engine, "--trainer", trainer]
-    cmd += ["--root", data, "--dataset-config-file", os.path.join(ROOT, "configs/datasets/da/embedded_digits_cs.yaml")]
+    cmd += ["--root", data, "--dataset-config-file", os.path.join(ROOT, DATASET_CFG)]
     cmd += ["--config-file", os.path.join(ROOT, cfg), "--source-domains", *SOURCES, "--target-domains", TARGET]
     cmd += ["--output-dir", out, "--seed", str(seed), "OPTIM.MAX_EPOCH", str(args.epochs), *extra]
-    if not os.path.isfile(os.path.join(out, "results.json")):
-        print(f"[category shift] {method}, seed {seed}: {out}", flush=True)
+    print(f"[category shift] {method}, seed {seed}: {out}", flush=True)
+    if os.path.isfile(record):  # an older folder: train.py checks its config and engine
+        proc = subprocess.run(cmd, stdout=subprocess.DEVNULL)
+    else:
+        os.makedirs(out, exist_ok=True)
+        write_json(os.path.join(out, IDENTITY), want)
         proc = subprocess.run(cmd, stdout=subprocess.DEVNULL if args.quiet else None)
-        if proc.returncode != 0:
-            raise SystemExit(f"error: the run {out} failed (exit {proc.returncode}); its log.txt says why")
-    return json.load(open(os.path.join(out, "results.json")))
+    if proc.returncode != 0:
+        raise SystemExit(
+            f"error: the run {out} failed (exit {proc.returncode}); the line above or its log.txt says why"
+        )
+    write_json(os.path.join(out, IDENTITY), want)
+    return json.load(open(record))
 
 
 def _last_pseudo_labels(rec: Dict):
@@ -172,7 +232,9 @@ def main(argv: List[str] = None) -> int:
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--epochs", type=int, default=15)
     p.add_argument("--engine", default="builtin", choices=("builtin", "dassl"))
-    p.add_argument("--output", default=os.path.join(ROOT, "output", "category_shift"))
+    p.add_argument(
+        "--output", default=None, help="where the runs go (default: output/category_shift/<engine>, one per engine)"
+    )
     p.add_argument("--quiet", action="store_true", help="keep the runs' own output off the terminal")
     p.add_argument("--ablations", action="store_true", help="also " + "; ".join(ABLATIONS))
     p.add_argument("--parts", action="store_true", help="also each part of CLASS_MASKS alone: " + "; ".join(PARTS))
@@ -184,6 +246,7 @@ def main(argv: List[str] = None) -> int:
         help="just these rows, by output folder name",
     )
     args = p.parse_args(argv)
+    args.output = output_folder(args)
     data = build_set(os.path.abspath(os.path.expanduser(args.root)))
     methods = list(METHODS) + (list(ABLATIONS) if args.ablations else []) + (list(PARTS) if args.parts else [])
     if args.only:

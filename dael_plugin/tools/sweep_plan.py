@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import argparse
 import itertools
-import json
 import os
 import re
 import sys
 from dataclasses import dataclass, field
 from typing import List, Optional, Tuple
 
-from dael_plugin.engine.atomic import write_json
+from dael_plugin.engine.atomic import read_json_dict, write_json
 from dael_plugin.errors import DAELConfigError
 
 # Each run is ``python -m dael_plugin.tools.train``: the installed package, or this checkout
@@ -48,15 +47,16 @@ class Run:
     def recorded_identity(self) -> Optional[dict]:
         """The settings this folder's run was launched with (``sweep_run.json``), or None."""
         try:
-            with open(os.path.join(self.output_dir, IDENTITY)) as f:
-                data = json.load(f)
-            return data if isinstance(data, dict) else {}
-        except (OSError, ValueError):
-            return None
+            return read_json_dict(os.path.join(self.output_dir, IDENTITY))
+        except ValueError:  # a FIFO, an edited or truncated file: settings that match nothing
+            return {}
 
     def changes(self) -> List[str]:
         """How this run's settings differ from those its folder was launched with ([] if none)."""
-        had = self.recorded_identity()
+        try:
+            had = read_json_dict(os.path.join(self.output_dir, IDENTITY))
+        except ValueError as exc:  # a FIFO (which would block a plain open), an edited or truncated file
+            return [f"its {IDENTITY} {exc}"]
         if had is None:
             if os.path.isfile(os.path.join(self.output_dir, "results.json")):
                 return ["the folder holds a record of a run whose settings were not written down"]

@@ -83,7 +83,19 @@ PARTS = {
     )
     for parts, lu, _ in _PART_RUNS
 }
+# Part "other"'s weight (TRAINER.DAEL.WEIGHT_OTHER; 1.0 in every row above), in its row with L_u (--parts).
+OTHER_WEIGHTS = ("0.25", "4")
+for _w in OTHER_WEIGHTS:
+    PARTS[f"DAEL (CLASS_MASKS other,ensemble,pseudo_label, WEIGHT_OTHER {_w})"] = (
+        "DAEL",
+        "configs/trainers/da/dael/embedded_digits.yaml",
+        ["TRAINER.DAEL.CLASS_MASKS", "other,ensemble,pseudo_label", "TRAINER.DAEL.WEIGHT_OTHER", _w],
+    )
 SLUGS = {
+    **{
+        f"DAEL (CLASS_MASKS other,ensemble,pseudo_label, WEIGHT_OTHER {w})": f"dael_part_other_ensemble_pseudo_label_w{w}"
+        for w in OTHER_WEIGHTS
+    },
     **{m: slug for m, (_, _, slug) in zip(PARTS, _PART_RUNS)},
     "SourceOnly": "source_only",
     "DAEL (naive: the union as one label set)": "dael_naive",

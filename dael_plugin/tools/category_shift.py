@@ -28,7 +28,8 @@ import subprocess
 import sys
 from typing import Dict, List
 
-from dael_plugin.engine.atomic import read_json_dict, write_json
+from dael_plugin.engine.atomic import write_json
+from dael_plugin.tools.sweep_plan import settings_changes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SET_DIR = "embedded_digits_cs"
@@ -62,41 +63,34 @@ ABLATIONS = {
     "DAEL (naive, no L_u)": ("DAEL", "configs/trainers/da/dael/embedded_digits.yaml", ["TRAINER.DAEL.LOSSES", "ce_cr"]),
 }
 # Each part of the design alone (--parts): the three that act without L_u, against "naive, no L_u",
-# and the pseudo-labeller's part, with L_u, against naive DAEL; then "experts" with "ensemble"; and
-# part "other" (the experts learn "not mine" instead of being masked) with and without L_u.
-# (parts, L_u on, output folder's name)
+# and the pseudo-labeller's part, with L_u, against naive DAEL; then "experts" with "ensemble";
+# part "other" (the experts learn "not mine" instead of being masked) with and without L_u; and
+# its weight (TRAINER.DAEL.WEIGHT_OTHER, 1.0 in the other rows) in its row with L_u.
+# (parts, L_u on, output folder's name, WEIGHT_OTHER or None)
 _PART_RUNS = [
-    ("experts", False, "dael_part_experts"),
-    ("ensemble", False, "dael_part_ensemble"),
-    ("cr", False, "dael_part_cr"),
-    ("pseudo_label", True, "dael_part_pseudo_label"),
-    ("experts,ensemble", False, "dael_part_experts_ensemble"),
-    ("other,ensemble", False, "dael_part_other_ensemble_no_lu"),
-    ("other,ensemble,pseudo_label", True, "dael_part_other_ensemble_pseudo_label"),
-    ("other,ensemble,cr,pseudo_label", True, "dael_part_other_ensemble_cr_pseudo_label"),
+    ("experts", False, "dael_part_experts", None),
+    ("ensemble", False, "dael_part_ensemble", None),
+    ("cr", False, "dael_part_cr", None),
+    ("pseudo_label", True, "dael_part_pseudo_label", None),
+    ("experts,ensemble", False, "dael_part_experts_ensemble", None),
+    ("other,ensemble", False, "dael_part_other_ensemble_no_lu", None),
+    ("other,ensemble,pseudo_label", True, "dael_part_other_ensemble_pseudo_label", None),
+    ("other,ensemble,cr,pseudo_label", True, "dael_part_other_ensemble_cr_pseudo_label", None),
+    ("other,ensemble,pseudo_label", True, "dael_part_other_ensemble_pseudo_label_w0.25", "0.25"),
+    ("other,ensemble,pseudo_label", True, "dael_part_other_ensemble_pseudo_label_w4", "4"),
 ]
 PARTS = {
-    f"DAEL (CLASS_MASKS {parts}{'' if lu else ', no L_u'})": (
+    f"DAEL (CLASS_MASKS {parts}{'' if lu else ', no L_u'}{f', WEIGHT_OTHER {w}' if w else ''})": (
         "DAEL",
         "configs/trainers/da/dael/embedded_digits.yaml",
-        ["TRAINER.DAEL.CLASS_MASKS", parts] + ([] if lu else ["TRAINER.DAEL.LOSSES", "ce_cr"]),
+        ["TRAINER.DAEL.CLASS_MASKS", parts]
+        + ([] if lu else ["TRAINER.DAEL.LOSSES", "ce_cr"])
+        + (["TRAINER.DAEL.WEIGHT_OTHER", w] if w else []),
     )
-    for parts, lu, _ in _PART_RUNS
+    for parts, lu, _, w in _PART_RUNS
 }
-# Part "other"'s weight (TRAINER.DAEL.WEIGHT_OTHER; 1.0 in every row above), in its row with L_u (--parts).
-OTHER_WEIGHTS = ("0.25", "4")
-for _w in OTHER_WEIGHTS:
-    PARTS[f"DAEL (CLASS_MASKS other,ensemble,pseudo_label, WEIGHT_OTHER {_w})"] = (
-        "DAEL",
-        "configs/trainers/da/dael/embedded_digits.yaml",
-        ["TRAINER.DAEL.CLASS_MASKS", "other,ensemble,pseudo_label", "TRAINER.DAEL.WEIGHT_OTHER", _w],
-    )
 SLUGS = {
-    **{
-        f"DAEL (CLASS_MASKS other,ensemble,pseudo_label, WEIGHT_OTHER {w})": f"dael_part_other_ensemble_pseudo_label_w{w}"
-        for w in OTHER_WEIGHTS
-    },
-    **{m: slug for m, (_, _, slug) in zip(PARTS, _PART_RUNS)},
+    **{m: slug for m, (_, _, slug, _) in zip(PARTS, _PART_RUNS)},
     "SourceOnly": "source_only",
     "DAEL (naive: the union as one label set)": "dael_naive",
     "DAEL (CLASS_MASKS)": "dael_masks",
@@ -178,18 +172,13 @@ def _run(args, method: str, seed: int, data: str) -> Dict:
     out = os.path.join(args.output, f"{SLUGS[method]}_seed{seed}")
     record = os.path.join(out, "results.json")
     want = identity(args, method, seed)
-    try:
-        had = read_json_dict(os.path.join(out, IDENTITY))
-    except ValueError as exc:
-        raise SystemExit(f"error: {os.path.join(out, IDENTITY)} {exc}; move the folder aside") from None
-    if had is not None and had != want:
-        changed = "; ".join(
-            f"{k}: {had.get(k)!r} -> {want.get(k)!r}" for k in sorted(set(had) | set(want)) if had.get(k) != want.get(k)
-        )
+    changed = settings_changes(os.path.join(out, IDENTITY), want)
+    if changed:
         raise SystemExit(
-            f"error: {out} holds a run of other settings ({changed}); pass another --output, or move the folder aside"
+            f"error: {out} holds a run of other settings ({'; '.join(changed)}); pass another --output, or move "
+            "the folder aside"
         )
-    if had is not None and os.path.isfile(record):
+    if changed == [] and os.path.isfile(record):
         return json.load(open(record))
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--engine", args.engine, "--trainer", trainer]
     cmd += ["--root", data, "--dataset-config-file", os.path.join(ROOT, DATASET_CFG)]

@@ -44,29 +44,14 @@ class Run:
         setting = ",".join(f"{_short(k)}={v}" for k, v in self.grid)
         return f"{self.trainer}{'[' + setting + ']' if setting else ''} -> {self.target} seed {self.seed}"
 
-    def recorded_identity(self) -> Optional[dict]:
-        """The settings this folder's run was launched with (``sweep_run.json``), or None."""
-        try:
-            return read_json_dict(os.path.join(self.output_dir, IDENTITY))
-        except ValueError:  # a FIFO, an edited or truncated file: settings that match nothing
-            return {}
-
     def changes(self) -> List[str]:
         """How this run's settings differ from those its folder was launched with ([] if none)."""
-        try:
-            had = read_json_dict(os.path.join(self.output_dir, IDENTITY))
-        except ValueError as exc:  # a FIFO (which would block a plain open), an edited or truncated file
-            return [f"its {IDENTITY} {exc}"]
-        if had is None:
+        diff = settings_changes(os.path.join(self.output_dir, IDENTITY), dict(self.identity))
+        if diff is None:
             if os.path.isfile(os.path.join(self.output_dir, "results.json")):
                 return ["the folder holds a record of a run whose settings were not written down"]
             return []
-        now = dict(self.identity)
-        return [
-            f"{k}: {had.get(k, '<absent>')} -> {now.get(k, '<absent>')}"
-            for k in sorted(set(had) | set(now))
-            if had.get(k) != now.get(k)
-        ]
+        return diff
 
     def done(self) -> bool:
         """Finished, with exactly these settings: a record, and the identity it was launched with."""
@@ -74,11 +59,29 @@ class Run:
 
     def claim(self) -> None:
         """Write down the settings the folder is launched with (before the run starts)."""
-        if self.recorded_identity() is None:
+        if not os.path.lexists(os.path.join(self.output_dir, IDENTITY)):
             write_json(os.path.join(self.output_dir, IDENTITY), dict(self.identity))
 
     def log_path(self) -> str:
         return os.path.join(self.output_dir, LOG)
+
+
+def settings_changes(path: str, now: dict) -> Optional[List[str]]:
+    """How ``now`` differs from the settings a run folder's file ``path`` records (``sweep_run.json``,
+    the category-shift benchmark's ``category_shift_run.json``): None when there is no such file,
+    [] when they are the same. A file that cannot be read as settings (a FIFO, which would block a
+    plain ``open``; an edited or truncated file) is one difference, naming it."""
+    try:
+        had = read_json_dict(path)
+    except ValueError as exc:
+        return [f"its {os.path.basename(path)} {exc}"]
+    if had is None:
+        return None
+    return [
+        f"{k}: {had.get(k, '<absent>')} -> {now.get(k, '<absent>')}"
+        for k in sorted(set(had) | set(now))
+        if had.get(k) != now.get(k)
+    ]
 
 
 def _short(key: str) -> str:

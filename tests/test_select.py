@@ -151,19 +151,43 @@ def test_leave_one_domain_out_names_the_runs_it_needs_then_uses_them(tmp_path):
 
 
 def test_weighted_spearman_by_hand_and_the_ranking(sweep):
+    """Musgrave et al.'s own definition (powerful-benchmarker's weighted_spearman.py with WeightedCorr's
+    spearman), by hand on a case where the plausible wrong forms give other answers."""
     assert sel.weighted_spearman([1, 2, 3, 4], [10, 20, 30, 40]) == pytest.approx(1.0)
-    assert sel.weighted_spearman([4, 3, 2, 1], [10, 20, 30, 40]) == pytest.approx(-1.0)
-    assert sel.weighted_spearman([1, 2, 3, 4], [10, 20, 30, 40], 0.0) == pytest.approx(1.0)
-    # ranks s = [1, 2, 4, 3], a = [1, 2, 3, 4]; power 0 is Spearman's rho = 1 - 6 * 2 / (4 * 15) = 0.8
+    # A reversal is not -1: weights [16, 9, 9, 16] / 16 bend the two weighted-rank scales differently
+    # (rs = [50, 34, 25, 16], ra = [16, 25, 34, 50] in 16ths): the reference's code gives -0.97106.
+    assert sel.weighted_spearman([4, 3, 2, 1], [10, 20, 30, 40]) == pytest.approx(-0.97106, abs=1e-5)
+    assert sel.weighted_spearman([4, 3, 2, 1], [10, 20, 30, 40], 0.0) == pytest.approx(-1.0)
+    # power 0 is Spearman's rho: ranks s = [1, 2, 4, 3], a = [1, 2, 3, 4]: 1 - 6 * 2 / (4 * 15) = 0.8
     assert sel.weighted_spearman([1, 2, 4, 3], [1, 2, 3, 4], 0.0) == pytest.approx(0.8)
-    # weighted (a / n)^2 = [1, 4, 9, 16] / 16: the swap among the best two costs more than rho's 0.8
-    # by hand: w = [1, 4, 9, 16] / 30, weighted means 3.1 (s) and 10/3 (a), weighted covariance
-    # 7 / 30, variances 16.7 / 30 and 62 / 90: 0.23333 / sqrt(0.55667 * 0.68889) = 0.37679
-    w = sel.weighted_spearman([1, 2, 4, 3], [1, 2, 3, 4])
-    assert w == pytest.approx(0.37679, abs=1e-4) and not math.isnan(w)
-    # a 3-cycle (a swap cannot tell the score's ranks from the accuracy's as weights): s = [2, 3, 1, 4];
-    # weighted means 2.9 and 10/3, covariance 19 / 30, variances 52.7 / 30 and 62 / 90 -> 0.57572
-    assert sel.weighted_spearman([2, 3, 1, 4], [1, 2, 3, 4]) == pytest.approx(0.57572, abs=1e-4)
+    # The validator scores the worst checkpoint highest: s = [4, 1, 2, 3], a = [1, 2, 3, 4].
+    # Dense ranks / max: v = [1, 1/4, 1/2, 3/4], t = [1/4, 1/2, 3/4, 1]; w = max(v, t)^2 = [16, 4, 9, 16] / 16.
+    # Weighted ranks (no ties: the weight up to and including each), in 16ths: s in order 1, 2, 3, 4 gives
+    # rs = [45, 4, 13, 29]; a gives ra = [16, 20, 29, 45]. With W = 45 and both weighted means 1317 / 45:
+    # 45 cov = 45 * 36113 - 1317^2 = -109404; 45 var_s = 45 * 47441 - 1317^2 = 400356;
+    # 45 var_a = 45 * 45665 - 1317^2 = 320436; so r = -109404 / sqrt(400356 * 320436) = -0.30545.
+    ref = -109404 / math.sqrt(400356 * 320436)
+    assert sel.weighted_spearman([4, 1, 2, 3], [1, 2, 3, 4]) == pytest.approx(ref, abs=1e-12)
+    # The plausible wrong forms, each a distinct answer (worked the same way): weights from the accuracy
+    # alone (the form this project had) +0.85619, from the score alone -0.63471, plain ranks under the
+    # reference's weights -0.44061, no weights (Spearman) -0.2.
+    for wrong in (0.85619, -0.63471, -0.44061, -0.2):
+        assert abs(ref - wrong) > 0.1
+    # The issue's case: ten checkpoints, the validator's three top scores on the three worst. The
+    # reference's own code gives -0.4871 (run by hand against powerful-benchmarker at 2210935); the
+    # accuracy-only weights gave +0.6271, ranking this misleading validator above honest ones.
+    misleading = sel.weighted_spearman([10, 9, 8, 1, 2, 3, 4, 5, 6, 7], list(range(1, 11)))
+    assert misleading == pytest.approx(-0.4871, abs=1e-4)
+    # Ties take WeightedCorr's weighted mid-rank; with power 0 that is scipy's Spearman with ties.
+    from scipy.stats import spearmanr
+
+    tied_s, tied_a = [1, 1, 2, 3, 3, 3], [1, 2, 2, 3, 5, 4]
+    assert sel.weighted_spearman(tied_s, tied_a, 0.0) == pytest.approx(spearmanr(tied_s, tied_a).statistic)
+    # A NaN or infinite score counts as the lowest finite one (the reference's set_nan_inf_to_min).
+    assert sel.weighted_spearman([4, float("nan"), 2, 3], [1, 2, 3, 4]) == pytest.approx(
+        sel.weighted_spearman([4, 2, 2, 3], [1, 2, 3, 4])
+    )
+    assert math.isnan(sel.weighted_spearman([1, 1, 1], [1, 2, 3]))  # a constant score: undefined
     ((key, rows),) = sel.rank_validators(sweep)
     by = {r["validator"]: r for r in rows}
     assert set(by) == {"source_val", "im"}

@@ -396,3 +396,21 @@ def test_auto_resolves_by_the_size_of_the_sources():
     assert resolve(-1, 0.3, 10) == (1, 0.3, True)  # a fraction set by hand holds under auto too
     assert resolve(0, -1.0, 10) == (0, 0.2, False)
     assert S.resolve_selection(None, 10) == (0, 0.2, False)  # Dassl's tools/train.py: no SELECTION node
+
+
+def test_one_classifier_records_no_expert_signals():
+    """``agreement`` and ``mask_rate`` are DAEL's own signals over its experts. One classifier
+    (SourceOnly, MME) would give a constant 1 for agreement, and a protocol would then "choose" by
+    its tie rule while the ranking pooled the constant with DAEL's checkpoints: they are not written."""
+    target = _outputs([0, 1, 2, 3] * 8, seed=3, k=1)
+    one = S.validator_scores(target, 4, 0.95, 1, names=("entropy", "agreement", "mask_rate"))
+    assert set(one) == {"entropy"}
+    experts = S.validator_scores(_outputs([0, 1, 2, 3] * 8, seed=3, k=3), 4, 0.95, 1, names=("agreement", "mask_rate"))
+    assert set(experts) == {"agreement", "mask_rate"} and 0 < experts["agreement"] <= 1
+    # An older record of one classifier still carries the constant: the protocols read none of it.
+    old = {"epoch": 1, "validators": {"agreement": 1.0, "mask_rate": 0.5, "im": 0.3}}
+    assert S.protocol_score(old, "agreement") is None and S.protocol_score(old, "mask_rate") is None
+    assert S.protocol_score(old, "im") == 0.3
+    several = dict(old, target_test_accuracy_per_expert={"a": 50.0, "b": 60.0})
+    assert S.protocol_score(several, "agreement") == 1.0
+    assert S.protocol_score(dict(several, classifiers=1), "agreement") is None

@@ -44,6 +44,18 @@ def best_name(protocol: str) -> str:
     return f"model-best-{protocol}.pth.tar"
 
 
+EXPERT_SIGNALS = ("agreement", "mask_rate")  # DAEL's own: they read several experts
+
+
+def _classifiers(record: Dict[str, Any]) -> int:
+    """How many classifiers the record's model has: written since 0.4.0 at 70adf66+; an older record
+    with per-expert test accuracies had several."""
+    k = record.get("classifiers")
+    if isinstance(k, int) and not isinstance(k, bool):
+        return k
+    return 2 if record.get("target_test_accuracy_per_expert") else 1
+
+
 def protocol_score(record: Dict[str, Any], protocol: str) -> Optional[float]:
     """The score ``protocol`` reads from one epoch's record (higher is better), or None."""
     if protocol == "source_val":
@@ -52,6 +64,8 @@ def protocol_score(record: Dict[str, Any], protocol: str) -> Optional[float]:
         value = record.get("target_val_accuracy")
     elif protocol == "last":
         value = record.get("epoch")
+    elif protocol in EXPERT_SIGNALS and _classifiers(record) == 1:
+        return None  # one classifier: a constant (validator_scores no longer writes it)
     else:
         value = (record.get("validators") or {}).get(protocol)
     if value is None or not isinstance(value, (int, float)) or not math.isfinite(value):
@@ -248,6 +262,11 @@ def validator_scores(
             out[name] = V.bnm_score(p)
         elif name == "snd":
             out[name] = V.snd_score(p)
+        elif name in EXPERT_SIGNALS and target.probs.shape[1] == 1:
+            # DAEL's own signals, over its experts: one classifier (SourceOnly, MME) agrees with
+            # itself always (a constant 1) and has no L_u whose threshold the mask rate reads. Not
+            # written, so no protocol "chooses" by a tie rule, and the ranking pools no constant.
+            continue
         elif name == "agreement":
             out[name] = V.expert_agreement(target.probs)
         elif name == "mask_rate":
@@ -296,6 +315,7 @@ def epoch_record(
         rec["source_val_accuracy_per_domain"] = per
         rec["source_val_size"] = int(source_val.labels.numel())
     if target is not None:
+        rec["classifiers"] = int(target.probs.shape[1])
         if da:
             rec["validators"] = validator_scores(
                 target, num_classes, conf_thre, seed, validators, source_val, source_train

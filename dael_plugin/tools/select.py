@@ -287,21 +287,50 @@ def render_selected(tables, protocol_name: str) -> str:
 
 
 # -- ranking the validators (Musgrave et al. 2022) --------------------------------------------------
-def weighted_spearman(scores: Sequence[float], accs: Sequence[float], power: float = 2.0) -> float:
-    """Musgrave et al.'s weighted Spearman correlation: Pearson's correlation of the ranks, each
-    pair weighted by ``(rank of its accuracy / n) ** power`` (Sec. 5.1), so that agreement among the
-    best checkpoints counts most. ``power=0`` is the plain Spearman correlation."""
+def _weighted_ranks(x, w):
+    """Each value's weighted rank: the total weight of the values below it plus, for its tie group
+    of ``n`` values, ``(n + 1) / 2`` times the group's mean weight (WeightedCorr's ``_wrank``; with
+    every weight 1 it is the average rank)."""
+    import numpy as np
     from scipy.stats import rankdata
 
-    s, a = rankdata(scores), rankdata(accs)
-    n = len(s)
-    if n < 2:
+    _, group, counts = np.unique(rankdata(x), return_inverse=True, return_counts=True)
+    total = np.bincount(group, w)
+    return ((np.cumsum(total) - total) + (counts + 1) / 2 * (total / counts))[group]
+
+
+def weighted_spearman(scores: Sequence[float], accs: Sequence[float], power: float = 2.0) -> float:
+    """Musgrave et al.'s weighted Spearman correlation, as their own code computes it
+    (KevinMusgrave/powerful-benchmarker, ``validator_tests/utils/weighted_spearman.py``, since its
+    2023-04 change "Use np.maximum(t_ranks, v_ranks)"; the paper's tables use ``pow=2``):
+
+    - each checkpoint's weight is ``max(v, t) ** power``, where ``v`` and ``t`` are the dense ranks
+      of its score and of its target accuracy, each divided by its maximum: a checkpoint counts
+      fully when the validator *or* the accuracy puts it on top, so a validator that scores bad
+      checkpoints highest is punished as much as one that misses the good ones;
+    - the correlation is a Spearman on *weighted* ranks: the weighted Pearson correlation (those
+      weights) of each variable's weighted ranks (:func:`_weighted_ranks`), as the WeightedCorr
+      package's ``method="spearman"`` computes it;
+    - a score that is NaN or infinite counts as the lowest finite score (the reference's
+      ``set_nan_inf_to_min``); the accuracies must be finite.
+
+    ``power=0`` is the plain Spearman correlation. NaN when it is undefined (fewer than 2
+    checkpoints, no finite score, or one variable constant)."""
+    import numpy as np
+    from scipy.stats import rankdata
+
+    s, a = np.asarray(scores, dtype=float), np.asarray(accs, dtype=float)
+    finite = np.isfinite(s)
+    if len(s) < 2 or not finite.any() or not np.isfinite(a).all():
         return float("nan")
-    w = (a / n) ** power
-    w = w / w.sum()
-    ms, ma = (w * s).sum(), (w * a).sum()
-    cov = (w * (s - ms) * (a - ma)).sum()
-    var = math.sqrt((w * (s - ms) ** 2).sum() * (w * (a - ma) ** 2).sum())
+    s = np.where(finite, s, s[finite].min())
+    v = rankdata(s, method="dense") / rankdata(s, method="dense").max()
+    t = rankdata(a, method="dense") / rankdata(a, method="dense").max()
+    w = np.maximum(v, t) ** power
+    rs, ra = _weighted_ranks(s, w), _weighted_ranks(a, w)
+    ms, ma = np.average(rs, weights=w), np.average(ra, weights=w)
+    cov = np.sum(w * (rs - ms) * (ra - ma))
+    var = math.sqrt(np.sum(w * (rs - ms) ** 2) * np.sum(w * (ra - ma) ** 2))
     return float(cov / var) if var > 0 else float("nan")
 
 

@@ -52,6 +52,47 @@ def test_a_domain_sharing_no_class_adds_nothing_to_l_cr():
     assert shared_consistency(target, probs.log(), torch.tensor([0, 1]), mask).item() == 0.0
 
 
+def test_a_label_no_other_expert_knows_adds_nothing_to_l_cr():
+    """``CR_TARGET label``: domain 0 holds {0, 1, 2}, domain 1 {1, 2}; expert 1 predicts (0, 1/4, 3/4).
+    A sample of domain 0 labelled 0 (a class no other expert knows) has a target with no mass on the
+    shared classes {1, 2}: it adds 0, and moves no other expert. One labelled 1: t = (0, 1, 0) against
+    (0, 1/4, 3/4), so (3/4)^2 + (3/4)^2 = 9/8. The mean over the two is 9/16. (A zeroed target against
+    the renormalised others gave the first sample (1/4)^2 + (3/4)^2 = 5/8, and the mean 7/8.)"""
+    mask = torch.tensor([[T, T, T], [F_, T, T]])
+    expert1 = torch.tensor([0.0, 0.25, 0.75])
+    logits = torch.stack([torch.zeros(2, 3), expert1.clamp_min(1e-30).log().expand(2, 3)], 1).requires_grad_()
+    onehot = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    idx = torch.tensor([0, 0])
+    got = shared_consistency(onehot, torch.log_softmax(logits, -1), idx, mask)
+    assert got.item() == pytest.approx(9 / 16, rel=1e-6)
+    got.backward()
+    assert logits.grad[0].abs().max().item() == 0.0  # the class-0 sample moves nothing
+    assert logits.grad[1, 1].abs().max().item() > 0
+    only_unknown = shared_consistency(onehot[:1], torch.log_softmax(logits[:1].detach(), -1), idx[:1], mask)
+    assert only_unknown.item() == 0.0
+    kl = shared_consistency(onehot, torch.log_softmax(logits.detach(), -1), idx, mask, kind="kl")
+    assert kl.item() == pytest.approx(-math.log(0.25) / 2, rel=1e-6)  # KL(t || ens) of the second sample, halved
+
+
+@pytest.mark.parametrize("kind", ["mse", "kl"])
+def test_l_cr_under_category_shift_in_fp16_itself(kind):
+    """fp16 run directly (not fp32 converted afterwards): a domain that shares no class adds 0 (a clamp
+    at 1e-12 underflowed to 0 in fp16 and gave 0 / 0 = NaN), and a shared case matches fp32 to fp16's
+    rounding."""
+    no_share = torch.tensor([[T, T, F_, F_], [F_, F_, T, T]])
+    lp = torch.log_softmax(torch.randn(2, 2, 4, generator=torch.Generator().manual_seed(0)), -1).half()
+    target = torch.softmax(torch.randn(2, 4, generator=torch.Generator().manual_seed(1)), -1).half()
+    got = shared_consistency(target, lp, torch.tensor([0, 1]), no_share, kind)
+    assert got.dtype == torch.float16 and got.item() == 0.0
+    mask = torch.tensor([[T, T, T], [F_, T, T]])
+    lp = torch.log_softmax(torch.tensor([[[0.0, 0.0, 0.0], [-9.0, 1.0, 2.0]]] * 2), -1)
+    onehot = torch.tensor([[1.0, 0.0, 0.0], [0.0, 1.0, 0.0]])
+    want = shared_consistency(onehot, lp, torch.tensor([0, 0]), mask, kind)
+    half = shared_consistency(onehot.half(), lp.half(), torch.tensor([0, 0]), mask, kind)
+    assert torch.isfinite(half) and half.item() == pytest.approx(want.item(), rel=2e-3)
+    assert torch.isfinite(class_ensemble(torch.zeros(1, 2, 4, dtype=torch.float16), no_share)).all()
+
+
 def test_masked_experts_give_no_mass_and_no_gradient_to_classes_they_lack():
     mask = torch.tensor([[T, T, F_], [F_, T, T]])
     logits = torch.randn(4, 2, 3, requires_grad=True)

@@ -46,6 +46,13 @@ NEG = -1.0e4  # a masked logit: exp(NEG - max) is 0 in fp32, fp16 and bf16, and 
 _TINY = 1e-12
 
 
+def tiny(dtype: torch.dtype) -> float:
+    """The smallest divisor or log argument for ``dtype``: ``_TINY``, or the smallest normal number
+    where ``_TINY`` underflows (fp16, whose 6.1e-5 is above it; a clamp at an underflowed 0 gave 0 / 0).
+    A Python float: no host-to-device copy in a step."""
+    return max(_TINY, float(torch.finfo(dtype).tiny))
+
+
 def mask_logits(logits: torch.Tensor, class_mask: torch.Tensor) -> torch.Tensor:
     """``(B, K, C)`` logits with each expert's unknown classes set to :data:`NEG`."""
     return logits.masked_fill(~class_mask, NEG)  # a Python scalar: no host-to-device copy in a step
@@ -56,7 +63,7 @@ def class_ensemble(probs: torch.Tensor, class_mask: torch.Tensor) -> torch.Tenso
     over classes. All True, it is the mean over experts (the paper's ensemble)."""
     m = class_mask.to(probs.dtype)
     per_class = (probs * m).sum(1) / m.sum(0).clamp_min(1.0)
-    return per_class / per_class.sum(-1, keepdim=True).clamp_min(_TINY)
+    return per_class / per_class.sum(-1, keepdim=True).clamp_min(tiny(probs.dtype))
 
 
 def shared_consistency(
@@ -68,7 +75,12 @@ def shared_consistency(
 ) -> torch.Tensor:
     """L_cr on shared classes (collaborative mode): expert i's target ``(B, C)`` against the
     per-class mean of the other experts ``(B, K, C)`` log-probabilities, both restricted to the
-    classes of domain i that another expert knows and renormalised there. Mean over samples."""
+    classes of domain i that another expert knows and renormalised there. Mean over samples.
+
+    A sample whose target puts no mass on those classes has nothing to compare and adds 0: with
+    ``CR_TARGET label``, a sample whose class no other expert knows (renormalised, the others' mean
+    would still sum to 1 against a zero target, and the squared error would push the other experts
+    towards uniform); with any target, a domain that shares no class."""
     b, k, c = log_probs_p.shape
     dtype = log_probs_p.dtype
     m = class_mask.to(dtype)
@@ -80,17 +92,19 @@ def shared_consistency(
     count = w.sum(1)  # (B, C)
     ens = (w * log_probs_p.exp()).sum(1) / count.clamp_min(1.0)
     shared = m[expert_idx] * (count > 0).to(dtype)  # domain i's classes that another expert knows
+    eps = tiny(dtype)
     ens = ens * shared
-    ens = ens / ens.sum(-1, keepdim=True).clamp_min(_TINY)
-    t = target * shared
-    t = t / t.sum(-1, keepdim=True).clamp_min(_TINY)
+    ens = ens / ens.sum(-1, keepdim=True).clamp_min(eps)
+    t = target.to(dtype) * shared
+    t_mass = t.sum(-1, keepdim=True)
+    t = t / t_mass.clamp_min(eps)
     if kind == "mse":
         dist = (ens - t).pow(2).sum(-1)
     elif kind == "kl":
-        dist = (torch.xlogy(t, t) - t * ens.clamp_min(_TINY).log()).sum(-1)
+        dist = (torch.xlogy(t, t) - t * ens.clamp_min(eps).log()).sum(-1)
     else:
         raise ValueError(f"unknown consistency loss {kind!r}")
-    return dist.mean()
+    return (dist * (t_mass.squeeze(-1) > 0).to(dtype)).mean()  # nothing to compare: 0 (docstring)
 
 
 def other_loss(log_probs: torch.Tensor, labels: torch.Tensor, class_mask: torch.Tensor) -> torch.Tensor:

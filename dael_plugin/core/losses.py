@@ -12,7 +12,7 @@ from typing import Dict, Optional, Sequence
 import torch
 from torch.nn import functional as F
 
-from dael_plugin.core.category_shift import class_ensemble, mask_logits, other_loss, shared_consistency
+from dael_plugin.core.category_shift import class_ensemble, mask_logits, other_loss, shared_consistency, tiny
 from dael_plugin.core.hparams import ALL_CLASS_MASK_PARTS, DAELHparams
 
 
@@ -200,7 +200,7 @@ def dael_losses(
         if ensemble_mask is None:
             ens_log_probs_u = log_mean_probs(log_probs_u, torch.ones_like(log_probs_u[:, :, 0]))
         else:
-            ens_log_probs_u = class_ensemble(log_probs_u.exp(), ensemble_mask).clamp_min(1e-12).log()
+            ens_log_probs_u = class_ensemble(log_probs_u.exp(), ensemble_mask).clamp_min(tiny(log_probs_u.dtype)).log()
         ce_u = F.nll_loss(ens_log_probs_u, labels_u, reduction="none")
         # Eq. 3: masked samples count as zero in the batch mean.
         loss_u = (ce_u * mask).mean()

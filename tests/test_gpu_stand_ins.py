@@ -364,6 +364,8 @@ def test_the_first_step_check_passes_and_changes_nothing(capsys):
     found = runs[True][2].fast_path_check
     assert found["impl"] == "grouped" and not found["fell_back"]
     assert found["output"] < 1e-5 and found["gradients"] < 1e-4, found  # against float64
+    assert found["layers_checked"] == 4 and found["layer_failures"] == []  # SmallCNN's four batch norms
+    assert found["closest"]["error"] < 1e-5  # each layer alone: the kernel's own rounding
     assert found["reference_output"] > 0 and found["reference_gradients"] > 0  # torch's own kernel, for scale
     assert runs[False][2].fast_path_check is None
     assert "first-step check of the fused grouped batch norm" in capsys.readouterr().out
@@ -395,6 +397,109 @@ def test_the_first_step_check_falls_back_from_a_broken_kernel(monkeypatch, capsy
     assert step.fast_path_check["gradients"] > 1e-2
     lines = [ln for ln in capsys.readouterr().out.splitlines() if "falling back to CHUNK_BN split" in ln]
     assert len(lines) == 1
+
+
+class _ScaleGrad(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, w, factor):
+        ctx.factor = factor
+        return w.clone()
+
+    @staticmethod
+    def backward(ctx, g):
+        return g * ctx.factor, None
+
+
+def _plant_on_one_layer(monkeypatch, layer, factor, what="weight_grad", compiled_only=False):
+    """A defect in the fused kernel of one marked layer (copies keep the mark): its weight gradient
+    times ``factor``, or its running variance's update times ``factor``; with ``compiled_only``, in
+    the compiled branch alone (``torch.compiler.is_compiling()``)."""
+    from dael_plugin.core import chunk_norm
+
+    right = chunk_norm._ChunkedMixin._grouped
+
+    def planted(self, x, sizes):
+        f = getattr(self, "_planted", None)
+        if f is None or (compiled_only and not torch.compiler.is_compiling()):
+            return right(self, x, sizes)
+        runs = chunk_norm.runs_of(sizes)
+        w = _ScaleGrad.apply(self.weight, f) if what == "weight_grad" else self.weight
+        y, mean, var = chunk_norm._GroupedBatchNorm.apply(x, w, self.bias, runs, self.eps, None, 1)
+        if self.training and self.track_running_stats:
+            chunk_norm._update_running(self, mean, var * (f if what == "running_var" else 1.0), runs, x)
+        return y
+
+    monkeypatch.setattr(chunk_norm._ChunkedMixin, "_grouped", planted)
+    layer._planted = factor
+
+
+def _norm_layers(net):
+    return [m for m in net.modules() if isinstance(m, torch.nn.modules.batchnorm._BatchNorm)]
+
+
+@pytest.mark.parametrize(
+    "prec, factor, what, which",
+    [
+        ("fp32", 1.1, "weight_grad", -1),
+        ("fp32", 1.1, "weight_grad", 0),
+        ("bf16", 1.5, "weight_grad", 1),
+        ("fp32", 1.5, "running_var", 2),
+    ],
+)
+def test_the_first_step_check_sees_one_layer_off(monkeypatch, capsys, prec, factor, what, which):
+    """One layer's weight gradient x1.1 in fp32 (x1.5 in bf16), or its running variance's update x1.5: a whole-
+    gradient norm hides it (1e-3 of the total), each layer alone on its own input does not. The step
+    falls back and the line names the layer and the quantity."""
+    from dael_plugin.core import DAEL, DAELHparams
+    from dael_plugin.engine.step import DAELStep
+
+    torch.manual_seed(0)
+    net, heads = _model()
+    layer = _norm_layers(net)[which]
+    name = next(n for n, m in net.named_modules() if m is layer)
+    _plant_on_one_layer(monkeypatch, layer, factor, what)
+    algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="grouped")
+    opt = torch.optim.SGD(list(net.parameters()) + list(heads.parameters()), lr=0.1, momentum=0.9)
+    step = DAELStep(algo, [opt], torch.device("cpu"), 3, 4, True, prec=prec, check_first_step=True)
+    x, u = _batches()
+    step(x, u)
+    found = step.fast_path_check
+    assert found["fell_back"] and step.algorithm.chunk_bn == "split"
+    first = found["layer_failures"][0]
+    assert (first["layer"], first["quantity"], first["where"]) == (name, what, "alone")
+    if what == "weight_grad":
+        assert first["error"] == pytest.approx(factor - 1, rel=0.05)
+    else:  # one update of momentum 0.1 takes in the batch variance x1.5: about 0.1 * 0.5 * var / running
+        assert first["error"] > 3 * first["allowed"]
+    (line,) = [ln for ln in capsys.readouterr().out.splitlines() if "falling back to CHUNK_BN split" in ln]
+    assert f"layer {name} alone: {what}" in line
+
+
+def test_the_first_step_check_of_a_compiled_step_checks_the_compiled_branch(monkeypatch):
+    """A defect in the compiled branch alone (x1.1 on one layer's weight gradient when compiling): the
+    check of a compiled step compiles the fused pass and sees it in that layer; the eager check, which
+    does not run that branch, passes. (aot_eager traces the compiled branch on CPU without inductor's
+    code generation; what it cannot see is inductor's own rounding, which the H200 run measures.)"""
+    from dael_plugin.core import DAEL, DAELHparams
+    from dael_plugin.engine.execution import autocast
+    from dael_plugin.engine.fastpath import FastPathCheck
+
+    torch.manual_seed(0)
+    net, heads = _model()
+    layer = _norm_layers(net)[-1]
+    _plant_on_one_layer(monkeypatch, layer, 1.1, compiled_only=True)
+    x = torch.randn(16, 3, 32, 32, generator=torch.Generator().manual_seed(0))
+    results = {}
+    for backend in (None, "aot_eager"):
+        algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="grouped")
+        check = FastPathCheck("fp32", backend)
+        check(algo, x, [4, 4, 4, 4], lambda: autocast("fp32", torch.device("cpu")))
+        results[backend] = check.result
+    assert not results[None]["fell_back"] and not results[None]["compiled"]
+    compiled = results["aot_eager"]
+    assert compiled["fell_back"] and compiled["compiled"]
+    (bad,) = [b for b in compiled["layer_failures"] if b["quantity"] == "weight_grad"]
+    assert bad["where"] == "in the whole pass" and bad["error"] == pytest.approx(0.1, rel=0.2)
 
 
 def test_a_failed_first_step_check_under_torchrun_stops_the_run(monkeypatch):

@@ -48,7 +48,7 @@ EXPERT_SIGNALS = ("agreement", "mask_rate")  # DAEL's own: they read several exp
 
 
 def _classifiers(record: Dict[str, Any]) -> int:
-    """How many classifiers the record's model has: written since 0.4.0 at 70adf66+; an older record
+    """How many classifiers the record's model has: written since 734f889; an older record
     with per-expert test accuracies had several."""
     k = record.get("classifiers")
     if isinstance(k, int) and not isinstance(k, bool):

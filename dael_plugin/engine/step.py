@@ -94,7 +94,9 @@ class DAELStep:
         # default: engine/fastpath.py); its finding lands in results.json.
         check = device.type == "cuda" if check_first_step is None else check_first_step
         grouped = algorithm.fuse_chunks and resolve_impl(algorithm.chunk_bn, device.type) == "grouped"
-        self._first_step_check = FastPathCheck(prec) if check and grouped else None
+        # A compiled step runs the fused kernel's compiled branch: the check compiles the fused pass too.
+        checked_backend = compile_backend if compile_mode != "none" else None
+        self._first_step_check = FastPathCheck(prec, checked_backend) if check and grouped else None
         self.fast_path_check: Optional[Dict[str, object]] = None
         self._losses = self._forward
         self.compiled = compile_mode != "none"

@@ -206,3 +206,19 @@ def test_both_engines_fingerprint_the_same_images(name, request):
     )
     assert ours == theirs
     assert any(v.get("seeded") for doms in ours.values() for v in doms.values()) == (name == "Digit5")
+
+
+@pytest.mark.parametrize("argv", [["--select", "source_val"], ["--select", "last"], ["--validators"]])
+def test_select_and_validators_refuse_runs_of_other_data_as_collect_does(tmp_path, capsys, argv):
+    """The probe's bad case: two seeds on one copy of the data and a third on a copy with an image
+    less gave a --select mean over the three without a word. Now the same one line as plain collect."""
+    from dael_plugin.tools.collect import main as collect
+
+    for seed, fp in ((1, _fp("a")), (2, _fp("a"))):
+        _record(tmp_path, f"Digit5/DAEL/mnist/seed{seed}", seed, fp)
+    assert collect([str(tmp_path), *argv]) in (0, 2)  # no epochs: --validators says so (2), --select 0
+    capsys.readouterr()
+    bad = _record(tmp_path, "Digit5/DAEL/mnist/seed3", 3, _fp("a", usps="f", n=24999))
+    assert collect([str(tmp_path), *argv]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "read different images" in err[0] and bad in err[0], err

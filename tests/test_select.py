@@ -116,13 +116,63 @@ def test_no_protocol_but_the_oracle_reads_target_labels(sweep):
     assert before["oracle"] != after["oracle"]
 
 
-def test_a_corrupt_line_is_skipped_and_named(sweep, capsys):
+def test_a_damaged_record_leaves_its_seed_out_and_says_so(sweep, capsys):
+    """A line that is no record leaves that seed's runs out of the cell, named (choosing among the
+    other epochs would be a choice the protocol did not make); the cell says how many were left out."""
     path = os.path.join(sweep, "Set", "DAEL", "lam=0.5", "t", "seed1", "epochs.jsonl")
     with open(path, "a") as f:
         f.write('{"epoch": 4, "target_test\n')
     cell = _cell(sweep, "source_val")["DAEL"]["t"]
-    assert cell.values == [50.0, 51.0]
-    assert "line 4 is not an epoch record" in capsys.readouterr().out
+    assert cell.values == [51.0] and cell.left_out and "seed 1:" in cell.left_out[0]
+    assert cell.text(2) == "51.00 (n=1, 1 left out)"
+    assert "line 4: not an epoch record" in capsys.readouterr().out
+
+
+HAND_EDITS = {
+    "nan accuracy": ('{"epoch": 3, "target_test_accuracy": NaN}', "is not an accuracy in [0, 100]"),
+    "1e5": ('{"epoch": 3, "target_test_accuracy": 1e5}', "is not an accuracy in [0, 100]"),
+    "a string": ('{"epoch": 3, "target_test_accuracy": "17.5"}', "is not an accuracy in [0, 100]"),
+    "renumbered": ('{"epoch": 1, "target_test_accuracy": 40}', "epoch 1 does not come after epoch 3"),
+    "past the run": ('{"epoch": 9, "target_test_accuracy": 40}', "epoch 9 is past the run's 3"),
+    "a validator string": ('{"epoch": 3, "target_test_accuracy": 40, "validators": {"im": "x"}}', "validator im"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HAND_EDITS) + ["binary", "fifo", "missing"])
+def test_hand_edited_or_damaged_records_are_named_never_a_traceback(sweep, capsys, case):
+    """epochs.jsonl edited by hand or damaged: each case one warning naming the file and line, the
+    seed left out of --select and of the ranking, exit 0 with the rest; never a traceback."""
+    run = os.path.join(sweep, "Set", "DAEL", "lam=1", "t", "seed2")
+    path = os.path.join(run, "epochs.jsonl")
+    if case == "binary":
+        with open(path, "ab") as f:
+            f.write(b"\xff\xfe\x00garbage\n")
+        said = "line 4: not an epoch record"
+    elif case == "fifo":
+        os.remove(path)
+        os.mkfifo(path)
+        said = "is not a regular file"
+    elif case == "missing":
+        os.remove(path)
+        said = None
+    else:
+        line, said = HAND_EDITS[case]
+        if case == "past the run":
+            with open(path, "a") as f:
+                f.write(line + "\n")
+        else:  # replace the last line
+            lines = open(path).read().splitlines()
+            with open(path, "w") as f:
+                f.write("\n".join(lines[:2] + ([line] if case != "renumbered" else [lines[2], line])) + "\n")
+    for argv in (["--select", "source_val"], ["--select", "last"], ["--validators"]):
+        assert collect.main([sweep, *argv]) == 0, (case, argv)
+        out, err = capsys.readouterr()
+        if said is not None:
+            assert said in err and "left out" in err, (case, argv, err)
+        if argv[-1] == "source_val":
+            assert "left out: seed 2: " in out and os.path.basename(os.path.dirname(run)) in out, out
+    cell = _cell(sweep, "source_val")["DAEL"]["t"]
+    assert cell.values == [50.0] and len(cell.left_out) == 1
 
 
 def test_the_cli_labels_the_oracle_and_says_what_plus_minus_is(sweep, capsys):

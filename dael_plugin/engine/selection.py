@@ -47,13 +47,44 @@ def best_name(protocol: str) -> str:
 EXPERT_SIGNALS = ("agreement", "mask_rate")  # DAEL's own: they read several experts
 
 
-def _classifiers(record: Dict[str, Any]) -> int:
+def classifiers(record: Dict[str, Any]) -> int:
     """How many classifiers the record's model has: written since 734f889; an older record
     with per-expert test accuracies had several."""
     k = record.get("classifiers")
     if isinstance(k, int) and not isinstance(k, bool):
         return k
     return 2 if record.get("target_test_accuracy_per_expert") else 1
+
+
+ACCURACIES = ("target_test_accuracy", "source_val_accuracy", "target_val_accuracy")
+
+
+def _number(v: Any) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def record_problem(rec: Any, previous_epoch: int) -> Optional[str]:
+    """What is wrong with one line of ``epochs.jsonl`` (None when nothing): the checks that
+    ``results.json`` gets, for each epoch. A validator may be NaN (a score that is undefined there:
+    no protocol reads it); an accuracy may not."""
+    if not isinstance(rec, dict):
+        return "not an epoch record (a JSON object per line)"
+    epoch = rec.get("epoch")
+    if not isinstance(epoch, int) or isinstance(epoch, bool) or epoch < 1:
+        return f"epoch {epoch!r} is not a whole number of 1 or more"
+    if epoch <= previous_epoch:
+        return f"epoch {epoch} does not come after epoch {previous_epoch}"
+    for key in ACCURACIES:
+        v = rec.get(key)
+        if v is not None and not (_number(v) and 0.0 <= v <= 100.0):
+            return f"epoch {epoch}: {key} {v!r} is not an accuracy in [0, 100]"
+    validators = rec.get("validators")
+    if validators is not None and not isinstance(validators, dict):
+        return f"epoch {epoch}: validators is not a mapping"
+    for k, v in (validators or {}).items():
+        if v is not None and not _number(v):
+            return f"epoch {epoch}: validator {k} {v!r} is not a number"
+    return None
 
 
 def protocol_score(record: Dict[str, Any], protocol: str) -> Optional[float]:
@@ -64,7 +95,7 @@ def protocol_score(record: Dict[str, Any], protocol: str) -> Optional[float]:
         value = record.get("target_val_accuracy")
     elif protocol == "last":
         value = record.get("epoch")
-    elif protocol in EXPERT_SIGNALS and _classifiers(record) == 1:
+    elif protocol in EXPERT_SIGNALS and classifiers(record) == 1:
         return None  # one classifier: a constant (validator_scores no longer writes it)
     else:
         value = (record.get("validators") or {}).get(protocol)
@@ -342,23 +373,36 @@ class EpochRecords:
         self.path = os.path.join(output_dir, EPOCHS)
 
     def read(self) -> List[Dict[str, Any]]:
-        """The records, skipping a line that is not a JSON object (named once)."""
+        """The records, skipping a line that is not an epoch record (named once)."""
+        records, problems = self.read_checked()
+        for problem in problems:
+            print(f"warning: {problem}; skipped")
+        return records
+
+    def read_checked(self) -> Tuple[List[Dict[str, Any]], List[str]]:
+        """The well-formed records, and one line for each problem (``file line N: what``): a line
+        that is not a JSON object (binary included), an epoch that is not a whole number after the
+        line before's, an accuracy outside [0, 100] or not a number, a validator score that is not a
+        number. A path that exists but is no regular file (a FIFO) is a problem, never opened."""
         if not os.path.isfile(self.path):
-            return []
-        out = []
-        with open(self.path, encoding="utf-8") as f:
-            for n, line in enumerate(f, 1):
-                if not line.strip():
+            there = os.path.lexists(self.path)
+            return [], ([f"{self.path} is not a regular file; move it away"] if there else [])
+        out: List[Dict[str, Any]] = []
+        problems: List[str] = []
+        with open(self.path, "rb") as f:
+            for n, raw in enumerate(f, 1):
+                if not raw.strip():
                     continue
                 try:
-                    rec = json.loads(line)
-                except ValueError:
+                    rec = json.loads(raw.decode("utf-8"))
+                except ValueError:  # UnicodeDecodeError included
                     rec = None
-                if not isinstance(rec, dict) or not isinstance(rec.get("epoch"), int):
-                    print(f"warning: {self.path} line {n} is not an epoch record; skipped")
+                what = record_problem(rec, out[-1]["epoch"] if out else 0)
+                if what is not None:
+                    problems.append(f"{self.path} line {n}: {what}")
                     continue
                 out.append(rec)
-        return out
+        return out, problems
 
     def _write(self, records: List[Dict[str, Any]]) -> None:
         from dael_plugin.engine.atomic import write_text

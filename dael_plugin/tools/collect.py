@@ -338,6 +338,9 @@ def _select_main(args) -> int:
 
     warn = lambda line: print(line, file=sys.stderr)  # noqa: E731
     try:
+        # The runs of a table read one copy of the data, as plain collect checks (a cell or a ranking
+        # over runs of other images would be a number of no one data set): the same one-line refusal.
+        read_runs(args.dir, warn=lambda line: None)  # its warnings come once, from the selection's walk
         if args.validators:
             ranked = sel.rank_validators(args.dir, warn)
             if not ranked:

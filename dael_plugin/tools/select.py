@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from dael_plugin.core.validators import NAMES
 from dael_plugin.engine.records import Record, read_records
-from dael_plugin.engine.selection import EPOCHS, EpochRecords, protocol_score
+from dael_plugin.engine.selection import EPOCHS, EXPERT_SIGNALS, EpochRecords, classifiers, protocol_score
 
 
 # -- the protocols: each names what it may read ----------------------------------------------------
@@ -89,17 +89,21 @@ class CellChoice:
     choices: Dict[object, Choice] = field(default_factory=dict)
     missing: List[str] = field(default_factory=list)  # runs a protocol needs and the sweep lacks
     recorded: bool = False  # some run of the cell has epoch records (but none the protocol can score)
+    left_out: List[str] = field(default_factory=list)  # seeds whose records are damaged or absent, and why
 
     def text(self, usual_n: int = 0) -> str:
         if not self.values:
+            if self.left_out and not self.missing:
+                return f"{len(self.left_out)} left out"
             if self.missing:
                 return "missing runs"
             return "no score in the records" if self.recorded else "no records"
         mean = statistics.fmean(self.values)
+        left = f", {len(self.left_out)} left out" if self.left_out else ""
         if len(self.values) == 1:
-            return f"{mean:.2f} (n=1)"
+            return f"{mean:.2f} (n=1{left})"
         std = statistics.stdev(self.values)
-        n = f" (n={len(self.values)})" if usual_n and len(self.values) != usual_n else ""
+        n = f" (n={len(self.values)}{left})" if (usual_n and len(self.values) != usual_n) or left else ""
         return f"{mean:.2f} ± {std:.2f} [{std / math.sqrt(len(self.values)):.2f}]{n}"
 
 
@@ -116,16 +120,33 @@ def _table_key(rec: Record) -> Tuple[str, str]:
     return str(rec.data.get("dataset")), _setting(rec.data)
 
 
-def read_sweep(root: str, warn: Callable[[str], None] = print) -> List[Tuple[Record, List[dict], str]]:
-    """Every finished run under ``root`` with its epoch records (a corrupt line skipped and named)."""
+def read_sweep(root: str, warn: Callable[[str], None] = print) -> List[Tuple[Record, Optional[List[dict]], str]]:
+    """Every finished run under ``root`` with its epoch records: ``[]`` when it has none, ``None``
+    when they are damaged (each problem named through ``warn``: a line that is no record, an epoch
+    out of order or past the run's epochs, an accuracy out of range, a FIFO). A damaged run is no
+    run to choose from: choosing among its other epochs would be a choice the protocol did not make."""
     walk = read_records(root)
     for problem in walk.problems:
         warn(problem.warning())
     out = []
     for rec in walk.records:
-        epochs = EpochRecords(rec.dir).read() if os.path.isfile(os.path.join(rec.dir, EPOCHS)) else []
-        out.append((rec, epochs, _setting_label(rec, root)))
+        epochs, problems = EpochRecords(rec.dir).read_checked()
+        total = rec.data.get("epochs")
+        if epochs and isinstance(total, int) and epochs[-1]["epoch"] > total:
+            problems.append(f"{os.path.join(rec.dir, EPOCHS)}: epoch {epochs[-1]['epoch']} is past the run's {total}")
+        for problem in problems:
+            warn(f"warning: {problem}; the run is left out of --select and --validators")
+        out.append((rec, None if problems else epochs, _setting_label(rec, root)))
     return out
+
+
+def _left_out(protocol: Protocol, runs: Dict[str, "Run"]) -> List[str]:
+    """Why one seed's runs (one per grid setting) cannot be chosen from: damaged records, or a run
+    without records where the protocol reads them (``last`` with one setting reads results.json)."""
+    why = [f"{run.record.dir}: damaged epoch records (named above)" for run in runs.values() if run.epochs is None]
+    if why or (protocol.name == "last" and len(runs) == 1):
+        return why
+    return [f"{run.record.dir}: no epoch records ({EPOCHS} absent)" for run in runs.values() if not run.epochs]
 
 
 def _candidates(protocol: Protocol, runs: Dict[str, Run]) -> List[Tuple[float, int, str, dict]]:
@@ -145,7 +166,7 @@ def choose(protocol: Protocol, runs: Dict[str, Run]) -> Optional[Choice]:
     ties go to the earliest epoch, then the first setting by name."""
     if protocol.name == "last" and len(runs) == 1:  # one setting: its last epoch, records or not
         ((setting, run),) = runs.items()
-        if run.epochs:
+        if run.epochs and run.epochs[-1].get("target_test_accuracy") is not None:
             return Choice(setting, int(run.epochs[-1]["epoch"]), float(run.epochs[-1]["target_test_accuracy"]))
         return Choice(setting, int(run.record.data.get("epochs") or 0), float(run.record.data["accuracy"]))
     cands = _candidates(protocol, runs)
@@ -231,6 +252,10 @@ def select(
             for t in targets:
                 cell = CellChoice()
                 for seed, runs in sorted(rows[row].get(t, {}).items(), key=lambda kv: str(kv[0])):
+                    why = _left_out(protocol, runs)
+                    if why:
+                        cell.left_out += [f"seed {seed}: {w}" for w in why]
+                        continue
                     if protocol.name == "leave_one_domain_out":
                         c = _lodo_choice(runs, all_runs, seed, cell.missing)
                     else:
@@ -239,6 +264,8 @@ def select(
                         cell.values.append(c.test)
                         cell.choices[seed] = c
                     cell.recorded = cell.recorded or any(run.epochs for run in runs.values())
+                if not cell.recorded and not cell.values:  # no run of the cell has records: "no records" says it
+                    cell.left_out = [w for w in cell.left_out if "damaged" in w]
                 cells[row][t] = cell
         out.append((table, targets, cells))
     return out
@@ -274,6 +301,8 @@ def render_selected(tables, protocol_name: str) -> str:
                 md.append(f"- {row} -> {t}: {picks or '—'}")
                 for m in c.missing:
                     md.append(f"  - needs the run {m}")
+                for m in c.left_out:
+                    md.append(f"  - left out: {m}")
         unscored = any(c.recorded and not c.values for by_t in cells.values() for c in by_t.values())
         if unscored and protocol_name in ("source_val", "dev", "devn"):
             md.append("")
@@ -334,11 +363,27 @@ def weighted_spearman(scores: Sequence[float], accs: Sequence[float], power: flo
     return float(cov / var) if var > 0 else float("nan")
 
 
+def _ranked_score(record: dict, name: str) -> Optional[float]:
+    """The score the ranking reads: the protocol's, but a validator's NaN or infinity kept (the
+    reference counts it as the lowest finite score, where a protocol skips it)."""
+    score = protocol_score(record, name)
+    if score is not None or name == "source_val":
+        return score
+    if name in EXPERT_SIGNALS and classifiers(record) == 1:
+        return None
+    raw = (record.get("validators") or {}).get(name)
+    return raw if isinstance(raw, float) and not math.isfinite(raw) else None
+
+
 def rank_validators(root: str, warn: Callable[[str], None] = print):
     """For each DA table and target: every validator's Spearman and weighted Spearman correlation
     with target test accuracy over all evaluated checkpoints (every epoch of every run), and its
     regret: the best test accuracy minus that of the checkpoint it scores highest, mean over seeds."""
-    runs = [(*_table_key(rec), rec.target, rec.data.get("seed"), epochs) for rec, epochs, _ in read_sweep(root, warn)]
+    runs = [
+        (*_table_key(rec), rec.target, rec.data.get("seed"), epochs)
+        for rec, epochs, _ in read_sweep(root, warn)
+        if epochs is not None  # damaged: named by read_sweep
+    ]
     return rank_runs(runs)
 
 
@@ -356,7 +401,7 @@ def rank_runs(runs: Sequence[Tuple[str, str, str, object, List[dict]]]):
         points = by[key]
         rows = []
         for name in ("source_val",) + NAMES:
-            pairs = [(protocol_score(r, name), r["target_test_accuracy"], seed) for seed, r in points]
+            pairs = [(_ranked_score(r, name), r["target_test_accuracy"], seed) for seed, r in points]
             pairs = [p for p in pairs if p[0] is not None]
             if len(pairs) < 3:
                 continue
@@ -364,7 +409,7 @@ def rank_runs(runs: Sequence[Tuple[str, str, str, object, List[dict]]]):
             regrets = []
             for seed in sorted({p[2] for p in pairs}, key=str):
                 mine = [p for p in pairs if p[2] == seed]
-                chosen = max(mine, key=lambda p: p[0])[1]
+                chosen = max(mine, key=lambda p: p[0] if math.isfinite(p[0]) else -math.inf)[1]
                 regrets.append(max(p[1] for p in mine) - chosen)
             rows.append(
                 {
@@ -391,10 +436,17 @@ def render_ranking(ranked) -> str:
         md.append("")
         md.append("| validator | weighted Spearman | Spearman | regret | checkpoints |")
         md.append("|---|---|---|---|---|")
+        undefined = False
         for r in rows:
-            md.append(
-                f"| {r['validator']} | {r['weighted_spearman']:.3f} | {r['spearman']:.3f} | "
-                f"{r['regret']:.2f} | {r['checkpoints']} |"
-            )
+            ws, sp = (_corr(r[k]) for k in ("weighted_spearman", "spearman"))
+            undefined = undefined or "undefined" in (ws, sp)
+            md.append(f"| {r['validator']} | {ws} | {sp} | {r['regret']:.2f} | {r['checkpoints']} |")
+        if undefined:
+            md.append("")
+            md.append("undefined: the validator gave every checkpoint the same score (no ranking to correlate).")
         md.append("")
     return "\n".join(md)
+
+
+def _corr(value: float) -> str:
+    return "undefined" if math.isnan(value) else f"{value:.3f}"

@@ -341,6 +341,9 @@ def test_eval_only_select_evaluates_the_model_the_protocol_chose(tmp_path, tiny_
     recs = [json.loads(line) for line in open(run / S.EPOCHS)]
     assert torch.load(first, weights_only=True)["epoch"] == 1
     shutil.copy(first, run / S.best_name("im"))
+    # the records made to agree (IM's best at epoch 1): the kept file must be the records' choice
+    recs[0]["validators"]["im"] = max(r["validators"]["im"] for r in recs) + 1.0
+    (run / S.EPOCHS).write_text("".join(json.dumps(r) + "\n" for r in recs))
     loaded, load = [], ckpt.load_checkpoint
     monkeypatch.setattr(ckpt, "load_checkpoint", lambda path, *a, **k: loaded.append(str(path)) or load(path, *a, **k))
     ev = tmp_path / "ev"
@@ -349,8 +352,59 @@ def test_eval_only_select_evaluates_the_model_the_protocol_chose(tmp_path, tiny_
     assert out.returncode == 0, out.stdout + out.stderr
     result = json.load(open(ev / "results_eval.json"))
     assert result["selected_by"] == {"protocol": "im", "epoch": 1}
-    assert [os.path.basename(p) for p in loaded] == [S.best_name("im")]
+    assert {os.path.basename(p) for p in loaded} == {S.best_name("im")}  # checked, then loaded
     assert result["accuracy"] == pytest.approx(recs[0]["target_test_accuracy"], abs=1e-3)
+
+
+def test_eval_only_select_refuses_a_model_its_run_did_not_choose(tmp_path, tiny_root, capsys):
+    """The probe's weak cases: a model-best file left by a run stopped while keeping epoch 1's
+    choice (no epochs.jsonl), one copied in from another run, one evaluated under another seed, and
+    damaged ones (truncated, a text file, a FIFO): each one line that says what is wrong, no
+    evaluation. The run's own file passes."""
+    from test_hardening import cli, one_error_line
+
+    run = tmp_path / "run"
+    assert cli(_argv("builtin", "DAEL", run, tiny_root, 2), capsys)[0] == 0
+    best, records = run / S.best_name("im"), run / S.EPOCHS
+    kept, recs = best.read_bytes(), records.read_text()
+    chosen = torch.load(best, weights_only=True)["epoch"]
+    n = iter(range(100))
+
+    def evaluate(seed="1"):
+        out = tmp_path / f"ev{next(n)}"
+        argv = ["--eval-only", "--model-dir", str(run), "--select", "im"] + _argv("builtin", "DAEL", out, tiny_root, 2)
+        argv[argv.index("--seed") + 1] = seed
+        code, _, err = cli(argv, capsys)
+        return code, err
+
+    assert evaluate()[0] == 0
+    cases = []
+    other = [json.loads(line) for line in recs.splitlines()]
+    for r in other:  # records that choose the other epoch: a file from another run or an unfinished epoch
+        r["validators"]["im"] = 1.0 if r["epoch"] != chosen else 0.0
+    cases.append(
+        (
+            "another choice",
+            lambda: records.write_text("".join(json.dumps(r) + "\n" for r in other)),
+            f"holds epoch {chosen}, but the run's records choose epoch {3 - chosen} under im",
+        )
+    )
+    cases.append(("no records (stopped)", lambda: records.unlink(), "has no im score for any epoch"))
+    cases.append(("truncated", lambda: best.write_bytes(kept[: len(kept) // 2]), "is truncated or corrupt"))
+    cases.append(("a text file", lambda: best.write_text("hello\n"), "is not a PyTorch checkpoint (a text file)"))
+    cases.append(("a FIFO", lambda: (best.unlink(), os.mkfifo(best)), "is not a regular file"))
+    for case, spoil, said in cases:
+        spoil()
+        code, err = evaluate()
+        line = one_error_line(err)
+        assert code == 2 and said in line, (case, line)
+        assert "start this run fresh" not in line  # a resume's advice, not an evaluation's
+        if best.exists() and not best.is_file():
+            best.unlink()
+        best.write_bytes(kept)
+        records.write_text(recs)
+    code, err = evaluate(seed="3")
+    assert code == 2 and "holds a run of seed 1; this evaluation is --seed 3" in one_error_line(err)
 
 
 def _cfg_from(argv, engine):

@@ -74,11 +74,36 @@ def save_checkpoint(state: dict, path: str) -> str:
     return save_torch(path, state)
 
 
-def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict:
+RESUME_FIX = "delete it to start this run fresh, or restore it from a backup"
+
+
+def _kind(path: str) -> Optional[str]:
+    """What ``path`` holds when it is plainly no PyTorch checkpoint (None when it may be one): a
+    checkpoint is a zip archive (``PK``) or, in the legacy format, a pickle (``0x80``)."""
+    with open(path, "rb") as f:
+        head = f.read(4)
+    if not head:
+        return "an empty file"
+    if head.startswith(b"PK") or head[:1] == b"\x80":
+        return None
+    try:
+        head.decode("ascii")
+        return "a text file"
+    except UnicodeDecodeError:
+        return f"a file that starts with bytes {head.hex()}"
+
+
+def load_checkpoint(path: str, map_location: str | torch.device = "cpu", fix: str = RESUME_FIX) -> dict:
     """Load with ``weights_only=True``, to the CPU unless told otherwise (``load_state_dict`` moves
-    tensors where their module lives); every failure is one line naming ``path``."""
+    tensors where their module lives); every failure is one line naming ``path``, with ``fix``
+    where the file is damaged (the caller knows whether a fresh start or a rerun is the remedy)."""
+    if os.path.lexists(path) and not os.path.isfile(path):
+        raise CheckpointError(f"{path} is not a regular file (a FIFO, a device or a folder); move it away")
     if not os.path.isfile(path):
         raise CheckpointError(f"checkpoint {path} not found")
+    kind = _kind(path)
+    if kind is not None:
+        raise CheckpointError(f"{path} is not a PyTorch checkpoint ({kind}); {fix}")
     try:
         state = torch.load(path, map_location=map_location, weights_only=True)
     except pickle.UnpicklingError as exc:
@@ -89,14 +114,10 @@ def load_checkpoint(path: str, map_location: str | torch.device = "cpu") -> dict
                 "containers, which could run code; load only checkpoints written by dael-plugin or "
                 "Dassl, or re-save its tensors with torch.save(state_dict)"
             ) from None
-        raise CheckpointError(
-            f"{path} is not a readable checkpoint ({first}); delete it or restore it from a backup"
-        ) from None
+        raise CheckpointError(f"{path} is not a readable checkpoint ({first}); {fix}") from None
     except (RuntimeError, EOFError, OSError, ValueError, KeyError, IndexError) as exc:
         first = str(exc).strip().splitlines()[0][:160] if str(exc).strip() else type(exc).__name__
-        raise CheckpointError(
-            f"{path} is truncated or corrupt ({first}); delete it to start this run fresh, or restore it from a backup"
-        ) from None
+        raise CheckpointError(f"{path} is truncated or corrupt ({first}); {fix}") from None
     if not isinstance(state, dict):
         raise CheckpointError(f"{path} holds a {type(state).__name__}, not a checkpoint dict")
     return state

@@ -364,6 +364,57 @@ def epoch_record(
     return rec
 
 
+CHOSEN_FIX = "restore it from a backup, or resume the run (its next choice rewrites it)"
+
+
+def check_chosen_model(path: str, protocol: str, model_dir: str, seed: Any, data_fingerprint: Optional[dict]) -> None:
+    """``--eval-only --select``: ``path`` (``model-best-<protocol>``) is the model this run's own
+    records choose, or one line saying why not. Its epoch must be the protocol's choice over
+    ``epochs.jsonl`` (the earliest best score, the writer's tie rule): a file written while the run
+    stopped, before its record, or copied in from another run, holds another. Its seed and its data
+    fingerprint must be this evaluation's. Loads to the CPU, ``weights_only``."""
+    from dael_plugin.data.fingerprint import fingerprint_changes
+    from dael_plugin.engine.checkpoint import CheckpointError, load_checkpoint
+
+    state = load_checkpoint(path, fix=CHOSEN_FIX)
+    epoch = state.get("epoch")
+    records, problems = EpochRecords(model_dir).read_checked()
+    if problems:
+        raise CheckpointError(f"cannot check {path} against its run: {problems[0]}; restore epochs.jsonl")
+    scored = [(s, r["epoch"]) for r in records for s in [protocol_score(r, protocol)] if s is not None]
+    if not scored:
+        raise CheckpointError(
+            f"{path} holds epoch {epoch}, and {os.path.join(model_dir, EPOCHS)} has no {protocol} score for any "
+            "epoch: the run stopped while keeping its first choice, or the file comes from another run; resume "
+            "the run to finish it"
+        )
+    best = max(s for s, _ in scored)
+    chosen = min(e for s, e in scored if s == best)
+    if epoch != chosen:
+        raise CheckpointError(
+            f"{path} holds epoch {epoch}, but the run's records choose epoch {chosen} under {protocol}: the file "
+            "comes from another run or from an epoch the run did not finish; resume the run (it rewrites the file)"
+        )
+    import yaml
+
+    try:
+        saved_seed = (yaml.safe_load(state.get("config") or "") or {}).get("SEED")
+    except yaml.YAMLError:
+        saved_seed = None
+    if saved_seed is not None and seed is not None and int(saved_seed) != int(seed):
+        raise CheckpointError(
+            f"{path} holds a run of seed {saved_seed}; this evaluation is --seed {seed}: pass --seed {saved_seed}"
+        )
+    saved = state.get("data_fingerprint")
+    if isinstance(saved, dict) and isinstance(data_fingerprint, dict):
+        changes = fingerprint_changes(saved, data_fingerprint)
+        if changes:
+            raise CheckpointError(
+                f"{path} was trained on other images than this evaluation reads ({changes[0]}"
+                f"{f'; {len(changes) - 1} more' if len(changes) > 1 else ''}); evaluate it on the data its run read"
+            )
+
+
 class EpochRecords:
     """``OUTPUT_DIR/epochs.jsonl``: read, cut back on resume, appended (each write replaces the file
     atomically), and the protocols' best checkpoints kept beside it."""

@@ -443,14 +443,18 @@ def _load_for_eval(trainer, engine: str, args: argparse.Namespace) -> Optional[i
     if not os.path.isdir(args.model_dir):
         raise DAELConfigError(f"--model-dir {args.model_dir} is not a directory; give the OUTPUT_DIR of a run")
     if args.select:
-        from dael_plugin.engine.selection import best_name
+        from dael_plugin.engine.selection import best_name, check_chosen_model
 
         name = best_name(args.select)
-        if not os.path.isfile(os.path.join(args.model_dir, name)):
+        path = os.path.join(args.model_dir, name)
+        if not os.path.lexists(path):
             raise DAELConfigError(
-                f"no {os.path.join(args.model_dir, name)}: that run kept no model for --select {args.select} (it "
+                f"no {path}: that run kept no model for --select {args.select} (it "
                 "needs SELECTION.EVAL_FREQ > 0 and the protocol in SELECTION.KEEP_BEST)"
             )
+        check_chosen_model(
+            path, args.select, args.model_dir, trainer.cfg.SEED, getattr(trainer, "data_fingerprint", None)
+        )
         if engine == "dassl" and not getattr(trainer, "selection_built_in", False):  # a Dassl baseline
             from dael_plugin.dassl_adapter.records import load_best
 

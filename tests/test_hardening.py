@@ -625,6 +625,8 @@ def _bad_files(tmp_path):
     (tmp_path / "list.yaml").write_text("- a\n- b\n")
     (tmp_path / "binary.yaml").write_bytes(b"\xff\xfe\x00\x81garbage")
     (tmp_path / "afile").write_text("x")
+    (tmp_path / "deep.yaml").write_text("INPUT:\n  TRANSFORMS: " + "[" * 500 + "]" * 500 + "\n")  # a RecursionError
+    (tmp_path / "nan.yaml").write_text("TRAINER:\n  DAEL:\n    WEIGHT_OTHER: .nan\n")  # YAML's NaN passed ">= 0"
     # "billion laughs": nine levels of aliases, a few hundred bytes that yacs expanded to gigabytes (a hang)
     laughs = ['a0: &a0 ["lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol", "lol"]']
     laughs += [f"a{i}: &a{i} [{', '.join([f'*a{i - 1}'] * 10)}]" for i in range(1, 10)]
@@ -641,6 +643,12 @@ BAD = [
     ("BATCH_SIZE -4", ["DATALOADER.TRAIN_X.BATCH_SIZE", "-4"], "DATALOADER.TRAIN_X.BATCH_SIZE=-4 is invalid"),
     ("test BATCH_SIZE 0", ["DATALOADER.TEST.BATCH_SIZE", "0"], "DATALOADER.TEST.BATCH_SIZE=0 is invalid"),
     ("LR 0", ["OPTIM.LR", "0.0"], "OPTIM.LR=0.0 is invalid"),
+    ("WEIGHT_U 1e300", ["TRAINER.DAEL.WEIGHT_U", "1e300"], "TRAINER.DAEL.WEIGHT_U must be a number from 0 to 10000"),
+    (
+        "KEEP_BEST a validator not computed",
+        ["SELECTION.KEEP_BEST", "('snd',)", "SELECTION.VALIDATORS", "('im',)"],
+        "SELECTION.KEEP_BEST keeps the choice of ['snd'], which SELECTION.VALIDATORS ['im'] does not compute",
+    ),
     ("flag after opts", ["--seed", "4"], "flag --seed comes after the trailing KEY VALUE options"),
     (
         "MAX_EPOCH 10^20",
@@ -698,6 +706,8 @@ BAD_FILES = [
     ("YAML aliases", lambda t: ["--config-file", str(t / "laughs.yaml")], "an alias (*a0): config files are read"),
     ("a key twice", lambda t: ["--config-file", str(t / "twice.yaml")], "the key 'OPTIM' appears twice"),
     ("a FIFO", lambda t: ["--config-file", str(t / "fifo.yaml")], "is not a regular file"),
+    ("YAML nested 500 deep", lambda t: ["--config-file", str(t / "deep.yaml")], "nested more than 32 levels deep"),
+    ("YAML NaN weight", lambda t: ["--config-file", str(t / "nan.yaml")], "WEIGHT_OTHER must be a number from 0"),
     ("output dir is a file", lambda t: ["--output-dir", str(t / "afile")], "exists and is not a directory"),
     ("output dir cannot be made", lambda t: ["--output-dir", str(t / "afile" / "sub")], "cannot be created"),
     ("--select without --eval-only", lambda t: ["--select", "im"], "--select im goes with --eval-only"),
@@ -946,3 +956,13 @@ def test_an_error_line_is_written_whole(monkeypatch, tmp_path):
     assert rc == 2
     errors = [w for w in writes if "error" in w]
     assert errors == [f"error: config file '{missing}' not found\n"], writes
+
+
+@pytest.mark.parametrize("trainer,ds,cfg,key", [("DAELDG", DS_DG, "dg/daeldg", "TRAINER.DAEL.CLASS_MASKS")])
+def test_a_key_of_the_other_dael_node_is_refused_not_ignored(tmp_path, tiny_root, capsys, trainer, ds, cfg, key):
+    """TRAINER.DAEL.* set for a DAELDG run was read by no one, without a word: one line naming the key
+    that run reads."""
+    cfg = os.path.join(ROOT, f"configs/trainers/{cfg}/embedded_digits_dg.yaml")
+    argv = args_for(tiny_root, tmp_path / "o", trainer=trainer, ds=ds, cfg=cfg, extra=[key, "['all']"])
+    code, _, err = cli(argv, capsys)
+    assert code == 2 and "set TRAINER.DAELDG.CLASS_MASKS instead" in one_error_line(err)

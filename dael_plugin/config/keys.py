@@ -267,10 +267,36 @@ def check_selection(cfg: CN) -> None:
     unknown = [v for v in sel.get("VALIDATORS", ()) if str(v).lower() not in NAMES]
     if unknown:
         raise DAELConfigError(f"SELECTION.VALIDATORS: unknown validator(s) {unknown}; choose from {', '.join(NAMES)}")
-    unknown = [v for v in sel.get("KEEP_BEST", ("all",)) if str(v).lower() not in ("all",) + SCORED_PROTOCOLS]
+    keep = [str(v).lower() for v in sel.get("KEEP_BEST", ("all",))]
+    unknown = [v for v in keep if v not in ("all",) + SCORED_PROTOCOLS]
     if unknown:
         raise DAELConfigError(
             f"SELECTION.KEEP_BEST: unknown protocol(s) {unknown}; choose from all, {', '.join(SCORED_PROTOCOLS)}"
+        )
+    computed = [str(v).lower() for v in sel.get("VALIDATORS", NAMES)]
+    uncomputed = [v for v in keep if v in NAMES and v not in computed]
+    if uncomputed:  # it would keep nothing, without a word
+        raise DAELConfigError(
+            f"SELECTION.KEEP_BEST keeps the choice of {uncomputed}, which SELECTION.VALIDATORS {computed} does not "
+            "compute: add it to SELECTION.VALIDATORS, or drop it from KEEP_BEST"
+        )
+
+
+def check_other_node(cfg: CN, default: CN) -> None:
+    """A key of ``TRAINER.DAEL`` set for a DAELDG run (or the other way round) is read by no one:
+    one line naming the key this trainer reads instead. ``default``: the engine's config before any
+    file or option."""
+    name = str(cfg.TRAINER.NAME).upper()
+    if name not in TRAINER_NODES:
+        return
+    other = "DAELDG" if name == "DAEL" else "DAEL"
+    mine, fresh = cfg.TRAINER.get(other, CN()), default.TRAINER.get(other, CN())
+    changed = [k for k in mine if k not in fresh or mine[k] != fresh[k]]
+    if changed:
+        key = changed[0]
+        raise DAELConfigError(
+            f"TRAINER.{other}.{key} is set, but --trainer {cfg.TRAINER.NAME} reads TRAINER.{name}: "
+            f"set TRAINER.{name}.{key} instead (TRAINER.{other} is read by --trainer {other} alone)"
         )
 
 

@@ -17,16 +17,27 @@ import yaml
 from dael_plugin.errors import DAELConfigError
 
 MAX_BYTES = 1 << 20  # a config file is a few KB; 1 MiB is far beyond any real one
+MAX_DEPTH = 32  # Dassl's configs nest 4 deep; PyYAML's recursive reader fails near 500 with a RecursionError
 
 
 class _StrictLoader(yaml.SafeLoader):
+    _depth = 0
+
     def compose_node(self, parent, index):  # noqa: ANN001 (PyYAML's signature)
         if self.check_event(yaml.events.AliasEvent):
             event = self.peek_event()
             raise yaml.composer.ComposerError(
                 None, None, f"an alias (*{event.anchor}): config files are read without aliases", event.start_mark
             )
-        return super().compose_node(parent, index)
+        if self._depth >= MAX_DEPTH:
+            raise yaml.composer.ComposerError(
+                None, None, f"nested more than {MAX_DEPTH} levels deep", self.peek_event().start_mark
+            )
+        self._depth += 1
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
 
     def construct_mapping(self, node, deep=False):  # noqa: ANN001
         seen = {}
@@ -63,7 +74,9 @@ def load_config_file(path: str) -> Any:
         where = getattr(exc, "problem_mark", None)
         line = f" at line {where.line + 1}" if where is not None else ""
         problem = getattr(exc, "problem", None)
-        detail = f": {problem}" if problem and ("alias" in problem or "appears twice" in problem) else ""
+        detail = (
+            f": {problem}" if problem and any(w in problem for w in ("alias", "appears twice", "levels deep")) else ""
+        )
         raise DAELConfigError(
             f"config file {path} is not valid YAML{line}{detail}; fix it or pass another file"
         ) from None

@@ -6,6 +6,7 @@ the paper's Analysis section (Sec. 4.3, Table 3 and the augmentation study).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, fields
 from typing import Tuple
 
@@ -30,6 +31,7 @@ CHOICES = {
 # "all" is the first four. "other" is the alternative to "experts" (core/category_shift.py).
 CLASS_MASK_PARTS = ("experts", "ensemble", "cr", "pseudo_label", "other")
 ALL_CLASS_MASK_PARTS = CLASS_MASK_PARTS[:4]
+MAX_WEIGHT = 1e4  # a loss weight past this is a typo (the paper's are 0.5 to 1)
 
 
 @dataclass(frozen=True)
@@ -59,8 +61,10 @@ class DAELHparams:
                     raise ValueError(f"{f.name.upper()} must be one of {list(CHOICES[f.name])}, got {value!r}")
         if not 0.0 <= self.conf_thre <= 1.0:
             raise ValueError(f"CONF_THRE must be in [0, 1], got {self.conf_thre}")
-        if self.weight_u < 0:
-            raise ValueError(f"WEIGHT_U must be >= 0, got {self.weight_u}")
+        for name, w in (("WEIGHT_U", self.weight_u), ("WEIGHT_OTHER", self.weight_other)):
+            # NaN passes "< 0", and 1e300 overflows the loss: the run would stop later, blaming the rate
+            if not (isinstance(w, (int, float)) and math.isfinite(w) and 0.0 <= w <= MAX_WEIGHT):
+                raise ValueError(f"{name} must be a number from 0 to {MAX_WEIGHT:g}, got {w}")
         parts = tuple(str(p) for p in self.class_masks)
         if "all" in parts:
             if len(parts) > 1:
@@ -82,8 +86,6 @@ class DAELHparams:
                 "CLASS_MASKS 'other' trains each expert's mass on the classes its domain lacks as an 'other' answer, "
                 "and 'experts' masks that mass away: list one of the two"
             )
-        if self.weight_other < 0:
-            raise ValueError(f"WEIGHT_OTHER must be >= 0, got {self.weight_other}")
         if self.weight_other != 1.0 and "other" not in self.class_masks:
             raise ValueError(
                 f"WEIGHT_OTHER {self.weight_other} weighs the loss of CLASS_MASKS part 'other', which is off "

@@ -25,7 +25,7 @@ from yacs.config import CfgNode as CN
 from dael_plugin.about import ENGINES
 from dael_plugin.backbones.timm_backbone import check_timm_backbone
 from dael_plugin.config import TRAINER_NODES, add_dael_config, check_run_values
-from dael_plugin.config.keys import loader_bytes
+from dael_plugin.config.keys import check_other_node, hparams_from_cfg, loader_bytes
 from dael_plugin.data.fingerprint import dataset_fingerprint, one_digest
 from dael_plugin.engine import distributed
 from dael_plugin.engine.atomic import remove_stale_temps
@@ -257,7 +257,8 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     except (KeyError, AssertionError) as exc:  # yacs asserts on unknown keys here
         raise DAELConfigError(_key_error(exc, engine, "the command line", cfg)) from None
     except ValueError as exc:
-        raise DAELConfigError(f"the command line: {exc}") from None
+        said = str(exc)
+        raise DAELConfigError(f"the command line: {said[:300]}{' ...' if len(said) > 300 else ''}") from None
     if not cfg.TRAINER.NAME:
         raise DAELConfigError("no trainer given; pass --trainer DAEL (or DAELDG, SourceOnly, M3SDA, MME, ...)")
     if not str(cfg.DATASET.ROOT).strip():
@@ -266,6 +267,10 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
             "is generated there on first use). Nothing is written into the current directory"
         )
     check_run_values(cfg)
+    fresh = get_cfg_default() if engine == "dassl" else get_builtin_cfg()
+    check_other_node(cfg, add_dael_config(fresh))
+    if str(cfg.TRAINER.NAME).upper() in TRAINER_NODES:
+        hparams_from_cfg(cfg)  # DAEL's values (weights, switches) before the output folder is made
     if engine == "builtin":
         _check_builtin_values(cfg)
     check_timm_backbone(cfg.MODEL.BACKBONE.NAME)  # before either engine reads any data

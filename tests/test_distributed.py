@@ -205,11 +205,19 @@ def _check_cli_matches(tmp_path, tiny_root, engine, trainer="DAEL", extra=()):
 
 
 def test_torchrun_builtin_engine_gives_the_one_process_run(tmp_path, tiny_root):
-    """Also: the two-process run, resumed on one process, is refused in one line (its batches
-    and random streams are split over 2)."""
+    """Also: two nodes of one process each give the two-process run bit for bit; the two-process run,
+    resumed on one process, is refused in one line (its batches and random streams are split over 2)."""
     two = _check_cli_matches(tmp_path, tiny_root, "builtin", extra=RECORDS)
     assert "8 images per domain per batch" in two.stdout  # each process's share of the 16
     _check_records_match(tmp_path, two)
+    # Two nodes of one process each give the one-node, two-process run bit for bit, and rank 0 alone
+    # writes. What this cannot see: a network between the nodes (both are loopback) and NCCL across hosts.
+    outs = _two_nodes(tmp_path, _args(tiny_root, tmp_path / "nodes", "builtin", extra=EPOCH + RECORDS))
+    a = _model_state(_weights(tmp_path / "nodes" / "checkpoint.pth.tar"))
+    b = _model_state(_weights(tmp_path / "two" / "checkpoint.pth.tar"))
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert json.loads((tmp_path / "nodes" / "results.json").read_text())["world_size"] == 2
+    assert sum(o[0].count("dael_plugin: wrote") for o in outs) == 1
     os.remove(tmp_path / "two" / "results.json")  # unfinished, as if it had been stopped
     again = run_here(_args(tiny_root, tmp_path / "two", "builtin", extra=EPOCH + RECORDS))
     assert again.returncode == 2
@@ -612,3 +620,29 @@ def test_a_torchrun_job_into_a_busy_folder_says_one_line(tmp_path, tiny_root):
     said = [ln for ln in job.stderr.splitlines() if ln.startswith("error: ")]
     assert len(said) == 1 and "is in use by a live run" in said[0], job.stderr[-3000:]
     assert "dael_plugin" not in "".join(ln for ln in job.stderr.splitlines() if ln.lstrip().startswith("File "))
+
+
+def _free_port():
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _two_nodes(tmp_path, args):
+    """Two ``torchrun --nnodes 2 --nproc_per_node 1`` launches, as two machines would start them: a c10d
+    rendezvous at one address (here 127.0.0.1) and one shared file system (the same --output-dir).
+    Returns each launch's (stdout, stderr)."""
+    port = _free_port()
+    launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1"]
+    launch += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "dael-two-nodes"]
+    nodes = [
+        subprocess.Popen(
+            launch + [TRAIN] + args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
+        for _ in range(2)
+    ]
+    outs = [node.communicate(timeout=300) for node in nodes]
+    assert all(node.returncode == 0 for node in nodes), [o[1][-2000:] for o in outs]
+    return outs

@@ -513,3 +513,33 @@ def test_the_benchmark_reuses_a_run_only_under_the_settings_it_was_launched_with
     assert launched[-1] == (str(folder), cs.subprocess.DEVNULL) and len(launched) == 2  # train.py checked it
     assert json.loads((folder / cs.IDENTITY).read_text()) == cs.identity(args, method, 1)
     assert cs.output_folder(argparse.Namespace(output=None, engine="dassl")).endswith("category_shift/dassl")
+
+
+@pytest.mark.parametrize("case", ["epochs 0", "seeds twice", "output is a file", "old embedded set"])
+def test_the_benchmarks_bad_arguments_are_one_line_before_any_run(tmp_path, capsys, monkeypatch, case):
+    """--epochs 0 (its finished runs would hold the folder for good), --seeds 1 1 (one run weighed
+    twice), --output a file, and an embedded set of another version: one line each, no run started."""
+    from dael_plugin.data.embedded import DATASET_DIR
+    from dael_plugin.tools import category_shift as bench
+
+    monkeypatch.setattr(bench, "_run", lambda *a, **k: pytest.fail("a run was started"))
+    root, out = tmp_path / "data", tmp_path / "out"
+    argv = ["--root", str(root), "--output", str(out), "--seeds", "1", "2", "--epochs", "3"]
+    said = {
+        "epochs 0": "--epochs 0: give at least 1",
+        "seeds twice": "--seeds lists seed(s) [1] more than once",
+        "output is a file": "exists and is not a folder",
+        "old embedded set": "exists but is not the embedded set this version makes",
+    }[case]
+    if case == "epochs 0":
+        argv[argv.index("--epochs") + 1] = "0"
+    elif case == "seeds twice":
+        argv[argv.index("2")] = "1"
+    elif case == "output is a file":
+        out.write_text("x")
+    else:
+        (root / DATASET_DIR).mkdir(parents=True)
+        (root / DATASET_DIR / "VERSION").write_text("1 seed=0")
+    assert bench.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: ") and said in err[0], err

@@ -182,6 +182,10 @@ def test_the_cli_labels_the_oracle_and_says_what_plus_minus_is(sweep, capsys):
     assert os.path.isfile(os.path.join(sweep, "select_oracle.md"))
     assert collect.main([sweep, "--select", "nope"]) == 2
     assert "unknown protocol 'nope'" in capsys.readouterr().err
+    assert collect.main([sweep, "--validators", "--select", "im"]) == 2  # --select was ignored
+    assert "pass one of the two" in capsys.readouterr().err
+    assert collect.main([sweep, "--per-setting"]) == 2
+    assert "--per-setting goes with --select" in capsys.readouterr().err
 
 
 def test_leave_one_domain_out_names_the_runs_it_needs_then_uses_them(tmp_path):
@@ -192,6 +196,7 @@ def test_leave_one_domain_out_names_the_runs_it_needs_then_uses_them(tmp_path):
     cell = _cell(root, "leave_one_domain_out")["DAELDG"]["t"]
     assert cell.text() == "missing runs"
     assert any("sources b -> target a, seed 1" in m for m in cell.missing)
+    assert any("sources a -> target b, seed 1" in m for m in cell.missing)  # both at once, not one per try
     # the runs that leave a (then b) out: x=2 scores best at epoch 1 (mean 90), x=1 at epoch 2 (mean 60)
     for setting, held in (("x=1", ((10, 50), (20, 70))), ("x=2", ((95, 5), (85, 15)))):
         _run(root, setting, "a", 1, [_ep(1, held[0][0]), _ep(2, held[0][1])], sources=("b",), **kw)

@@ -98,6 +98,10 @@ def test_the_plan(tmp_path, capsys):
         (["--trainers", "DAEL", "--seeds", "1", "1"], "--seeds names 1 twice"),
         (["--trainers", "DAEL", "DAEL"], "--trainers names DAEL twice"),
         (["--trainers", "DAEL", "--grid", "OPTIM.LR", "0.1", "0.1"], "--grid OPTIM.LR names 0.1 twice"),
+        (
+            ["--trainers", "DAEL", "--grid", "OPTIM.LR", "0.1", "0.10", "1e-1"],
+            "--grid OPTIM.LR lists one value more than once (0.1 0.10 1e-1 are all 0.1)",
+        ),
     ],
 )
 def test_bad_sweeps_are_one_line(tmp_path, capsys, argv, msg):
@@ -435,3 +439,21 @@ def test_a_sweep_from_a_wheel_installed_outside_the_checkout(tmp_path, tiny_root
         timeout=120,
     )
     assert proc.returncode == 2 and proc.stderr.strip().splitlines()[-1].endswith("pass --config TRAINER=FILE")
+
+
+def test_a_quoted_tilde_is_the_home_folder_for_sweep_and_collect(tmp_path, capsys, monkeypatch):
+    """'~/x' quoted reaches the tools unexpanded: it made a folder named '~' in the current one."""
+    home = tmp_path / "home"
+    home.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(tmp_path)
+    argv = base("data", tmp_path, "--trainers", "DAEL", "--dry-run")
+    argv[argv.index("--output-dir") + 1] = "~/sw"
+    code, out, err = sweep(argv, capsys)
+    assert code == 0, err
+    assert str(home / "sw") in out and not (tmp_path / "~").exists()
+    from dael_plugin.tools.collect import main as collect
+
+    (home / "empty").mkdir()
+    assert collect(["~/empty"]) == 2
+    assert "no results.json under" in capsys.readouterr().err  # found the folder, not "is not a folder"

@@ -29,6 +29,7 @@ import sys
 from typing import Dict, List
 
 from dael_plugin.engine.atomic import write_json
+from dael_plugin.errors import DAELConfigError
 from dael_plugin.tools.sweep_plan import settings_changes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -247,7 +248,27 @@ def main(argv: List[str] = None) -> int:
         help="just these rows, by output folder name",
     )
     args = p.parse_args(argv)
-    args.output = output_folder(args)
+    try:
+        return _main(args)
+    except DAELConfigError as exc:
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _check_args(args) -> None:
+    """The benchmark's own arguments, before any run: each one line."""
+    if args.epochs < 1:  # a run of 0 epochs would finish as a result and keep the folder for good
+        raise DAELConfigError(f"--epochs {args.epochs}: give at least 1")
+    twice = sorted({s for s in args.seeds if args.seeds.count(s) > 1})
+    if twice:  # a seed counted twice would weigh one run double in the mean and the spread
+        raise DAELConfigError(f"--seeds lists seed(s) {twice} more than once; list each seed once")
+    if os.path.lexists(args.output) and not os.path.isdir(args.output):
+        raise DAELConfigError(f"--output {args.output} exists and is not a folder; pass a folder for the runs")
+
+
+def _main(args) -> int:
+    args.output = os.path.abspath(os.path.expanduser(output_folder(args)))
+    _check_args(args)
     data = build_set(os.path.abspath(os.path.expanduser(args.root)))
     methods = list(METHODS) + (list(ABLATIONS) if args.ablations else []) + (list(PARTS) if args.parts else [])
     if args.only:

@@ -308,8 +308,19 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--per-setting", action="store_true", help="with --select: a row per setting, the epoch chosen")
     p.add_argument("--validators", action="store_true", help="rank the validators against target test accuracy (DA)")
     args = p.parse_args(argv)
+    args.dir = os.path.expanduser(args.dir)  # a quoted '~/x' means the home folder
     if not os.path.isdir(args.dir):
         print(f"error: {args.dir} is not a folder; pass a sweep's --output-dir", file=sys.stderr)
+        return 2
+    if args.select and args.validators:  # one would be silently ignored
+        print(
+            f"error: --validators ranks every validator over every checkpoint, --select {args.select} chooses "
+            "models: pass one of the two",
+            file=sys.stderr,
+        )
+        return 2
+    if args.per_setting and not args.select:
+        print("error: --per-setting goes with --select PROTOCOL", file=sys.stderr)
         return 2
     if args.select or args.validators:
         return _select_main(args)

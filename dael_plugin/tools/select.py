@@ -186,7 +186,7 @@ def _lodo_choice(
     cands = []
     for setting, run in sorted(runs.items()):
         sources = list(run.record.data.get("source_domains") or [])
-        helpers = []
+        helpers, lacking = [], False
         for j in sources:
             want = sorted(s for s in sources if s != j)
             found = [
@@ -197,12 +197,12 @@ def _lodo_choice(
                 and rec.data.get("target_domains") == [j]
                 and sorted(rec.data.get("source_domains") or []) == want
             ]
-            if not found or not found[0]:
+            if not found or not found[0]:  # every run it lacks is named, not the first alone
                 missing.append(f"{setting}: sources {' '.join(want)} -> target {j}, seed {seed}")
-                helpers = None
-                break
+                lacking = True
+                continue
             helpers.append({int(r["epoch"]): r.get("target_test_accuracy") for r in found[0]})
-        if helpers is None:
+        if lacking:
             continue
         for r in run.epochs:
             e = int(r["epoch"])

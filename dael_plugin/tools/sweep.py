@@ -191,9 +191,10 @@ def main(argv: Optional[List[str]] = None) -> int:
             args.workers = 256 if args.launcher == "slurm" else 1  # 256: submitit's own default
         if args.no_wait and args.launcher != "slurm":
             raise DAELConfigError("--no-wait is for --launcher slurm (local launchers run the sweep here)")
-        args.root = os.path.abspath(args.root)
-        args.output_dir = os.path.abspath(args.output_dir)
-        args.dataset_config_file = os.path.abspath(args.dataset_config_file)
+        # A quoted '~/x' reaches us unexpanded: it means the home folder, never a folder named '~'.
+        args.root = os.path.abspath(os.path.expanduser(args.root))
+        args.output_dir = os.path.abspath(os.path.expanduser(args.output_dir))
+        args.dataset_config_file = os.path.abspath(os.path.expanduser(args.dataset_config_file))
         runs = plan(args)
         changed = [(r, r.changes()) for r in runs if r.changes()]
         if changed:

@@ -10,7 +10,7 @@ import os
 import re
 import sys
 from dataclasses import dataclass, field
-from typing import List, Optional, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from dael_plugin.engine.atomic import read_json_dict, write_json
 from dael_plugin.errors import DAELConfigError
@@ -147,6 +147,22 @@ def method_config(trainer: str, setting: str, dataset_cfg: str) -> str:
     return path
 
 
+def _check_grid_values(key: str, values: List[str]) -> None:
+    """One setting written twice (``0.1 0.10 1e-1``, read as yacs reads a value) would be one
+    setting run in several folders, each counted as a row: one line."""
+    from yacs.config import CfgNode
+
+    seen: Dict[str, List[str]] = {}
+    for v in values:
+        seen.setdefault(repr(CfgNode._decode_cfg_value(v)), []).append(v)
+    for value, spellings in seen.items():
+        if len(spellings) > 1:
+            raise DAELConfigError(
+                f"--grid {key} lists one value more than once ({' '.join(spellings)} are all {value}); "
+                "list each setting once"
+            )
+
+
 def plan(args: argparse.Namespace) -> List[Run]:
     """Every run of the sweep, in a fixed order."""
     dataset, setting, domains = read_dataset(args.dataset_config_file)
@@ -157,6 +173,8 @@ def plan(args: argparse.Namespace) -> List[Run]:
     if unknown:
         raise DAELConfigError(f"--targets {unknown} are not domains of {dataset} ({domains})")
     overrides = dict(c.split("=", 1) for c in args.config)
+    for key, *values in args.grid:
+        _check_grid_values(key, values)
     engine = _resolved_engine(args.engine)
     dataset_sha = _sha256(args.dataset_config_file)
     runs = []

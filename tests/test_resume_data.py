@@ -93,5 +93,14 @@ def test_a_resume_onto_changed_data_is_one_line(tmp_path, tiny_root, engine, cha
                 _resume(engine, build(out, root), out)
         else:
             assert _resume(engine, build(out, root), out) == 1
+            from dael_plugin.engine import results
+            from dael_plugin.engine.checkpoint import check_same_data, data_changes
+
+            # the mark: in results.json, and in every later checkpoint, read back by a later resume
+            (mark,) = data_changes()
+            assert mark["resumed_at_epoch"] == 1 and "train_x/" in mark["changes"][0]
+            assert results._data_changes(False) == [mark] and results._data_changes(True) == []
+            check_same_data({"data_changes": [mark]}, "later.pth.tar", None, None, None)  # no change since
+            assert data_changes() == [mark]
     finally:
         accept_data_change(False)

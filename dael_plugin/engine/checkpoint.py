@@ -394,6 +394,8 @@ def run_state(
         state["rng_ranks"] = rng_ranks
     if scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
         state["scaler"] = scaler.state_dict()
+    if _DATA_CHANGES:  # a resume onto changed data, accepted: every later checkpoint carries it
+        state["data_changes"] = data_changes()
     return state
 
 
@@ -461,8 +463,22 @@ def _names(items: Sequence[str]) -> str:
 _ACCEPT_DATA_CHANGE = [False]
 
 
+# The data changes a resume accepted in this run's history (each: the epoch it resumed from, what
+# changed): carried in every later checkpoint and written to results.json, so a result trained on
+# two versions of the data says so however often it was resumed since.
+_DATA_CHANGES: List[dict] = []
+
+
 def accept_data_change(accept: bool) -> None:
+    """``--accept-data-change`` for this run (set at its start, which also forgets an earlier
+    run's changes in this process)."""
     _ACCEPT_DATA_CHANGE[0] = bool(accept)
+    _DATA_CHANGES.clear()
+
+
+def data_changes() -> List[dict]:
+    """The accepted data changes of this run so far (see ``_DATA_CHANGES``)."""
+    return [dict(c) for c in _DATA_CHANGES]
 
 
 def check_same_data(
@@ -492,6 +508,8 @@ def check_same_data(
         )
     from dael_plugin.data.fingerprint import fingerprint_changes
 
+    earlier = state.get("data_changes")
+    _DATA_CHANGES[:] = [dict(c) for c in earlier if isinstance(c, dict)] if isinstance(earlier, list) else []
     counts = state.get("train_counts")
     changed = []
     if train_counts is not None and counts is not None and dict(counts) != dict(train_counts):
@@ -504,6 +522,7 @@ def check_same_data(
     line = f"the images changed since {path} was written ({'; '.join(changed[:3])}{' ...' if len(changed) > 3 else ''})"
     if _ACCEPT_DATA_CHANGE[0]:
         print(f"dael_plugin: warning: {line}; resuming anyway (--accept-data-change): not the same draws")
+        _DATA_CHANGES.append({"resumed_at_epoch": int(state.get("epoch", 0)), "changes": [str(c) for c in changed]})
         return
     raise CheckpointError(
         f"cannot resume: {line}; the resumed run would not continue the same draws; {fix}, or pass "

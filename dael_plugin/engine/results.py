@@ -119,7 +119,15 @@ def results_record(
         "finished": time.strftime("%Y-%m-%dT%H:%M:%S"),
         "world_size": world().size,  # processes that trained (or evaluated) it under torchrun
         "provenance": provenance(cfg),
+        # resumes onto changed images, accepted with --accept-data-change (empty: the same data throughout)
+        "data_changes": _data_changes(eval_only),
     }
+
+
+def _data_changes(eval_only: bool) -> List[dict]:
+    from dael_plugin.engine.checkpoint import data_changes
+
+    return [] if eval_only else data_changes()
 
 
 def write_results(output_dir: str, record: Dict[str, object], name: str = "results.json") -> str:

@@ -172,3 +172,21 @@ def test_experts_with_one_seed_says_one_seed_and_no_spread(tmp_path, seen):
     ((xlabel, ylabel, title),) = seen["experts"]
     assert title == "target blend (1 seed)"
     assert "one seed, so no spread is shown" in seen["experts_suptitle"]
+
+
+@pytest.mark.parametrize("bad", [["a", "list"], {"hand": "60"}, {"hand": 1e5}, "60"])
+def test_a_hand_edited_expert_accuracy_is_named_not_a_traceback(tmp_path, capsys, bad):
+    """expert_accuracy of the wrong type (a list, a string, 1e5) gave plots.py a TypeError traceback:
+    the record is named as edited and left out; the other runs still make their figures."""
+    from dael_plugin.tools import plots
+
+    _rec(str(tmp_path), "blend", 1, 70.0)
+    d = _rec(str(tmp_path), "blend", 2, 72.0)
+    path = os.path.join(d, "results.json")
+    rec = json.load(open(path))
+    rec["expert_accuracy"] = bad
+    json.dump(rec, open(path, "w"))
+    assert plots.main([str(tmp_path), "--out", str(tmp_path / "f"), "--only", "experts"]) == 0
+    out, err = capsys.readouterr()
+    assert "expert_accuracy is not a mapping of names to percentages" in err and path in err
+    assert "Traceback" not in out + err

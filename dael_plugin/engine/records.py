@@ -104,7 +104,21 @@ def _read(path: str):
         return None, f"accuracy {acc!r} is not a percentage from 0 to 100 (an edited or foreign record)"
     if "data" in data and not _is_fingerprint(data["data"]):
         return None, "its data fingerprint is not {split: {domain: {images, sha256}}} (an edited record)"
+    for key in ("expert_accuracy",):  # read by collect's expert columns and plots.py's experts figure
+        value = data.get(key)
+        if value is not None and not _percentages(value):
+            return None, f"{key} is not a mapping of names to percentages from 0 to 100 (an edited record)"
     return data, None
+
+
+def _percentages(value) -> bool:
+    return isinstance(value, dict) and all(
+        isinstance(k, str) and _number(v) and math.isfinite(v) and 0 <= v <= 100 for k, v in value.items()
+    )
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
 def _is_fingerprint(fp) -> bool:

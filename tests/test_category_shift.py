@@ -337,7 +337,7 @@ def test_class_masks_values():
         (dict(class_masks=(True,)), "must list parts"),
         (dict(class_masks=("ensemble",), classifier="single"), "CLASSIFIER experts"),
         (dict(class_masks=("cr",), cr_mode="individual"), "CR_MODE collaborative"),
-        (dict(class_masks=("other",), weight_other=-1.0), "WEIGHT_OTHER must be >= 0"),
+        (dict(class_masks=("other",), weight_other=-1.0), "WEIGHT_OTHER must be a number from 0 to 10000"),
         (dict(class_masks=("all",), weight_other=0.5), "part 'other', which is off"),
     ]:
         with pytest.raises(ValueError, match=said):

@@ -568,3 +568,27 @@ def test_dassls_registry_reads_a_category_shift_through_the_plugin(name, shifted
     if name in ("Office31", "VLCS"):  # why the plugin reads: Dassl's labels shift in that domain
         shifted = {(d.classname or d.impath.split("/")[-2], d.label) for d in dassls.train_x if d.domain == dom}
         assert ("giraffe" if name == "VLCS" else "Giraffe", 0) in shifted
+
+
+def test_edited_split_files_are_one_line_naming_the_file_and_line(layouts_root, tmp_path):
+    """The probe's split files: a blank line between entries (Dassl's reader failed on it with a
+    traceback, the plugin's check let it through), a PACS label below 1 ("labels [-1] have no
+    image", no file), and a label edited to another class's number (read as category shift, or
+    under CATEGORY_SHIFT an extra class with a name already taken)."""
+    root = _copy(layouts_root, tmp_path / "r")
+    photo = os.path.join(root, "pacs", "splits", "photo_train_kfold.txt")
+    lines = open(photo).read().splitlines()
+    open(photo, "w").write("\n".join(lines[:2] + [""] + lines[2:]) + "\n\n")
+    msg = _one_line(lambda: load_splits("PACS", root, ["photo"], ["sketch"]))
+    assert "photo_train_kfold.txt:3: a blank line between entries" in msg
+    open(photo, "w").write("\n".join(lines) + "\n\n\n")  # blank lines at the end: nothing is lost, read
+    assert load_splits("PACS", root, ["photo"], ["sketch"])["train_x"]
+    rel, label = lines[1].split(" ")
+    open(photo, "w").write("\n".join(lines[:1] + [f"{rel} 0"] + lines[2:]) + "\n")
+    msg = _one_line(lambda: load_splits("PACS", root, ["photo"], ["sketch"]))
+    assert f"photo_train_kfold.txt:2: label 0 of '{rel}' is below 1" in msg
+    other = str(int(label) % len(lines) + 1 if int(label) < 3 else 1)  # another class's number
+    open(photo, "w").write("\n".join(lines[:1] + [f"{rel} {other}"] + lines[2:]) + "\n")
+    for shift in (False, True):
+        msg = _one_line(lambda: load_splits("PACS", root, ["photo"], ["sketch"], category_shift=shift))
+        assert f"class {rel.split('/')[1]!r} has label" in msg and rel in msg and "one label per class" in msg

@@ -117,10 +117,19 @@ def _read_split_file(
         ) from None
     for n, line in enumerate(lines, 1):
         if not line.strip():
-            continue  # a blank line (Dassl's reader would stop on it)
+            if any(rest.strip() for rest in lines[n:]):  # Dassl's reader fails on it: both engines refuse it
+                raise DAELConfigError(
+                    f"{path}:{n}: a blank line between entries (Dassl's reader stops on it); delete the line"
+                )
+            continue  # blank lines at the end: nothing after them to lose
         parts = line.strip().split(" ")
         if len(parts) != 2 or not parts[1].lstrip("-").isdigit():
             raise DAELConfigError(f"{path}:{n}: expected '<image path> <label>', got {line.strip()[:80]!r}")
+        if int(parts[1]) < label_offset:
+            raise DAELConfigError(
+                f"{path}:{n}: label {parts[1]} of {parts[0]!r} is below {label_offset}, where this file's labels "
+                f"start; replace the file with the one from {_where(anchor)}"
+            )
         impath = os.path.join(image_root, parts[0])
         if not listing.exists(impath):
             absent.append(parts[0])
@@ -355,9 +364,16 @@ def classnames_of(name: str, splits: Splits) -> List[str]:
     """Class names by label: Dassl's ``get_lab2cname`` over train_x, completed from the other
     splits; every label from 0 to the largest needs a name."""
     names: Dict[int, str] = {}
+    first: Dict[str, tuple] = {}  # class name -> (label, an image of it): one name, one label
     for key in ("train_x", "val", "train_u", "test"):
         for item in splits.get(key) or []:
             names.setdefault(item.label, item.classname)
+            label, where = first.setdefault(item.classname, (item.label, item.impath))
+            if label != item.label:  # an edited label: it would pass for category shift, or a class of its own
+                raise DAELConfigError(
+                    f"{name}: class {item.classname!r} has label {label} ({where}) and label {item.label} "
+                    f"({item.impath}); one label per class: fix the split file that lists the second"
+                )
     if not names:
         return []
     missing = [k for k in range(max(names) + 1) if k not in names]

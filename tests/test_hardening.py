@@ -966,3 +966,13 @@ def test_a_key_of_the_other_dael_node_is_refused_not_ignored(tmp_path, tiny_root
     argv = args_for(tiny_root, tmp_path / "o", trainer=trainer, ds=ds, cfg=cfg, extra=[key, "['all']"])
     code, _, err = cli(argv, capsys)
     assert code == 2 and "set TRAINER.DAELDG.CLASS_MASKS instead" in one_error_line(err)
+
+
+def test_a_holdout_fraction_that_rounds_to_nothing_is_one_line(tmp_path, tiny_root, capsys):
+    """HOLDOUT_FRACTION 0.05 of 6 images per class rounds to 0 in every class: the run had no source
+    validation split (or one without a domain), and the log said to set EVAL_FREQ 1, already set."""
+    argv = args_for(tiny_root, tmp_path / "o", extra=["SELECTION.EVAL_FREQ", "1", "SELECTION.HOLDOUT_FRACTION", "0.05"])
+    code, _, err = cli(argv, capsys)
+    line = one_error_line(err)
+    assert code == 2 and "SELECTION.HOLDOUT_FRACTION 0.05 holds out no image of source domain(s)" in line
+    assert "at least 0.0833 holds out one image of its largest class (6 images)" in line

@@ -173,18 +173,55 @@ def split_sources(
         if held:
             same_on_every_rank([it.impath for it in held], "held-out source validation splits")
     per = {d: sum(1 for it in held if it.domain == i) for i, d in enumerate(sources)}
+    if fraction and not val:
+        _check_every_domain_held(train, per, fraction, sources)
     info = {"kind": kind, "fraction": fraction, "seed": seed, "size": len(held), "per_domain": per}
     info.update(eval_freq=freq, auto=auto)
     if distributed.world().is_main:
         if held:
             said = f"source validation: {len(held)} images, {kind}"
-        else:
+        elif auto:
             said = (
                 "no source validation split (every source image is trained on, as in the paper; "
                 "for source_val selection set SELECTION.EVAL_FREQ 1, which holds out 20%)"
             )
+        else:
+            said = (
+                "no source validation split (SELECTION.HOLDOUT_FRACTION 0: every source image is trained on, "
+                "and source_val has no score; set it to 0.2 to hold out 20%)"
+            )
         print(f"dael_plugin: records every {freq} epoch(s) in {EPOCHS} ({why}); {said}")
     return train, held, info, freq
+
+
+def _check_every_domain_held(train: Sequence[Any], per: Dict[str, int], fraction: float, sources) -> None:
+    """A fraction that rounds to no image in every class of a source domain (0.01 of 120-image
+    domains; any fraction with one image per class) gives a split without that domain, and source
+    validation then scores the others alone: one line, with the fraction that would hold one out."""
+    empty = [d for d, n in per.items() if n == 0]
+    if not empty:
+        return
+    from collections import Counter
+
+    from dael_plugin.errors import DAELConfigError
+
+    largest = {d: 0 for d in empty}
+    sizes = Counter((it.domain, it.label) for it in train)  # what is left; nothing was held out of these
+    for (domain, _), n in sizes.items():
+        name = sources[domain]
+        if name in largest:
+            largest[name] = max(largest[name], n)
+    d = empty[0]
+    m = largest[d]
+    fix = (
+        f"a fraction of at least {0.5 / m:.3g} holds out one image of its largest class ({m} images)"
+        if m >= 2
+        else "its classes have one training image each, so none can be held out"
+    )
+    raise DAELConfigError(
+        f"SELECTION.HOLDOUT_FRACTION {fraction:g} holds out no image of source domain(s) {empty} (it rounds to 0 "
+        f"images per class there): {fix}; or set SELECTION.HOLDOUT_FRACTION 0 for no source validation split"
+    )
 
 
 def subsample(items: Sequence[Any], cap: int, seed: int) -> List[Any]:

@@ -543,3 +543,24 @@ def test_the_benchmarks_bad_arguments_are_one_line_before_any_run(tmp_path, caps
     assert bench.main(argv) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and err[0].startswith("error: ") and said in err[0], err
+
+
+@pytest.mark.dassl
+def test_dassls_own_source_only_says_its_class_table_too(tmp_path, tiny_root, capsys):
+    """Under DATASET.CATEGORY_SHIFT the Dassl engine's SourceOnly (Dassl's own trainer) printed no
+    "Category shift: ... lacks" line, where the plugin's trainers do."""
+    pytest.importorskip("dassl")
+    from test_gpu_stand_ins import ROOT
+
+    from dael_plugin.tools.category_shift import build_set
+    from test_hardening import cli
+
+    data = build_set(tiny_root)
+    argv = ["--engine", "dassl", "--trainer", "SourceOnly", "--root", data]
+    argv += ["--dataset-config-file", f"{ROOT}/configs/datasets/da/embedded_digits_cs.yaml"]
+    argv += ["--config-file", f"{ROOT}/configs/trainers/da/source_only/embedded_digits.yaml"]
+    argv += ["--source-domains", "hand", "street", "font", "--target-domains", "blend"]
+    argv += ["--output-dir", str(tmp_path / "so"), "OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0"]
+    code, out, err = cli(argv, capsys)
+    assert code == 0, err[-2000:]
+    assert "Category shift: hand: 6 of 10 classes, lacks 6, 7, 8, 9; street: 5 of 10" in out

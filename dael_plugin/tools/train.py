@@ -399,6 +399,15 @@ def _run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
         trainer = with_records(TRAINER_REGISTRY.get(cfg.TRAINER.NAME))(cfg)
     if cfg.TEST.FINAL_MODEL == "best_val" and getattr(trainer, "val_loader", None) is None:
         raise DAELConfigError(_BEST_VAL_WITHOUT_VAL.format(dataset=cfg.DATASET.NAME))
+    if bool(cfg.DATASET.get("CATEGORY_SHIFT", False)) and not hasattr(trainer, "classes_held"):
+        # Dassl's own trainers (SourceOnly, M3SDA, ...): the same line as the plugin's trainers print
+        from dael_plugin.data.classes import classes_by_domain, describe
+
+        dm = trainer.dm
+        held = classes_by_domain(dm.dataset.train_x, dm.num_source_domains, dm.num_classes)
+        names = [dm.lab2cname.get(i, str(i)) for i in range(dm.num_classes)]
+        if distributed.world().is_main:
+            print("Category shift: " + "; ".join(describe(held, cfg.DATASET.SOURCE_DOMAINS, names)))
     recorded = {}
     original_test = trainer.test
 

@@ -123,7 +123,11 @@ def test_steps_on_two_processes_equal_one_in_fp32_compiled_and_bf16(tmp_path):
         else:
             assert "mask_u" not in a["parts"][0]
     bf16_one, bf16_two, bf16_grouped = one[len(cases) - 1], two[len(cases) - 1], one[len(cases)]
-    assert _max_grad_gap(bf16_one, bf16_two) <= max(2 * _max_grad_gap(bf16_one, bf16_grouped), 4e-3)
+    # bf16's rounding differs between the shards' and the whole batch's passes: on this project's 2-core
+    # AMD EPYC VM (2026-11-28, at 70adf66 and after) the gap is 5.4e-3 with the exact forms 2.0e-3 apart,
+    # 5.5 bf16 steps on gradients near 0.13 (another CPU gave under 4e-3). A wrong average over the
+    # processes (none, or twice) is of the order of the gradient itself, 0.1.
+    assert _max_grad_gap(bf16_one, bf16_two) <= max(3 * _max_grad_gap(bf16_one, bf16_grouped), 1e-2)
     assert abs(bf16_one["loss"][0] - bf16_two["loss"][0]) < 1e-2
 
 

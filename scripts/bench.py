@@ -643,9 +643,11 @@ def _run_epochs(build, device, epochs=2):
         if getattr(t, "train_loader_u", None) is not None:
             t.train_loader_u = TimedLoader(t.train_loader_u, clock)
         epoch_fn = _epoch_runner(t)
-        epoch_fn(0)  # a warm-up epoch: workers, caches, kernel choices
+        w0 = time.perf_counter()
+        epoch_fn(0)  # a warm-up epoch: workers, caches, kernel choices, compilation
         if device.type == "cuda":
             torch.cuda.synchronize()
+        warm = time.perf_counter() - w0
         clock["wait"] = 0.0
         t0 = time.perf_counter()
         for e in range(1, 1 + epochs):
@@ -657,7 +659,7 @@ def _run_epochs(build, device, epochs=2):
     per_batch = (
         t.train_loader_x.batch_sampler.batch_size if hasattr(t.train_loader_x.batch_sampler, "batch_size") else None
     )
-    return secs, clock["wait"] / epochs / secs, batches, per_batch, t
+    return secs, clock["wait"] / epochs / secs, batches, per_batch, t, warm
 
 
 def _epoch_runner(t):
@@ -732,8 +734,11 @@ def bench_epoch(shape, args, device):
     )
     results, failed = {}, []
     for label, build in runs:
+        # Said before it runs: a run cut short by its time limit then names the configuration
+        # it was in (a compiled one spends its warm-up epoch compiling, minutes on a GPU).
+        print(f"{label:<40} (running: a warm-up epoch, then {args.timed_epochs} timed)", file=sys.stderr, flush=True)
         try:
-            secs, wait, batches, _, t = _run_epochs(build, device, args.timed_epochs)
+            secs, wait, batches, _, t, warm = _run_epochs(build, device, args.timed_epochs)
         except Exception as e:  # one configuration's failure must not hide the others' figures
             failed.append(label)
             print(f"{label:<40} FAILED: {type(e).__name__}: {str(e).strip().splitlines()[0] if str(e).strip() else ''}")
@@ -742,7 +747,7 @@ def bench_epoch(shape, args, device):
         results[label] = n / secs
         print(
             f"{label:<40} {n / secs:>8.0f} images/s ({batches} batches, {secs:.2f} s per epoch; "
-            f"waiting for data {100 * wait:.0f}% of it)"
+            f"waiting for data {100 * wait:.0f}% of it; warm-up epoch {warm:.1f} s)"
         )
     if dassl and "dassl DAEL" in results:
         base = results["dassl DAEL"]

@@ -9,6 +9,7 @@ import contextlib
 import json
 import multiprocessing
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -928,6 +929,10 @@ def test_bench_without_dassl_times_the_plugin_alone(tmp_path):
     )
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert "dael_plugin (built-in engine)" in proc.stdout and " images/s " in proc.stdout
+    # Each epoch configuration is named before it runs (a run cut by its limit says which) and
+    # reports its warm-up epoch apart (compilation on a GPU takes minutes there).
+    assert re.search(r"^dael_plugin \(built-in engine\) +\(running: a warm-up epoch", proc.stderr, re.M)
+    assert re.search(r"built-in engine\).*images/s .*warm-up epoch \d+\.\d s\)", proc.stdout)
     assert proc.stdout.strip().splitlines()[-1] == (
         "speedup_vs_dassl_dael: needs Dassl's DAEL as the reference (install Dassl; see README)"
     )

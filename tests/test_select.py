@@ -283,3 +283,25 @@ def test_records_without_a_source_split_say_why_source_val_has_no_score(tmp_path
     cell = sel.select(root, "im")[0][2]["DAEL"]["t"]
     assert cell.values == [40.0] and cell.choices[1].epoch == 1
     assert "No score" not in sel.render_selected(sel.select(root, "im"), "im")
+
+
+def test_a_folder_of_both_engines_gives_a_row_per_engine(tmp_path):
+    """Two sweeps, one per engine, under one folder: plain collect shows a row per engine, and so
+    does --select (it refused before: "two records for ... keep one"). No cell mixes the engines."""
+    root = str(tmp_path / "mix")
+    for engine, base in (("builtin", 40.0), ("dassl", 60.0)):
+        for seed in (1, 2):
+            d = _run(
+                os.path.join(root, engine), "lam=1", "t", seed, [_ep(1, base + seed, 50), _ep(2, base + 10 + seed, 70)]
+            )
+            with open(os.path.join(d, "results.json")) as f:
+                rec = json.load(f)
+            rec["engine"] = engine
+            with open(os.path.join(d, "results.json"), "w") as f:
+                json.dump(rec, f)
+    cells = _cell(root, "source_val")
+    assert sorted(cells) == ["DAEL [engine=builtin]", "DAEL [engine=dassl]"]
+    assert cells["DAEL [engine=builtin]"]["t"].values == [51.0, 52.0]
+    assert cells["DAEL [engine=dassl]"]["t"].values == [71.0, 72.0]
+    per = _cell(root, "source_val", per_setting=True)
+    assert sorted(per) == ["Set/DAEL/lam=1 [engine=builtin]", "Set/DAEL/lam=1 [engine=dassl]"]

@@ -152,6 +152,11 @@ class BaselineRecords:
         self.bad_images = getattr(self, "bad_images", set())
         dataset = self.dm.dataset
         before = len(dataset.train_x)
+        # The data fingerprint before the held-out part leaves train_x, as the plugin's trainers
+        # take it on both engines (taken after it, one table's runs read as "different images").
+        from dael_plugin.data.fingerprint import dataset_fingerprint
+
+        self.data_fingerprint = dataset_fingerprint(self.cfg, dataset)
         source_val_split(self, dataset)
         if len(dataset.train_x) != before:  # the held-out images go out of Dassl's source loader
             from dassl.data.data_manager import build_data_loader

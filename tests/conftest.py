@@ -59,7 +59,6 @@ SLOW = (
     "relaunch_with_other_settings",
     "timm_backbone_under_dassl",
     "views_on_the_device_and_a_log",
-    "step_too_big_for_memory",
 )
 
 

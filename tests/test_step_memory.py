@@ -5,15 +5,13 @@ memory until the allocator's error (the probe: batch 65535 on a 360-image set, 1
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 
 import pytest
 import torch
 from torch import nn
 
-from conftest import ROOT
+from conftest import ROOT, run_here
 from dael_plugin.engine.execution import check_step_memory, saved_activation_bytes
 from dael_plugin.errors import DAELConfigError
 
@@ -81,14 +79,13 @@ def test_a_step_too_big_for_memory_is_one_line_at_once(tmp_path, tiny_root, engi
     now one line before the first batch, naming the step's images and what to lower."""
     out = tmp_path / "out"
     t0 = time.monotonic()
-    proc = subprocess.run(
-        [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--engine", engine, "--trainer", "DAEL",
-         "--root", tiny_root, "--output-dir", str(out),
+    # In this process (run_here: what scripts/train.py calls), as the refusal comes before any batch.
+    proc = run_here(
+        ["--engine", engine, "--trainer", "DAEL", "--root", tiny_root, "--output-dir", str(out),
          "--dataset-config-file", os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml"),
          "--config-file", os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml"),
          "--source-domains", "hand", "blend", "font", "--target-domains", "street", "--",
          "DATALOADER.NUM_WORKERS", "0", "SELECTION.EVAL_FREQ", "0", *opts],
-        capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     took = time.monotonic() - t0
     errors = [ln for ln in proc.stderr.splitlines() if ln.startswith("error:")]

@@ -99,7 +99,10 @@ def test_a_resume_onto_changed_data_is_one_line(tmp_path, tiny_root, engine, cha
             # the mark: in results.json, and in every later checkpoint, read back by a later resume
             (mark,) = data_changes()
             assert mark["resumed_at_epoch"] == 1 and "train_x/" in mark["changes"][0]
-            assert results._data_changes(False) == [mark] and results._data_changes(True) == []
+            # what results.json holds: results_record writes it on both engines (an eval-only record has none)
+            cfg = _cfg(out, root, engine)
+            assert results.results_record(cfg, engine, 50.0)["data_changes"] == [mark]
+            assert results.results_record(cfg, engine, 50.0, eval_only=True)["data_changes"] == []
             check_same_data({"data_changes": [mark]}, "later.pth.tar", None, None, None)  # no change since
             assert data_changes() == [mark]
     finally:

@@ -41,6 +41,17 @@ def test_batch_norm_statistics_are_left_alone():
     assert feat.training is False
 
 
+def test_the_check_leaves_the_random_state_alone():
+    """The probe's images and its dropout come from forked streams: a run draws the same numbers
+    after the check as it would have without it."""
+    torch.manual_seed(0)
+    feat = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.Dropout(0.5), nn.ReLU())
+    heads = nn.Linear(16, 5)
+    before = torch.get_rng_state()
+    check_step_memory(feat, heads, torch.device("cpu"), (8, 8), 10, "fp32", "t", available=2**40)
+    assert torch.equal(torch.get_rng_state(), before)
+
+
 def test_refuses_exactly_past_the_memory_available():
     torch.manual_seed(0)
     feat = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())

@@ -364,9 +364,14 @@ def check_step_memory(
     model = nn.Sequential(featurizer, heads)
     modes = [(m, m.training) for m in model.modules()]
     model.train()
-    probe = torch.randn(2, 3, int(size[0]), int(size[1]), device=device)
+    # The probe draws its images and any dropout from forked streams: the run's random state is
+    # the same with the check as without it.
+    cuda = [device.index or 0] if device.type == "cuda" and torch.cuda.is_available() else []
     try:
-        per_image = saved_activation_bytes(model, probe, prec) / 2
+        with torch.random.fork_rng(devices=cuda):
+            probe = torch.randn(2, 3, int(size[0]), int(size[1]), device=device)
+            per_image = saved_activation_bytes(model, probe, prec) / 2
+            del probe
     except torch.cuda.OutOfMemoryError:
         per_image = math.inf
     except RuntimeError as e:
@@ -376,7 +381,6 @@ def check_step_memory(
     finally:
         for m, training in modes:
             m.training = training
-        del probe
     need = per_image * images_with_grad
     if available is None:
         if device.type == "cuda":

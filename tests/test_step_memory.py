@@ -104,3 +104,26 @@ def test_a_step_too_big_for_memory_is_one_line_at_once(tmp_path, tiny_root, engi
     assert len(errors) == 1 and "a training step keeps at least" in errors[0], proc.stderr[-3000:]
     assert "Traceback" not in proc.stderr
     assert took < 120, took  # before: minutes, and the machine's memory filled
+
+
+def test_on_a_gpu_memory_the_allocator_holds_unused_counts_as_available(monkeypatch):
+    """On CUDA the available memory is the driver's free memory plus what PyTorch's caching
+    allocator reserved and does not use (the driver counts it as taken). Stand-in: the CUDA
+    queries mocked, the probe on the CPU; a real GPU's numbers are gpu_bench.sh's to see."""
+    torch.manual_seed(0)
+    feat = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.ReLU())
+    heads = nn.Linear(16, 5)
+    need = saved_activation_bytes(nn.Sequential(feat, heads), torch.randn(2, 3, 8, 8)) / 2 * 1000
+    monkeypatch.setattr(torch.cuda, "mem_get_info", lambda device=None: (int(need) // 2, 10**12))
+    monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: int(need))
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: int(need) // 2)
+    fake = torch.device("cuda", 0)
+    import dael_plugin.engine.execution as ex
+
+    real_randn = torch.randn
+    monkeypatch.setattr(torch, "randn", lambda *a, device=None, **k: real_randn(*a, **k))  # the probe on the CPU
+    # free need/2 + cached need/2 = need: exactly enough
+    assert ex.check_step_memory(feat, heads, fake, (8, 8), 1000, "fp32", "w") == need
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: int(need) // 2 + 8)
+    with pytest.raises(DAELConfigError, match="and this GPU has"):
+        ex.check_step_memory(feat, heads, fake, (8, 8), 1000, "fp32", "w")

@@ -384,7 +384,10 @@ def check_step_memory(
     need = per_image * images_with_grad
     if available is None:
         if device.type == "cuda":
-            available = torch.cuda.mem_get_info(device)[0]
+            # The driver's free memory, plus what PyTorch's caching allocator holds unused (the
+            # driver counts that as taken, but the step's tensors will reuse it).
+            cached = torch.cuda.memory_reserved(device) - torch.cuda.memory_allocated(device)
+            available = torch.cuda.mem_get_info(device)[0] + cached
         else:
             from dael_plugin.config.keys import available_memory
 
@@ -397,7 +400,7 @@ def check_step_memory(
         raise DAELConfigError(
             f"a training step keeps at least {need / 2**30:.1f} GiB of activations for its backward pass "
             f"({what}: {images_with_grad} images with gradients, {each} at INPUT.SIZE "
-            f"({int(size[0])}, {int(size[1])}), {prec}), and this {device.type.upper()} has "
+            f"({int(size[0])}, {int(size[1])}), {prec}), and this {'GPU' if device.type == 'cuda' else device.type.upper()} has "
             f"{available / 2**30:.1f} GiB available; lower the batch sizes or INPUT.SIZE"
         )
     return None if math.isinf(need) else int(need)

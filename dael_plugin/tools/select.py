@@ -228,16 +228,20 @@ def select(
     grid: Dict[tuple, Dict[str, Dict[str, Dict[object, Dict[str, Run]]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
     )
+
     # A row that both engines ran is two rows, as plain collect shows it ("DAEL [engine=dassl]"):
     # their runs are not one setting's seeds, nor settings to choose between.
+    def row_of(rec: Record, label: str) -> str:
+        return label if per_setting else str(rec.data.get("trainer"))
+
     engines = defaultdict(set)
     for rec, _, label in all_runs:
-        engines[_table_key(rec), label if per_setting else str(rec.data.get("trainer"))].add(rec.data.get("engine"))
+        engines[_table_key(rec), row_of(rec, label)].add(rec.data.get("engine"))
     for rec, epochs, label in all_runs:
         table = _table_key(rec)
         if protocol.name == "leave_one_domain_out" and table[1] != "DG":
             continue
-        row = label if per_setting else str(rec.data.get("trainer"))
+        row = row_of(rec, label)
         if len(engines[table, row]) > 1:
             row = f"{row} [engine={rec.data.get('engine')}]"
         slot = grid[table][row][rec.target][rec.data.get("seed")]

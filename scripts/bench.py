@@ -727,6 +727,8 @@ def bench_epoch(shape, args, device):
         )
     else:
         print(f"(the built-in engine has no {bb}, Dassl's backbone of this shape: its epoch is not timed here)")
+    if args.epoch_match:  # Dassl's DAEL stays: every ratio is against it, measured in this run
+        runs = [r for r in runs if r[0] == "dassl DAEL" or args.epoch_match in r[0]]
     what = "the embedded set, shipped configs" if args.epoch_data == "embedded" else "synthetic images"
     print(
         f"\n== epoch, {shape if args.epoch_data != 'embedded' else 'embedded'}: {what}, strong view randaugment2, "
@@ -806,6 +808,11 @@ def main():
         default="auto",
         choices=("auto", "synthetic", "embedded"),
         help="auto: synthetic on a GPU, the embedded set on CPU",
+    )
+    p.add_argument(
+        "--epoch-match",
+        default="",
+        help="time only the epoch configurations whose label holds this text (and Dassl's DAEL, the reference)",
     )
     p.add_argument("--epoch-images", type=int, default=0, help="training images per domain (synthetic data)")
     p.add_argument("--timed-epochs", type=int, default=2, help="timed epochs per configuration, after a warm-up one")

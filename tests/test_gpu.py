@@ -233,3 +233,42 @@ def test_cuda_settings_autotune_and_tf32(tmp_path, tiny_root):
     assert not torch.backends.cudnn.allow_tf32 and torch.get_float32_matmul_precision() == "highest"
     torch.set_float32_matmul_precision("high")
     torch.backends.cudnn.allow_tf32 = True
+
+
+@pytest.mark.parametrize("prec", ["fp32", "bf16"])
+def test_step_memory_estimate_is_a_floor_of_what_the_gpu_allocates(prec):
+    """engine/execution.py::check_step_memory on a real GPU: its estimate (what autograd keeps,
+    measured on two images and scaled) is at most what the allocator really holds for a forward
+    pass with gradients of that many images, and not far below it (it leaves out only the
+    workspace); a step that cannot fit is one line at once, and the CUDA random state is left
+    alone. The CPU tests mock these CUDA queries."""
+    import time
+
+    from dael_plugin.backbones import build_backbone
+    from dael_plugin.engine.execution import autocast, check_step_memory
+    from dael_plugin.errors import DAELConfigError
+
+    torch.manual_seed(0)
+    feat = build_backbone("timm_resnet18").cuda().train()
+    heads = torch.nn.Linear(feat.out_features, 345).cuda()
+    dev = torch.device("cuda")
+    n = 64
+    state = torch.cuda.get_rng_state()
+    need = check_step_memory(feat, heads, dev, (96, 96), n, prec, "gpu test")
+    assert torch.equal(torch.cuda.get_rng_state(), state)
+    torch.cuda.synchronize()
+    base = torch.cuda.memory_allocated()
+    x = torch.randn(n, 3, 96, 96, device=dev)  # the estimate counts the input, which the first layer keeps
+    torch.cuda.reset_peak_memory_stats()
+    with autocast(prec, dev):
+        out = heads(feat(x))
+    torch.cuda.synchronize()
+    held = torch.cuda.memory_allocated() - base  # what the forward pass keeps for backward, and its output
+    del out
+    print(f"{prec}: estimate {need / 2**20:.1f} MiB, allocator {held / 2**20:.1f} MiB")
+    assert need <= held, (need, held)
+    assert need >= 0.5 * held, (need, held)
+    t0 = time.monotonic()
+    with pytest.raises(DAELConfigError, match="and this GPU has") as e:
+        check_step_memory(feat, heads, dev, (96, 96), 10**7, prec, "gpu test")
+    assert "\n" not in str(e.value) and time.monotonic() - t0 < 30

@@ -56,14 +56,30 @@ def test_refuses_exactly_past_the_memory_available():
     torch.manual_seed(0)
     feat = nn.Sequential(nn.Conv2d(3, 4, 3), nn.BatchNorm2d(4), nn.ReLU(), nn.AdaptiveAvgPool2d(1), nn.Flatten())
     heads = nn.Linear(4, 5)
-    per_two = saved_activation_bytes(nn.Sequential(feat, heads), torch.randn(2, 3, 8, 8))
-    need = per_two / 2 * 1000
+    model = nn.Sequential(feat, heads)
+    two, four = (saved_activation_bytes(model, torch.randn(n, 3, 8, 8)) for n in (2, 4))
+    need = two + (four - two) / 2 * 998  # two images' bytes, and what each of 998 more adds
     assert check_step_memory(feat, heads, torch.device("cpu"), (8, 8), 1000, "fp32", "w", available=int(need)) == need
     with pytest.raises(DAELConfigError) as e:
         check_step_memory(feat, heads, torch.device("cpu"), (8, 8), 1000, "fp32", "3 x 4", available=int(need) - 1)
     line = str(e.value)
     assert "\n" not in line and "1000 images with gradients" in line and "lower the batch sizes" in line
     assert "(3 x 4: 1000" in line and "INPUT.SIZE (8, 8)" in line
+
+
+def test_autocasts_weight_copies_count_once_not_per_image():
+    """Under bf16 autocast the pass keeps bf16 copies of the weights once, whatever the batch.
+    Counted per image (the probe's two images scaled), a bf16 ResNet-18 step at 96 x 96 and 64
+    images came out at 828 MiB against the 168 MiB the H200's allocator held (2026-11-28),
+    a false refusal in waiting. Here a 4 MiB weight and a batch of 1000: bf16's estimate is below
+    fp32's (its activations are half the size), where per-image counting made it 200x larger."""
+    torch.manual_seed(0)
+    feat = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 4096), nn.ReLU())
+    heads = nn.Linear(4096, 5)
+    cpu = torch.device("cpu")
+    fp32 = check_step_memory(feat, heads, cpu, (8, 8), 1000, "fp32", "t", available=2**40)
+    bf16 = check_step_memory(feat, heads, cpu, (8, 8), 1000, "bf16", "t", available=2**40)
+    assert bf16 < fp32, (bf16, fp32)
 
 
 def test_bf16_keeps_less_than_fp32():

@@ -223,7 +223,7 @@ def test_the_list_of_dassls_keys_is_dassls():
     from dassl.config import get_cfg_default
 
     from dael_plugin.config.dassl_keys import DASSL_KEYS
-    from dael_plugin.tools.train import _full_keys
+    from dael_plugin.tools.train_config import full_keys as _full_keys
 
     assert set(_full_keys(get_cfg_default())) == DASSL_KEYS
 
@@ -415,7 +415,7 @@ def test_a_run_without_a_gpu_caps_its_data_segment_at_the_memory_available():
     already set is kept, and the previous limits come back."""
     resource = pytest.importorskip("resource")
     from dael_plugin.config.keys import available_memory
-    from dael_plugin.engine.execution import _vm_data, cap_host_memory, restore_host_memory
+    from dael_plugin.engine.memory import _vm_data, cap_host_memory, restore_host_memory
 
     if available_memory() is None or _vm_data() is None:
         pytest.skip("no /proc/meminfo or /proc/self/status here")

@@ -317,7 +317,8 @@ def test_every_shipped_dataset_config_is_in_the_one_step_test():
 def _one_step(engine, dataset, root, out):
     from conftest import ROOT
     from dael_plugin.tools.sweep_plan import method_config
-    from dael_plugin.tools.train import _check_names, build_parser, setup_cfg
+    from dael_plugin.tools.train import build_parser, setup_cfg
+    from dael_plugin.tools.train_config import check_names as _check_names
 
     sources, targets, size = SHIPPED[dataset]
     setting = dataset.split("/")[0]

@@ -22,6 +22,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_here
+from dael_plugin.engine import distributed
 from dael_plugin.engine.distributed import BACKEND_ENV
 from test_hardening import DAEL_CFG, DS_DA
 from test_hardening import FAST as HARDENING_FAST
@@ -650,3 +651,28 @@ def _two_nodes(tmp_path, args):
     outs = [node.communicate(timeout=300) for node in nodes]
     assert all(node.returncode == 0 for node in nodes), [o[1][-2000:] for o in outs]
     return outs
+
+
+def test_a_quiet_rank_swaps_stdout_and_finish_puts_it_back(monkeypatch, capsys):
+    """Ranks other than 0 print nothing on stdout, and stderr still reaches the user; finish()
+    restores stdout, and ``builtins.print`` is never replaced (it was patched, for good, before)."""
+    import builtins
+    import sys
+
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    monkeypatch.setenv("RANK", "1")
+    real_print, real_stdout = builtins.print, sys.stdout
+    distributed.quiet_unless_main()
+    try:
+        print("from rank 1")
+        print("an error of rank 1", file=sys.stderr)
+        assert builtins.print is real_print and sys.stdout is not real_stdout
+    finally:
+        distributed.finish()
+    assert sys.stdout is real_stdout
+    print("after finish")
+    out, err = capsys.readouterr()
+    assert out == "after finish\n" and "an error of rank 1" in err
+    monkeypatch.setenv("RANK", "0")
+    distributed.quiet_unless_main()  # rank 0 speaks
+    assert sys.stdout is real_stdout

@@ -237,7 +237,7 @@ def test_cuda_settings_autotune_and_tf32(tmp_path, tiny_root):
 
 @pytest.mark.parametrize("prec", ["fp32", "bf16"])
 def test_step_memory_estimate_is_a_floor_of_what_the_gpu_allocates(prec):
-    """engine/execution.py::check_step_memory on a real GPU: its estimate (what autograd keeps,
+    """engine/memory.py::check_step_memory on a real GPU: its estimate (what autograd keeps,
     measured on two images and scaled) is at most what the allocator really holds for a forward
     pass with gradients of that many images, and not far below it (it leaves out only the
     workspace); a step that cannot fit is one line at once, and the CUDA random state is left
@@ -245,7 +245,8 @@ def test_step_memory_estimate_is_a_floor_of_what_the_gpu_allocates(prec):
     import time
 
     from dael_plugin.backbones import build_backbone
-    from dael_plugin.engine.execution import autocast, check_step_memory
+    from dael_plugin.engine.execution import autocast
+    from dael_plugin.engine.memory import check_step_memory
     from dael_plugin.errors import DAELConfigError
 
     torch.manual_seed(0)

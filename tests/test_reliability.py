@@ -519,7 +519,8 @@ def test_a_signal_pending_while_stopping_does_not_break_the_stop(monkeypatch, pe
     SIGCHLD check raised the worker's error from the very call that was to silence it (seen in CI:
     exit 1 and a traceback instead of 143). Here the first swap raises what the pending handler
     would; the stop retries and ends with both handlers swapped."""
-    from dael_plugin.tools import train
+    from dael_plugin.errors import Terminated
+    from dael_plugin.tools import train_stops
 
     real = signal.signal
     saved = {s: signal.getsignal(s) for s in (signal.SIGCHLD, signal.SIGTERM)}
@@ -530,12 +531,12 @@ def test_a_signal_pending_while_stopping_does_not_break_the_stop(monkeypatch, pe
         if len(calls) == 1:
             if pending == "worker":
                 raise RuntimeError("DataLoader worker (pid 4242) is killed by signal: Terminated. ")
-            raise train.Terminated(signal.SIGTERM)
+            raise Terminated(signal.SIGTERM)
         return real(signum, handler)
 
     monkeypatch.setattr(signal, "signal", swap)
     try:
-        train._stop_listening(None)
+        train_stops.stop_listening(None)
         assert signal.getsignal(signal.SIGTERM) is signal.SIG_IGN
         assert signal.getsignal(signal.SIGCHLD) is signal.SIG_DFL and len(calls) == 3
     finally:

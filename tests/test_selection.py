@@ -243,7 +243,7 @@ def test_dassls_baselines_write_the_same_records_from_their_own_predictions(tmp_
     assert not _loaded_paths(tr.train_loader_x) & val
     # The data fingerprint is the split's before the held-out part leaves it, as the plugin's
     # trainers take it on both engines: else collect calls one table's runs "different images".
-    from dael_plugin.tools.train import _fingerprint
+    from dael_plugin.tools.train_outdir import run_fingerprint as _fingerprint
 
     fp = _fingerprint(tr, tr.cfg)
     assert sum(d["images"] for d in fp["train_x"].values()) == len(tr.dm.dataset.train_x) + len(val)

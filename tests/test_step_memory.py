@@ -1,4 +1,4 @@
-"""The step's activation estimate (engine/execution.py: saved_activation_bytes, check_step_memory):
+"""The step's activation estimate (engine/memory.py: saved_activation_bytes, check_step_memory):
 a batch whose activations cannot fit is one line before the first batch, not minutes of filling
 memory until the allocator's error (the probe: batch 65535 on a 360-image set, 109 s and 22 GB)."""
 
@@ -12,7 +12,7 @@ import torch
 from torch import nn
 
 from conftest import ROOT, run_here
-from dael_plugin.engine.execution import check_step_memory, saved_activation_bytes
+from dael_plugin.engine.memory import check_step_memory, saved_activation_bytes
 from dael_plugin.errors import DAELConfigError
 
 
@@ -134,7 +134,7 @@ def test_on_a_gpu_memory_the_allocator_holds_unused_counts_as_available(monkeypa
     monkeypatch.setattr(torch.cuda, "memory_reserved", lambda device=None: int(need))
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: int(need) // 2)
     fake = torch.device("cuda", 0)
-    import dael_plugin.engine.execution as ex
+    import dael_plugin.engine.memory as ex
 
     real_randn = torch.randn
     monkeypatch.setattr(torch, "randn", lambda *a, device=None, **k: real_randn(*a, **k))  # the probe on the CPU

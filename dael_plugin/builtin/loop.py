@@ -5,6 +5,10 @@ Resume is exact: after every epoch the "last" checkpoint holds the model,
 optimiser, scheduler, the RNG states and the config, and every data draw is
 seeded from (seed, epoch, position), so a killed and rerun job ends with the
 same weights as an uninterrupted one.
+
+Long because it is the one host of every built-in trainer (data, optimiser, epoch, checkpoints,
+evaluation, records), as Dassl's ``SimpleTrainer`` is; the logic shared with the Dassl engine is in
+engine/host.py and engine/loop.py, and the trainers themselves in builtin/trainer.py.
 """
 
 from __future__ import annotations
@@ -28,12 +32,10 @@ from dael_plugin.config import uses_target_data
 from dael_plugin.data.classes import classes_by_domain, describe
 from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
-from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.engine import checkpoint as ckpt
-from dael_plugin.engine import distributed
-from dael_plugin.engine.evaluate import evaluate_experts, report_experts
+from dael_plugin.engine import distributed, host
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
-from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
+from dael_plugin.engine.guard import FiniteGuard, divergence_error
 from dael_plugin.engine.loop import eval_loader, sync_batch_norm, train_epoch
 from dael_plugin.engine.selection import Selection, keep_list, record_loaders, split_sources
 from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
@@ -135,6 +137,11 @@ class BuiltinTrainer:
     def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         """``(B, K, C)`` class probabilities of each expert (K=1 for a single classifier)."""
         raise NotImplementedError
+
+    @property
+    def num_experts(self) -> int:
+        """K of :meth:`predict_experts`: 1 for a single classifier."""
+        return 1
 
     def features_and_experts(self, x: torch.Tensor):
         """The backbone's features ``(B, D)`` and :meth:`predict_experts` (the records' validators)."""
@@ -309,15 +316,12 @@ class BuiltinTrainer:
         }
 
     def save(self, epoch: int) -> None:
-        rng_ranks = ckpt.gather_rng()  # every process takes part; rank 0 alone writes
-        if not self.world.is_main:
-            return
         out = self.cfg.OUTPUT_DIR
-        state = self._state(epoch + 1, rng_ranks)
-        ckpt.save_checkpoint(state, os.path.join(out, CKPT))
+        paths = [os.path.join(out, CKPT)]
         freq = self.cfg.TRAIN.CHECKPOINT_FREQ
         if (freq > 0 and (epoch + 1) % freq == 0) or epoch + 1 == self.cfg.OPTIM.MAX_EPOCH:
-            ckpt.save_checkpoint(state, os.path.join(out, f"model.pth.tar-{epoch + 1}"))
+            paths.append(os.path.join(out, f"model.pth.tar-{epoch + 1}"))
+        host.save_run(lambda rng_ranks: self._state(epoch + 1, rng_ranks), paths)
 
     def resume_if_exists(self) -> int:
         directory = self.cfg.RESUME or self.cfg.OUTPUT_DIR
@@ -327,15 +331,26 @@ class BuiltinTrainer:
                 raise DAELConfigError(f"--resume {directory}: no {CKPT} there; give the OUTPUT_DIR of an earlier run")
             print("No checkpoint found, train from scratch")
             return 0
-        state = ckpt.read_resumable(
-            path, "builtin", self.cfg, ("model", "data"), self.classnames, self._train_counts(), self.data_fingerprint
+
+        def load(state: dict) -> None:
+            self.modules.load_state_dict(state["model"])
+            self.optim.load_state_dict(state["optim"])
+            ckpt.load_sched_state(self.sched, state["sched"])
+            for loader, gen in zip(self._loaders(), state["data"]["loader_generators"]):
+                loader.generator.set_state(gen)
+
+        return host.resume_run(
+            path,
+            "builtin",
+            self.cfg,
+            ("model", "data"),
+            self.classnames,
+            self._train_counts(),
+            self.data_fingerprint,
+            load,
+            self._scaler(),
+            self.bad_images,
         )
-        self.modules.load_state_dict(state["model"])
-        self.optim.load_state_dict(state["optim"])
-        ckpt.load_sched_state(self.sched, state["sched"])
-        for loader, gen in zip(self._loaders(), state["data"]["loader_generators"]):
-            loader.generator.set_state(gen)
-        return ckpt.restore_run_state(state, path, self._scaler(), self.bad_images)
 
     def load_model(self, directory: str, epoch: Optional[int] = None, name: Optional[str] = None) -> int:
         """Load weights for evaluation (the last checkpoint, epoch ``epoch``'s or the file ``name``,
@@ -385,10 +400,7 @@ class BuiltinTrainer:
         for self.epoch in range(self.start_epoch, cfg.OPTIM.MAX_EPOCH):
             self.run_epoch()
             self.sched.step()
-            if not weights_finite([self.modules]):
-                raise divergence_error(
-                    self.epoch + 1, None, cfg.OPTIM.LR, cfg.OUTPUT_DIR, what="model's weights or batch-norm statistics"
-                )
+            host.check_after_epoch(self.guard, [self.modules], self.epoch + 1, cfg.OPTIM.LR, cfg.OUTPUT_DIR)
             if self.eval_each_epoch and not cfg.TEST.NO_TEST:
                 self.test(split=self.eval_split_each_epoch())
             if self.selection is not None:
@@ -411,18 +423,9 @@ class BuiltinTrainer:
         it_u = iter(self.train_loader_u) if self.train_loader_u is not None else None
         for batch_x in self.train_loader_x:
             batch_u = None
-            if it_u is not None:
-                try:
-                    batch_u = next(it_u)
-                except StopIteration:  # the target split is cycled; each pass draws afresh
-                    it_u = iter(self.train_loader_u)
-                    batch_u = next(it_u)
+            if it_u is not None:  # the target split is cycled; each pass draws afresh
+                batch_u, it_u = host.next_cycled(it_u, self.train_loader_u)
             yield batch_x, batch_u
-
-    def _note_bad(self, *batches) -> None:
-        for b in batches:
-            if b is not None:
-                note_unreadable(self.bad_images, b.get("bad_path", []), REPLACED)
 
     def run_epoch(self) -> None:
         self.modules.train()
@@ -440,7 +443,7 @@ class BuiltinTrainer:
 
         def batches():
             for batch_x, batch_u in self._batches():
-                self._note_bad(batch_x, batch_u)
+                host.note_bad(self.bad_images, batch_x, batch_u)
                 yield batch_x, batch_u
                 self._batches_run += 1
                 bar.update(1)
@@ -493,32 +496,39 @@ class BuiltinTrainer:
         self.modules.eval()
         split, loader = eval_loader(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
         print(f"Evaluate on the *{split}* set")
-        tally, skipped = evaluate_experts(
+
+        def summarise(tally, skipped: int) -> float:  # Dassl's evaluator's lines, without Dassl
+            if tally.total == 0:
+                raise DAELConfigError(
+                    f"no readable image in the {split} split; run with --check-data to list the bad files"
+                )
+            yt, yp = (t.numpy() for t in tally.labels())
+            total = len(yt)
+            n_correct = int((yt == yp).sum())
+            acc = 100.0 * n_correct / total
+            f1 = 100.0 * f1_score(yt, yp, average="macro", labels=np.unique(yt))
+            print(
+                f"=> result\n* total: {total:,}\n* correct: {n_correct:,}\n* accuracy: {acc:.1f}%\n"
+                f"* error: {100 - acc:.1f}%\n* macro_f1: {f1:.1f}%"
+            )
+            if skipped:
+                print(f"* unreadable images left out: {skipped}")
+            return acc
+
+        mask = getattr(getattr(self, "algorithm", None), "ensemble_mask", None)
+        names = self.sources if self.num_experts > 1 else []
+        acc, self.per_class_accuracy, self.expert_accuracy = host.evaluate(
             self.predict_experts,
             loader,
             self.device,
             self.bad_images,
             show_progress(),
-            getattr(getattr(self, "algorithm", None), "ensemble_mask", None),
-        )
-        if tally.total == 0:
-            raise DAELConfigError(
-                f"no readable image in the {split} split; run with --check-data to list the bad files"
-            )
-        yt, yp = (t.numpy() for t in tally.labels())
-        total = len(yt)
-        n_correct = int((yt == yp).sum())
-        acc = 100.0 * n_correct / total
-        f1 = 100.0 * f1_score(yt, yp, average="macro", labels=np.unique(yt))
-        print(
-            f"=> result\n* total: {total:,}\n* correct: {n_correct:,}\n* accuracy: {acc:.1f}%\n"
-            f"* error: {100 - acc:.1f}%\n* macro_f1: {f1:.1f}%"
-        )
-        if skipped:
-            print(f"* unreadable images left out: {skipped}")
-        names = self.sources if len(tally.expert_accuracy()) > 1 else []
-        self.per_class_accuracy, self.expert_accuracy = report_experts(
-            tally, self.classnames, names, lambda tag, v: self._write(tag, v), split
+            mask,
+            split,
+            self.classnames,
+            names,
+            self._write,
+            summarise,
         )
         self._write(f"{split}/accuracy", acc)
         self.last_accuracy = acc

@@ -103,12 +103,21 @@ class DAELBuiltin(BuiltinTrainer):
     def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         return self.algorithm.predict_experts(x)
 
+    @property
+    def num_experts(self) -> int:
+        return len(self.sources)
+
     def features_and_experts(self, x: torch.Tensor):
         return self.algorithm.features_and_experts(x)
 
 
-class SourceOnlyBuiltin(BuiltinTrainer):
-    """One classifier trained with cross-entropy on the pooled source domains."""
+class SingleClassifier(BuiltinTrainer):
+    """A backbone ``F`` and one linear classifier ``C`` (under torchrun, DDP averages their
+    gradients through ``self.net``), fed by the source loader (Dassl's ``TRAIN_X.SAMPLER``) and,
+    where ``uses_target`` and the run is DA, an unlabeled target loader of the same weak view.
+    A trainer built on it supplies :meth:`update` alone; docs/internals.md has an example."""
+
+    uses_target = False  # True: batch_u holds target images in DA runs (None otherwise)
 
     def build_loaders(self) -> None:
         cfg = self.cfg
@@ -125,7 +134,7 @@ class SourceOnlyBuiltin(BuiltinTrainer):
             domain_balanced=balanced,
             n_domain=c.TRAIN_X.N_DOMAIN,
         )
-        self.train_loader_u = None  # target data is never used
+        self.train_loader_u = self._u_loader(weak) if self.uses_target and self.is_da else None
         self.test_loader = self._test_loader(self.splits["test"])
         if balanced:
             self._warn_small_domains(self.train_loader_x)
@@ -140,6 +149,25 @@ class SourceOnlyBuiltin(BuiltinTrainer):
         self.net = distributed.wrap(nn.Sequential(self.modules["F"], self.modules["C"]), self.device)
 
     def forward_backward(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
+        return self.update(batch_x, batch_u)
+
+    def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
+        """One optimisation step on a source batch (and a target batch); returns 0-dim tensors to
+        log (read on the host only every PRINT_FREQ batches). Feed each loss to ``self.guard``."""
+        raise NotImplementedError
+
+    def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
+        return torch.softmax(self.modules["C"](self.modules["F"](x)), dim=-1).unsqueeze(1)
+
+    def features_and_experts(self, x: torch.Tensor):
+        feats = self.modules["F"](x)
+        return feats, torch.softmax(self.modules["C"](feats), dim=-1).unsqueeze(1)
+
+
+class SourceOnlyBuiltin(SingleClassifier):
+    """One classifier trained with cross-entropy on the pooled source domains."""
+
+    def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         x = batch_x["img"].to(self.device, non_blocking=True)
         y = batch_x["label"].to(self.device, non_blocking=True)
         logits = self.net(x)
@@ -151,15 +179,23 @@ class SourceOnlyBuiltin(BuiltinTrainer):
         acc = (logits.argmax(-1) == y).float().mean() * 100.0
         return {"loss": loss.detach(), "acc": acc}
 
-    def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
-        return torch.softmax(self.modules["C"](self.modules["F"](x)), dim=-1).unsqueeze(1)
-
-    def features_and_experts(self, x: torch.Tensor):
-        feats = self.modules["F"](x)
-        return feats, torch.softmax(self.modules["C"](feats), dim=-1).unsqueeze(1)
-
 
 TRAINERS = {"DAEL": DAELBuiltin, "DAELDG": DAELBuiltin, "SourceOnly": SourceOnlyBuiltin, "Vanilla": SourceOnlyBuiltin}
+
+
+def register(name: str):
+    """Make a trainer class ``--trainer NAME`` on the built-in engine (a class decorator). A name
+    already taken is refused: a second class would silently replace the first."""
+
+    def add(cls):
+        if name in TRAINERS and TRAINERS[name] is not cls:
+            raise DAELConfigError(f"a built-in trainer named {name!r} exists ({TRAINERS[name].__name__}); pick another")
+        if not (isinstance(cls, type) and issubclass(cls, BuiltinTrainer)):
+            raise DAELConfigError(f"{cls!r} is not a BuiltinTrainer subclass; derive it from SingleClassifier")
+        TRAINERS[name] = cls
+        return cls
+
+    return add
 
 
 def build_builtin_trainer(cfg: CN, eval_each_epoch: bool = False) -> BuiltinTrainer:

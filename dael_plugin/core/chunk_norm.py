@@ -50,6 +50,10 @@ Layers are converted in place the first time (their class gains a mixin; the
 parameters, buffers, hooks and state-dict keys are unchanged). Outside the
 context, or in evaluation mode (running statistics), a converted layer is the
 original layer.
+
+Long because it holds the two implementations of one semantics (split and grouped) and the switch
+between them, tested against each other and against Dassl's per-chunk calls; the forward, backward
+and running-statistics code of the grouped one belong together.
 """
 
 from __future__ import annotations

@@ -10,12 +10,12 @@ from dassl.engine import TRAINER_REGISTRY
 from yacs.config import CfgNode as CN
 
 from dael_plugin.dassl_adapter.backbones import (
-    make_timm_names_lazy,
     register_own_backbones,
     register_timm_backbone,
 )
 from dael_plugin.dassl_adapter.checkpoints import make_dassl_checkpoints_safe
 from dael_plugin.dassl_adapter.datasets import register_datasets
+from dael_plugin.dassl_adapter.timm_names import make_timm_names_lazy
 from dael_plugin.dassl_adapter.trainer import DAELTrainer
 
 TRAINER_NAMES = ("DAEL", "DAELDG")
@@ -29,7 +29,9 @@ def register() -> None:
         return
     replaced = [n for n in TRAINER_NAMES if n in TRAINER_REGISTRY.registered_names()]
     for name in TRAINER_NAMES:
-        TRAINER_REGISTRY._do_register(name, DAELTrainer, force=True)
+        # Dassl's public register keys a class by its __name__: one subclass per name, each the
+        # same trainer (DAEL or DAELDG is read from cfg.TRAINER.NAME, as before)
+        TRAINER_REGISTRY.register(_named(name), force=True)
     # Said in the run's log when the trainer is built, not on import: importing a library
     # must not write to stdout (collect's CSV, a test reading a child's first line).
     DAELTrainer.replaced_builtins = tuple(replaced)
@@ -38,6 +40,17 @@ def register() -> None:
     make_timm_names_lazy()
     make_dassl_checkpoints_safe()
     _registered = True
+
+
+_NAMED: dict = {}
+
+
+def _named(name: str) -> type:
+    if name not in _NAMED:
+        _NAMED[name] = type(
+            name, (DAELTrainer,), {"__doc__": DAELTrainer.__doc__, "__module__": DAELTrainer.__module__}
+        )
+    return _NAMED[name]
 
 
 def prepare_cfg(cfg: CN) -> None:

@@ -86,4 +86,4 @@ def register_datasets() -> None:
             continue
         current = DATASET_REGISTRY.get(name)
         if not hasattr(current, "_dael_dassl_reader"):
-            DATASET_REGISTRY._do_register(name, _category_shift_aware(name, current), force=True)
+            DATASET_REGISTRY.register(_category_shift_aware(name, current), force=True)  # a class named name

@@ -9,6 +9,10 @@ On top of Dassl's loop it adds what long runs need: a "last" checkpoint
 after every epoch with the RNG states and the config (exact resume), loads
 with ``weights_only=True``, a divergence check read only at ``PRINT_FREQ``
 and at the end of an epoch, and unreadable images replaced by path.
+
+Long because it is the one Dassl trainer class, whose methods are Dassl's hooks (data loaders,
+model, epoch, checkpoints, test), each overridden where Dassl's own would be wrong or slow; the
+shared logic they call is in engine/.
 """
 
 from __future__ import annotations
@@ -41,13 +45,11 @@ from dael_plugin.dassl_adapter.records import build_selection, source_val_split
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
 from dael_plugin.data.classes import classes_by_domain, describe
 from dael_plugin.data.fingerprint import dataset_fingerprint
-from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.data.sampling import DasslDomainBatchSampler, SeededRandomBatchSampler
 from dael_plugin.engine import checkpoint as ckpt
-from dael_plugin.engine import distributed
-from dael_plugin.engine.evaluate import evaluate_experts, report_experts
+from dael_plugin.engine import distributed, host
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
-from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
+from dael_plugin.engine.guard import FiniteGuard, divergence_error
 from dael_plugin.engine.loop import eval_loader, local_share, sync_batch_norm, train_epoch
 from dael_plugin.engine.step import DeviceMeters, format_meters, make_step, prepare_model
 from dael_plugin.errors import DAELConfigError
@@ -269,10 +271,10 @@ class DAELTrainer(TrainerXU):
         def batches():
             nonlocal it_x, it_u
             for self.batch_idx in range(self.num_batches):
-                batch_x, it_x = _next(it_x, self.train_loader_x)
+                batch_x, it_x = host.next_cycled(it_x, self.train_loader_x)
                 batch_u = None
                 if it_u is not None:
-                    batch_u, it_u = _next(it_u, self.train_loader_u)
+                    batch_u, it_u = host.next_cycled(it_u, self.train_loader_u)
                 data_time.update(time.time() - clock["end"])
                 yield batch_x, batch_u
                 clock["end"] = time.time()
@@ -303,13 +305,8 @@ class DAELTrainer(TrainerXU):
 
         train_epoch(batches(), self.num_batches, step, self.guard, freq, report, diverged)
 
-    def _note_bad(self, *batches) -> None:
-        for b in batches:
-            if b is not None:
-                note_unreadable(self.bad_images, b.get("bad_path", []), REPLACED)
-
     def forward_backward(self, batch_x, batch_u: Optional[dict] = None):
-        self._note_bad(batch_x, batch_u)
+        host.note_bad(self.bad_images, batch_x, batch_u)
         return self.step(batch_x, batch_u if self.is_da else None)
 
     def detect_anomaly(self, loss):
@@ -318,16 +315,7 @@ class DAELTrainer(TrainerXU):
         pass
 
     def after_epoch(self):
-        if self.guard.tripped():
-            raise divergence_error(self.epoch + 1, None, self.cfg.OPTIM.LR, self.output_dir)
-        if not weights_finite(self._models.values()):
-            raise divergence_error(
-                self.epoch + 1,
-                None,
-                self.cfg.OPTIM.LR,
-                self.output_dir,
-                what="model's weights or batch-norm statistics",
-            )
+        host.check_after_epoch(self.guard, self._models.values(), self.epoch + 1, self.cfg.OPTIM.LR, self.output_dir)
         # Step the schedulers once per epoch here rather than on a batch index
         # (Dassl's sampler length can differ from the real epoch length).
         self.update_lr()
@@ -338,10 +326,7 @@ class DAELTrainer(TrainerXU):
 
     # -- checkpoints -----------------------------------------------------
     def save_last(self, epochs_done: int) -> None:
-        rng_ranks = ckpt.gather_rng()  # every process takes part; rank 0 alone writes
-        if not distributed.world().is_main:
-            return
-        ckpt.save_checkpoint(self._run_state(epochs_done, rng_ranks), osp.join(self.output_dir, ckpt.LAST))
+        host.save_run(lambda rng_ranks: self._run_state(epochs_done, rng_ranks), [osp.join(self.output_dir, ckpt.LAST)])
 
     def _run_state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
         names = self.get_model_names()
@@ -364,21 +349,32 @@ class DAELTrainer(TrainerXU):
     def resume_model_if_exist(self, directory):
         path = osp.join(directory, ckpt.LAST)
         if osp.isfile(path):
-            state = ckpt.read_resumable(
-                path, "dassl", self.cfg, ("models",), self._classnames(), self._train_counts(), self.data_fingerprint
+
+            def load(state: dict) -> None:
+                for name in self.get_model_names():
+                    self._models[name].load_state_dict(state["models"][name])
+                    if name in state.get("optims", {}):
+                        self._optims[name].load_state_dict(state["optims"][name])
+                    if name in state.get("scheds", {}):
+                        ckpt.load_sched_state(self._scheds[name], state["scheds"][name])
+                if "data" in state:  # the draws continue from the checkpoint's seed
+                    self.data_seed = int(state["data"]["sampler_seed"])
+                    for loader in self._seeded_loaders():
+                        loader.batch_sampler.seed = self.data_seed
+                        loader.generator.manual_seed(self.data_seed)
+
+            return host.resume_run(
+                path,
+                "dassl",
+                self.cfg,
+                ("models",),
+                self._classnames(),
+                self._train_counts(),
+                self.data_fingerprint,
+                load,
+                self.step.scaler,
+                self.bad_images,
             )
-            for name in self.get_model_names():
-                self._models[name].load_state_dict(state["models"][name])
-                if name in state.get("optims", {}):
-                    self._optims[name].load_state_dict(state["optims"][name])
-                if name in state.get("scheds", {}):
-                    ckpt.load_sched_state(self._scheds[name], state["scheds"][name])
-            if "data" in state:  # the draws continue from the checkpoint's seed
-                self.data_seed = int(state["data"]["sampler_seed"])
-                for loader in self._seeded_loaders():
-                    loader.batch_sampler.seed = self.data_seed
-                    loader.generator.manual_seed(self.data_seed)
-            return ckpt.restore_run_state(state, path, self.step.scaler, self.bad_images)
         if any(osp.isfile(osp.join(directory, n, "checkpoint")) for n in self.get_model_names()):
             epoch = load_dassl_checkpoints(self, directory, None, resume=True)
             print(
@@ -428,21 +424,26 @@ class DAELTrainer(TrainerXU):
         self.evaluator.reset()
         split, data_loader = eval_loader(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
         print(f"Evaluate on the *{split}* set")
-        tally, _ = evaluate_experts(
+
+        def summarise(tally, _skipped: int) -> dict:
+            if tally.total:  # Dassl's evaluator sees the whole (gathered) set once: its argmax is the ensemble's
+                yt, yp = tally.labels()
+                self.evaluator.process(torch.nn.functional.one_hot(yp, self.num_classes).float(), yt)
+            return self.evaluator.evaluate()
+
+        names = list(self.cfg.DATASET.SOURCE_DOMAINS) if self.E.num_experts > 1 else ["single"]
+        results, self.per_class_accuracy, self.expert_accuracy = host.evaluate(
             self.algorithm.predict_experts,
             data_loader,
             self.device,
             self.bad_images,
             sys.stderr.isatty(),
             self.algorithm.ensemble_mask,
-        )
-        if tally.total:  # Dassl's evaluator sees the whole (gathered) set once: its argmax is the ensemble's
-            yt, yp = tally.labels()
-            self.evaluator.process(torch.nn.functional.one_hot(yp, self.num_classes).float(), yt)
-        results = self.evaluator.evaluate()
-        names = list(self.cfg.DATASET.SOURCE_DOMAINS) if self.E.num_experts > 1 else ["single"]
-        self.per_class_accuracy, self.expert_accuracy = report_experts(
-            tally, self._classnames(), names, lambda tag, v: self.write_scalar(tag, v, self.epoch), split
+            split,
+            self._classnames(),
+            names,
+            lambda tag, v: self.write_scalar(tag, v, self.epoch),
+            summarise,
         )
         for k, v in results.items():
             self.write_scalar(f"{split}/{k}", v, self.epoch)
@@ -514,12 +515,3 @@ def _shard_test(loader: Optional[DataLoader]) -> Optional[DataLoader]:
         pin_memory=loader.pin_memory,
         drop_last=False,
     )
-
-
-def _next(it, loader):
-    """The next batch, restarting the loader when it runs out (as Dassl's loop does)."""
-    try:
-        return next(it), it
-    except StopIteration:
-        it = iter(loader)
-        return next(it), it

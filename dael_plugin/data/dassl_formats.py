@@ -28,6 +28,10 @@ folders on their own, so every later label would shift), a split file naming
 images that do not exist, a Digit-5 domain smaller than the share Dassl
 samples from it. Each line says where the data comes from (Dassl's
 ``DATASETS.md``).
+
+Long because it holds one reader per Dassl dataset format (eight of them), each short, kept side by
+side as Dassl keeps its datasets: a reader is checked against its neighbours' conventions, and
+splitting them would scatter Dassl's shared quirks (the subsampling order, the domain indices).
 """
 
 from __future__ import annotations

@@ -10,6 +10,10 @@
   ``weights_only=True`` too.
 - :func:`config_diff` lists the keys, between a checkpoint's config and the
   current one, that change training; resume refuses when there are any.
+
+Long because every check a resume or an evaluation makes on a checkpoint (safe load, config,
+classes, data, engine, experts' order, RNG states) reads the same state dict, and each refusal must
+name the same file in the same words on both engines.
 """
 
 from __future__ import annotations

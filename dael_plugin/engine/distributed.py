@@ -28,8 +28,8 @@ no-op and a run is exactly a single-process run.
 
 from __future__ import annotations
 
-import builtins
 import datetime
+import io
 import os
 import re
 import signal
@@ -189,22 +189,32 @@ def device_group() -> Any:
     return _GROUPS.get("device", dist.group.WORLD)
 
 
-_QUIET = False
+class _Discard(io.TextIOBase):
+    """A stdout that keeps nothing (the ranks other than 0 under torchrun)."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        return len(text)
+
+
+_SPEAKING: Optional[Any] = None  # the stdout a quiet rank replaced, which finish() puts back
 
 
 def quiet_unless_main() -> None:
-    """Under torchrun, ranks other than 0 print nothing on stdout (errors still go to stderr)."""
-    global _QUIET
-    if _QUIET or from_env().rank == 0:
+    """Under torchrun, ranks other than 0 print nothing on stdout (errors still go to stderr).
+
+    The run's lines, the plugin's and Dassl's alike, are ``print`` calls on ``sys.stdout`` (Dassl's
+    ``setup_logger`` and the built-in engine's log both tee ``sys.stdout`` into the run's log file),
+    so a ``logging`` filter would not reach Dassl's lines. Such a rank's ``sys.stdout`` is swapped
+    for a stream that discards, the way those loggers swap it, and :func:`finish` puts the real one
+    back; ``builtins.print`` is left alone."""
+    global _SPEAKING
+    if _SPEAKING is not None or from_env().rank == 0:
         return
-    _QUIET = True
-    real = builtins.print
-
-    def print_(*args: Any, **kwargs: Any) -> None:
-        if kwargs.get("file") is not None and kwargs["file"] is not __import__("sys").stdout:
-            real(*args, **kwargs)
-
-    builtins.print = print_
+    _SPEAKING = sys.stdout
+    sys.stdout = _Discard()
 
 
 def device(use_cuda: bool) -> torch.device:
@@ -224,9 +234,12 @@ def seed_ranks(seed: int) -> None:
 
 
 def finish() -> None:
+    global _SPEAKING
     if dist.is_available() and dist.is_initialized():
         dist.destroy_process_group()
     _GROUPS.clear()
+    if _SPEAKING is not None:  # a quiet rank speaks again (an in-process caller's next run)
+        sys.stdout, _SPEAKING = _SPEAKING, None
 
 
 def any_true(flag: bool) -> bool:

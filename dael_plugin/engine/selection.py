@@ -18,6 +18,10 @@ Each protocol's current choice is kept as ``model-best-<protocol>.pth.tar`` (wri
 on the earliest epoch of the best score). A resumed run first drops the records of epochs it will
 redo, so the file is exactly an uninterrupted run's. Rank 0 alone writes under torchrun; every
 process evaluates its shard and the outputs are gathered over the host group.
+
+Long because a record is written by both engines and read by select.py, collect and the validators:
+its fields, the source validation split, the per-protocol best models and their checks are one
+schema and stay in one place.
 """
 
 from __future__ import annotations

@@ -32,6 +32,7 @@ from dael_plugin.core import DAEL
 from dael_plugin.core.chunk_norm import resolve_impl
 from dael_plugin.data.batching import split_domains
 from dael_plugin.engine import execution as ex
+from dael_plugin.engine import memory
 from dael_plugin.engine.distributed import LossModule, mean_over_processes, world, wrap
 from dael_plugin.engine.fastpath import FastPathCheck
 from dael_plugin.engine.guard import FiniteGuard
@@ -341,7 +342,7 @@ def check_memory(
     cfg: CN,
 ) -> Optional[int]:
     """Before the first batch: a step whose activations cannot fit in the memory available is one
-    line (:func:`~dael_plugin.engine.execution.check_step_memory`). A compiled step keeps less
+    line (:func:`~dael_plugin.engine.memory.check_step_memory`). A compiled step keeps less
     (inductor recomputes; 1033 against 4910 MiB on the H200 at miniDomainNet's shape), so it is
     not checked: the figure would be no floor for it."""
     if execution.compile != "none":
@@ -356,7 +357,7 @@ def check_memory(
         + (" under two views" if hp.use_cr else "")
         + (f" and {target} target images" if is_da and hp.use_u else "")
     )
-    return ex.check_step_memory(
+    return memory.check_step_memory(
         algorithm.featurizer,
         algorithm.heads,
         device,

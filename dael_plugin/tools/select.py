@@ -9,6 +9,10 @@ protocol chooses the grid setting (the sweep's settings of that trainer) *and* t
 is the target test accuracy of that choice, over seeds. ``--per-setting`` keeps one row per
 setting and chooses the epoch alone. Each protocol reads only what its docstring says; the
 ``oracle`` alone reads target labels, and its table says it is an upper bound.
+
+Long because the protocols, the grid choice per seed and the validator ranking read the same records
+and must agree on them (one loader of epochs.jsonl, one row key); the command line and the table
+printing are in collect.py.
 """
 
 from __future__ import annotations

@@ -16,6 +16,9 @@ Why plain PyTorch (``affine_grid``/``grid_sample``, ``conv2d``,
   here (warp 1.1 against 1.4 ms, sharpness 4.1 against 5.7 ms, equalize 1.8
   against 1.7 ms), not enough to add a dependency;
 - NVIDIA DALI runs only on a GPU, and the views must also work on CPU.
+
+Long because it is the kernels of one batched pipeline (colour, affine, RandAugment, cutout), which
+share their per-sample draws and parameter tables; each kernel is a short function.
 """
 
 from __future__ import annotations

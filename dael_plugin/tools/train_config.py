@@ -1,0 +1,246 @@
+"""A run's config, assembled as Dassl assembles it, and checked before anything is written.
+
+Defaults -> ``add_dael_config`` -> dataset config file -> method config file -> command-line flags
+-> trailing ``KEY VALUE`` opts -> ``clean_cfg`` for the trainer actually run. Config files are read
+as data (never imported); an unknown key is one line with the likely spelling or the engine that
+has it; the trainer, dataset and domain names are checked before the output folder is made."""
+
+from __future__ import annotations
+
+import argparse
+import difflib
+import re
+from typing import List, Optional
+
+from yacs.config import CfgNode as CN
+
+from dael_plugin.backbones.timm_backbone import check_timm_backbone
+from dael_plugin.config import TRAINER_NODES, add_dael_config, check_run_values
+from dael_plugin.config.keys import check_other_node, hparams_from_cfg
+from dael_plugin.errors import DAELConfigError
+from dael_plugin.tools.train_cli import check_list_flags
+
+
+def merge_file(cfg: CN, path: str, engine: str) -> dict:
+    """Merge a config file as data: YAML read as data (:mod:`dael_plugin.config.strict_yaml`), never
+    imported (yacs's ``merge_from_file`` would import a ``.py`` file and run it)."""
+    from dael_plugin.config.strict_yaml import load_config_file
+
+    if path.endswith(".py"):
+        raise DAELConfigError(
+            f"config file {path} is a Python file; config files are YAML, read as data and "
+            "never run: write its KEY: value pairs to a .yaml file"
+        )
+    loaded = load_config_file(path)  # no aliases, no duplicate keys, a small regular file
+    if loaded is None:
+        return {}
+    if not isinstance(loaded, dict):
+        raise DAELConfigError(
+            f"config file {path} holds a {type(loaded).__name__}, not a mapping of KEY: value; "
+            "see configs/ for examples"
+        )
+    try:
+        cfg.merge_from_other_cfg(CN(loaded))  # yacs decodes the values as merge_from_file does
+    except KeyError as exc:
+        raise DAELConfigError(key_error(exc, engine, f"config file {path}", cfg)) from None
+    except (ValueError, AssertionError, TypeError) as exc:
+        raise DAELConfigError(
+            f"config file {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+        ) from None
+    return loaded
+
+
+def key_error(exc: Exception, engine: str, where: str, cfg: Optional[CN] = None) -> str:
+    msg = str(exc.args[0]) if exc.args else str(exc)
+    key = msg.split(":", 1)[-1].strip() if "Non-existent" in msg else msg
+    close = difflib.get_close_matches(key, full_keys(cfg), n=1, cutoff=0.8) if cfg is not None else []
+    if engine == "builtin":
+        from dael_plugin.config.dassl_keys import DASSL_KEYS
+
+        if key in DASSL_KEYS:  # one of Dassl's keys, which this engine lacks: the fix is the engine
+            return (
+                f"{where} sets {key}, one of Dassl's keys, which the built-in engine does not support; "
+                "remove it, or install Dassl and use --engine dassl"
+            )
+    if close:  # a typo: the fix is the spelling, whatever the engine
+        return f"{where} sets {key}, which is not a config key; did you mean {close[0]}?"
+    return f"{where} sets {key}, which is not a config key (keys are upper case, e.g. OPTIM.LR)"
+
+
+def full_keys(node: CN, prefix: str = "") -> List[str]:
+    keys = []
+    for k, v in node.items():
+        keys += full_keys(v, f"{prefix}{k}.") if isinstance(v, CN) else [prefix + k]
+    return keys
+
+
+def reset_cfg(cfg: CN, args: argparse.Namespace) -> None:
+    if args.root:
+        cfg.DATASET.ROOT = args.root
+    if args.output_dir:
+        cfg.OUTPUT_DIR = args.output_dir
+    if args.resume:
+        cfg.RESUME = args.resume
+    if args.seed is not None:
+        cfg.SEED = args.seed
+    if args.source_domains:
+        cfg.DATASET.SOURCE_DOMAINS = args.source_domains
+    if args.target_domains:
+        cfg.DATASET.TARGET_DOMAINS = args.target_domains
+    if args.transforms:
+        cfg.INPUT.TRANSFORMS = args.transforms
+    if args.trainer:
+        cfg.TRAINER.NAME = args.trainer
+    if args.backbone:
+        cfg.MODEL.BACKBONE.NAME = args.backbone
+    if args.head:
+        if "HEAD" not in cfg.MODEL:
+            raise DAELConfigError("--head is not supported by the built-in engine; use --engine dassl")
+        cfg.MODEL.HEAD.NAME = args.head
+
+
+def coerce_opts(cfg: CN, opts: List[str]) -> List[str]:
+    """What yacs would refuse as a type mismatch, read as meant (nothing yacs accepts changes):
+    ``TRAINER.DAEL.WEIGHT_U 0`` is 0.0 for a float key, and a list key given bare words,
+    ``TRAINER.DAEL.CLASS_MASKS all`` or ``SELECTION.KEEP_BEST im,oracle``, is that list."""
+    out = list(opts)
+    for i in range(0, len(out) - 1, 2):
+        node, parts = cfg, str(out[i]).split(".")
+        for part in parts[:-1]:
+            node = node.get(part) if isinstance(node, CN) else None
+        current = node.get(parts[-1]) if isinstance(node, CN) else None
+        value = str(out[i + 1])
+        if isinstance(current, float) and not isinstance(current, bool) and re.fullmatch(r"[-+]?\d+", value):
+            out[i + 1] = str(float(value))
+        elif isinstance(current, (list, tuple)) and re.fullmatch(r"[A-Za-z_][\w.\-]*(,[A-Za-z_][\w.\-]*)*", value):
+            out[i + 1] = repr(value.split(","))
+    return out
+
+
+def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
+    if engine == "dassl":
+        from dassl.config import clean_cfg, get_cfg_default
+
+        cfg = get_cfg_default()
+    else:
+        from dael_plugin.builtin.defaults import get_builtin_cfg
+
+        cfg = get_builtin_cfg()
+        clean_cfg = builtin_clean_cfg
+    add_dael_config(cfg)
+    if args.dataset_config_file:
+        merge_file(cfg, args.dataset_config_file, engine)
+    method = merge_file(cfg, args.config_file, engine) if args.config_file else {}
+    reset_cfg(cfg, args)
+    check_method_file_fits(method, args.config_file, str(cfg.TRAINER.NAME))
+    check_list_flags(args)
+    opts = list(args.opts or [])
+    if opts and opts[0] == "--":
+        opts = opts[1:]
+    flags = [o for o in opts[::2] if o.startswith("--")]
+    if flags:
+        raise DAELConfigError(
+            f"flag {flags[0]} comes after the trailing KEY VALUE options, where it would be read as a config "
+            "key; put every --flag before the first KEY VALUE pair"
+        )
+    if len(opts) % 2:
+        raise DAELConfigError(f"trailing options must be KEY VALUE pairs, got {opts}")
+    try:
+        cfg.merge_from_list(coerce_opts(cfg, opts))
+    except (KeyError, AssertionError) as exc:  # yacs asserts on unknown keys here
+        raise DAELConfigError(key_error(exc, engine, "the command line", cfg)) from None
+    except ValueError as exc:
+        said = str(exc)
+        raise DAELConfigError(f"the command line: {said[:300]}{' ...' if len(said) > 300 else ''}") from None
+    if not cfg.TRAINER.NAME:
+        raise DAELConfigError("no trainer given; pass --trainer DAEL (or DAELDG, SourceOnly, M3SDA, MME, ...)")
+    if not str(cfg.DATASET.ROOT).strip():
+        raise DAELConfigError(
+            "no dataset root given; pass --root DIR (the folder that holds the dataset; the embedded set "
+            "is generated there on first use). Nothing is written into the current directory"
+        )
+    check_run_values(cfg)
+    fresh = get_cfg_default() if engine == "dassl" else get_builtin_cfg()
+    check_other_node(cfg, add_dael_config(fresh))
+    if str(cfg.TRAINER.NAME).upper() in TRAINER_NODES:
+        hparams_from_cfg(cfg)  # DAEL's values (weights, switches) before the output folder is made
+    if engine == "builtin":
+        check_builtin_values(cfg)
+    check_timm_backbone(cfg.MODEL.BACKBONE.NAME)  # before either engine reads any data
+    clean_cfg(cfg, cfg.TRAINER.NAME)
+    cfg.freeze()
+    return cfg
+
+
+def check_method_file_fits(method: dict, path: str, trainer: str) -> None:
+    """A DAEL method config given to the other DAEL trainer (a DA ``TRAINER.DAEL`` file with
+    ``--trainer DAELDG``, or the reverse) would be dropped by ``clean_cfg``: the run would train
+    on the defaults without a word."""
+    nodes = (
+        [k for k in (method.get("TRAINER") or {}) if k in TRAINER_NODES]
+        if isinstance(method.get("TRAINER"), dict)
+        else []
+    )
+    if not nodes or trainer.upper() not in TRAINER_NODES or trainer.upper() in nodes:
+        return  # (another trainer's own node, e.g. M3SDA's, is that trainer's business)
+    setting = "dg" if trainer.upper() == "DAELDG" else "da"
+    raise DAELConfigError(
+        f"config file {path} configures TRAINER.{nodes[0]}, but --trainer {trainer} reads TRAINER.{trainer.upper()}: "
+        f"pass the {trainer} method config (configs/trainers/{setting}/{trainer.lower()}/<dataset>.yaml)"
+    )
+
+
+def builtin_clean_cfg(cfg: CN, trainer: str) -> None:
+    for key in list(cfg.TRAINER.keys()):
+        if key not in ("NAME", trainer.upper()):
+            cfg.TRAINER.pop(key, None)
+
+
+def check_builtin_values(cfg: CN) -> None:
+    from dael_plugin.builtin.defaults import SUPPORTED_VALUES
+
+    for key, allowed in SUPPORTED_VALUES.items():
+        node = cfg
+        for part in key.split("."):
+            node = node[part]
+        if node not in allowed:
+            raise DAELConfigError(
+                f"{key}={node!r} is not supported by the built-in engine (it supports {list(allowed)}); "
+                "change it, or use --engine dassl"
+            )
+
+
+def settings_digest(cfg: CN) -> str:
+    """What makes a run this run: its config without the keys that only say how to run it (the same
+    ones a resume may change, engine/checkpoint.py), hashed."""
+    import hashlib
+
+    from dael_plugin.engine.checkpoint import comparable_config
+
+    return hashlib.sha256(comparable_config(cfg).encode()).hexdigest()[:16]
+
+
+def check_names(cfg: CN, engine: str) -> None:
+    if engine == "dassl":
+        from dael_plugin.dassl_adapter.checks import check_run_names
+
+        check_run_names(cfg)
+        return
+    from dael_plugin.builtin.trainer import TRAINERS
+    from dael_plugin.data.folders import check_dataset_files, check_dataset_names
+
+    if cfg.TRAINER.NAME not in TRAINERS:
+        close = difflib.get_close_matches(str(cfg.TRAINER.NAME), list(TRAINERS), n=1)
+        hint = f" (did you mean {close[0]}?)" if close else ""
+        raise DAELConfigError(
+            f"trainer {cfg.TRAINER.NAME!r}{hint} is not available on the built-in engine (it has "
+            f"{sorted(TRAINERS)}); install Dassl and use --engine dassl for Dassl's baselines"
+        )
+    check_dataset_names(cfg.DATASET.NAME, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS)
+    check_dataset_files(
+        cfg.DATASET.NAME,
+        cfg.DATASET.ROOT,
+        cfg.DATASET.SOURCE_DOMAINS,
+        cfg.DATASET.TARGET_DOMAINS,
+        bool(cfg.DATASET.get("CATEGORY_SHIFT", False)),
+    )

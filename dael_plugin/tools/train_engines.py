@@ -1,0 +1,164 @@
+"""Starting a run on an engine, and what needs the engine's trainer: Dassl's trainer built
+(with per-epoch records for Dassl's own baselines), the log's config and system blocks, the
+weights an ``--eval-only`` run evaluates (``--select`` included), and DA or DG for the tables."""
+
+from __future__ import annotations
+
+import argparse
+import os
+from typing import Optional
+
+from yacs.config import CfgNode as CN
+
+from dael_plugin.engine import distributed
+from dael_plugin.engine.execution import (
+    cuda_settings,
+    pin_cpu_threads,
+)
+from dael_plugin.errors import DAELConfigError
+
+
+def say_threads() -> None:
+    """Pin and say the CPU thread count (engine/execution.pin_cpu_threads): it changes float sums,
+    so the run; said in the log, and recorded in the provenance."""
+    print(f"dael_plugin: {pin_cpu_threads()}")
+
+
+def say_config(cfg: CN, extra: str = "") -> None:
+    """The whole config (and Dassl's system info) to the run's log file; a few lines on the terminal:
+    what trains on what, for how long, and where the rest is written."""
+    from dael_plugin.builtin.runlog import log_only
+
+    logged = log_only("** Config **\n" + str(cfg) + "\n" + extra)
+    if not logged:
+        return
+    batch = cfg.DATALOADER.TRAIN_X.BATCH_SIZE
+    target = list(cfg.DATASET.TARGET_DOMAINS)
+    print(
+        f"{cfg.TRAINER.NAME} on {cfg.DATASET.NAME}: sources {list(cfg.DATASET.SOURCE_DOMAINS)} -> target {target}; "
+        f"backbone {cfg.MODEL.BACKBONE.NAME}, {cfg.OPTIM.MAX_EPOCH} epoch{'s' if cfg.OPTIM.MAX_EPOCH != 1 else ''} "
+        f"of batch {batch} at lr {cfg.OPTIM.LR}, "
+        f"seed {cfg.SEED}"
+    )
+    print(f"the whole config is in {logged}")
+
+
+def system_info() -> str:
+    """The log's system block on the Dassl engine, in place of Dassl's ``collect_env_info``:
+    that one runs ``pip list`` and ``nvidia-smi`` in subprocesses at every run start (0.5 s of
+    CPU, and what it says is in results.json's provenance anyway)."""
+    import platform
+
+    import PIL
+    import torch
+    import torchvision
+
+    lines = [
+        f"Python {platform.python_version()} on {platform.platform()}",
+        f"PyTorch {torch.__version__} (CUDA {torch.version.cuda}, cuDNN {torch.backends.cudnn.version()})",
+        f"torchvision {torchvision.__version__}, Pillow {PIL.__version__}",
+    ]
+    try:
+        import dassl
+
+        lines.append(f"Dassl {getattr(dassl, '__version__', '?')} at {os.path.dirname(dassl.__file__)}")
+    except ImportError:
+        pass
+    if torch.cuda.is_available():
+        lines += [f"GPU {i}: {torch.cuda.get_device_name(i)}" for i in range(torch.cuda.device_count())]
+    else:
+        lines.append(f"no CUDA GPU; {os.cpu_count()} CPUs")
+    return "\n".join(lines)
+
+
+def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
+    from dassl.engine import build_trainer
+    from dassl.utils import set_random_seed, setup_logger
+
+    from dael_plugin.dassl_adapter import prepare_cfg
+    from dael_plugin.dassl_adapter.records import eval_freq, with_records
+
+    if cfg.SEED >= 0:
+        print(f"Setting fixed seed: {cfg.SEED}")
+        set_random_seed(cfg.SEED)
+    if distributed.world().is_main:
+        setup_logger(cfg.OUTPUT_DIR)
+    say_threads()
+    cuda_settings(cfg)  # every trainer, Dassl's baselines too
+    say_config(cfg, "** System info **\n{}\n".format(system_info()))
+    prepare_cfg(cfg)  # done by check_names already; kept for callers of run_dassl alone
+    if args.eval_only or eval_freq(cfg) == 0:
+        trainer = build_trainer(cfg)
+    else:  # Dassl's baselines write the same per-epoch records as DAEL (dassl_adapter/records.py)
+        from dassl.engine import TRAINER_REGISTRY
+
+        print(f"Loading trainer: {cfg.TRAINER.NAME}")
+        trainer = with_records(TRAINER_REGISTRY.get(cfg.TRAINER.NAME))(cfg)
+    if cfg.TEST.FINAL_MODEL == "best_val" and getattr(trainer, "val_loader", None) is None:
+        raise DAELConfigError(_BEST_VAL_WITHOUT_VAL.format(dataset=cfg.DATASET.NAME))
+    if bool(cfg.DATASET.get("CATEGORY_SHIFT", False)) and not hasattr(trainer, "classes_held"):
+        # Dassl's own trainers (SourceOnly, M3SDA, ...): the same line as the plugin's trainers print
+        from dael_plugin.data.classes import classes_by_domain, describe
+
+        dm = trainer.dm
+        held = classes_by_domain(dm.dataset.train_x, dm.num_source_domains, dm.num_classes)
+        names = [dm.lab2cname.get(i, str(i)) for i in range(dm.num_classes)]
+        if distributed.world().is_main:
+            print("Category shift: " + "; ".join(describe(held, cfg.DATASET.SOURCE_DOMAINS, names)))
+    recorded = {}
+    original_test = trainer.test
+
+    def recording_test(*a, **k):
+        result = original_test(*a, **k)
+        recorded["accuracy"] = result
+        return result
+
+    trainer.test = recording_test  # every trainer's final test result reaches results.json
+    return {"trainer": trainer, "recorded": recorded}
+
+
+_BEST_VAL_WITHOUT_VAL = (
+    "TEST.FINAL_MODEL best_val: dataset {dataset} has no validation split, so 'best' would be chosen on the "
+    "target test set (test leakage); set TEST.FINAL_MODEL last_step"
+)
+
+
+def setting_of(trainer) -> str:
+    """DA when the run trained on unlabeled target data, else DG (for the tables)."""
+    if hasattr(trainer, "is_da"):
+        return "DA" if trainer.is_da else "DG"
+    from dassl.engine import TrainerXU  # a Dassl baseline
+
+    return "DA" if isinstance(trainer, TrainerXU) and getattr(trainer, "train_loader_u", None) is not None else "DG"
+
+
+def load_for_eval(trainer, engine: str, args: argparse.Namespace) -> Optional[int]:
+    """Load the weights to evaluate; returns the checkpoint's epoch count."""
+    if not os.path.isdir(args.model_dir):
+        raise DAELConfigError(f"--model-dir {args.model_dir} is not a directory; give the OUTPUT_DIR of a run")
+    if args.select:
+        from dael_plugin.engine.selection import best_name, check_chosen_model
+
+        name = best_name(args.select)
+        path = os.path.join(args.model_dir, name)
+        if not os.path.lexists(path):
+            raise DAELConfigError(
+                f"no {path}: that run kept no model for --select {args.select} (it "
+                "needs SELECTION.EVAL_FREQ > 0 and the protocol in SELECTION.KEEP_BEST)"
+            )
+        check_chosen_model(
+            path, args.select, args.model_dir, trainer.cfg.SEED, getattr(trainer, "data_fingerprint", None)
+        )
+        if engine == "dassl" and not getattr(trainer, "selection_built_in", False):  # a Dassl baseline
+            from dael_plugin.dassl_adapter.records import load_best
+
+            return load_best(trainer, args.model_dir, args.select)
+        return trainer.load_model(args.model_dir, name=name)
+    if engine == "dassl":
+        from dassl.engine.trainer import TrainerBase
+
+        from dael_plugin.dassl_adapter.trainer import load_dassl_checkpoints
+
+        if type(trainer).load_model is TrainerBase.load_model:  # Dassl's, which crashes on val_result=None
+            return load_dassl_checkpoints(trainer, args.model_dir, args.load_epoch)
+    return trainer.load_model(args.model_dir, epoch=args.load_epoch)

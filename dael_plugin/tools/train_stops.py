@@ -1,0 +1,110 @@
+"""How a run stops when it does not finish: SIGTERM, a loader worker killed with the run, out of
+memory (one line with what to lower), and where the run can be resumed from. The exit codes that
+are not the errors module's own (out of memory 4, a lost torchrun peer 5) are defined here."""
+
+from __future__ import annotations
+
+import os
+import signal
+from typing import Optional
+
+from dael_plugin.engine.checkpoint import LAST, checkpoint_epoch
+from dael_plugin.engine.results import (
+    write_failure,
+)
+from dael_plugin.errors import Terminated, say
+
+EXIT_OOM = 4  # out of device or host memory: one line with the settings to lower
+
+EXIT_LOST_PEER = 5  # under torchrun: another process of the job died or stalled
+
+
+def raise_terminated(signum, _frame):
+    raise Terminated(signum)
+
+
+def worker_terminated(exc: BaseException) -> bool:
+    """A data-loader worker stopped by SIGTERM: a scheduler (``scancel``, ``timeout``, a job's
+    cgroup) signals every process of the run at once, and the main process can see its worker's
+    death (torch's SIGCHLD check) before its own SIGTERM."""
+    return "DataLoader worker" in str(exc) and "killed by signal: Terminated" in str(exc)
+
+
+def stop_listening(sigchld) -> None:
+    """Stopping: a second SIGTERM (the rest of a group-wide one) must not interrupt the cleanup,
+    and the loaders' dead workers no longer concern anyone (torch's SIGCHLD check would otherwise
+    raise again from wherever the interpreter is, down to its exit hooks).
+
+    ``signal.signal`` first runs the handlers of signals already pending, with the handlers being
+    replaced: torch's SIGCHLD check can raise the worker's error from the very call that removes
+    it, and a late SIGTERM its ``Terminated``. Each such signal is spent once it has run, so the
+    swap is retried until it goes through."""
+    for _ in range(64):
+        try:
+            signal.signal(signal.SIGCHLD, sigchld if sigchld is not None else signal.SIG_DFL)
+            signal.signal(signal.SIGTERM, signal.SIG_IGN)
+            return
+        except Terminated:
+            continue
+        except RuntimeError as exc:
+            if not worker_terminated(exc):
+                raise
+
+
+def torch_distributed():
+    import torch.distributed
+
+    return torch.distributed
+
+
+def oom_types() -> tuple:
+    import torch
+
+    return (torch.OutOfMemoryError, MemoryError)
+
+
+def out_of_memory(exc: BaseException, state: dict) -> str:
+    """One line for an out-of-memory stop: where, and what to lower. A smaller batch is another
+    run, so it needs another output directory; the same command resumes this one."""
+    import torch
+
+    cfg = state.get("cfg")
+    on_gpu = isinstance(exc, torch.OutOfMemoryError)
+    first = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+    now = ""
+    if cfg is not None:
+        d = cfg.DATALOADER
+        u = d.TRAIN_X.BATCH_SIZE if d.TRAIN_U.SAME_AS_X else d.TRAIN_U.BATCH_SIZE
+        now = (
+            f" (now DATALOADER.TRAIN_X.BATCH_SIZE {d.TRAIN_X.BATCH_SIZE}, TRAIN_U {u}, TEST {d.TEST.BATCH_SIZE}, "
+            f"NUM_WORKERS {d.NUM_WORKERS}, INPUT.SIZE {tuple(cfg.INPUT.SIZE)})"
+        )
+    lower = (
+        "the batch sizes or INPUT.SIZE, or use TRAINER.DAEL.PREC bf16"
+        if on_gpu
+        else ("the batch sizes, INPUT.SIZE or DATALOADER.NUM_WORKERS")
+    )
+    return (
+        f"out of {'GPU' if on_gpu else 'host'} memory ({first}): lower {lower}{now}; a new setting is another "
+        "run, so give it another --output-dir (the same command resumes this one from its last checkpoint)"
+    )
+
+
+def oom_exit(exc: BaseException, state: dict) -> int:
+    line = out_of_memory(exc, state)
+    if state.get("output_dir"):
+        write_failure(state["output_dir"], line)
+    say(f"error: {line}")
+    return EXIT_OOM
+
+
+def where_to_resume(output_dir: Optional[str], eval_only: bool = False) -> str:
+    if eval_only:
+        return "the evaluation stopped before its results_eval.json; the model it read is unchanged: rerun it"
+    if not output_dir:
+        return "nothing was saved"
+    path = os.path.join(output_dir, LAST)
+    epoch = checkpoint_epoch(path) if os.path.isfile(path) else None
+    if epoch is None:
+        return f"no epoch finished, so no checkpoint was saved in {output_dir}"
+    return f"the last checkpoint is {path} (epoch {epoch}); rerun the same command to resume"

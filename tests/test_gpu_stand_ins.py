@@ -67,8 +67,8 @@ COLLECTIVES = textwrap.dedent(
     tally = ExpertTally()
     tally.update(torch.eye(3)[[w.rank]].unsqueeze(1), torch.tensor([w.rank]))
     assert tally.gathered().total == 2 and _sum_over_processes(1) == 2
+    print("collectives ok")  # rank 1's stdout is quiet until finish()
     distributed.finish()
-    print("collectives ok")
     """
 )
 

@@ -95,6 +95,12 @@ def get_builtin_cfg() -> CN:
 
     _C.TRAINER = CN()
     _C.TRAINER.NAME = ""
+    # Dassl's baselines on this engine: their keys and Dassl's defaults (dassl/config/defaults.py)
+    _C.TRAINER.M3SDA = CN()
+    _C.TRAINER.M3SDA.LMDA = 0.5  # weight of the moment distance
+    _C.TRAINER.M3SDA.N_STEP_F = 4  # steps of F on the discrepancy (step C), as MCD's
+    _C.TRAINER.MME = CN()
+    _C.TRAINER.MME.LMDA = 0.1  # weight of the entropy loss
     return add_dael_config(_C)  # TRAINER.DAEL / TRAINER.DAELDG, from the one key table
 
 

@@ -103,8 +103,12 @@ class BuiltinTrainer:
         self.guard = FiniteGuard()
         self.prepare_model()
         sync_batch_norm(self.modules)  # under torchrun: statistics over every shard, per domain chunk
-        self.optim = self._build_optim(self.modules.parameters())
-        self.sched = self._build_sched(self.optim)
+        # One optimiser and scheduler per group of modules (build_optimizers); the first is
+        # self.optim / self.sched, which a trainer with one optimiser uses alone.
+        self.optims = self.build_optimizers()
+        self.scheds = {name: self._build_sched(o) for name, o in self.optims.items()}
+        first = next(iter(self.optims))
+        self.optim, self.sched = self.optims[first], self.scheds[first]
         self.build_step()
         self.start_epoch = 0
         self.epoch = 0
@@ -127,6 +131,11 @@ class BuiltinTrainer:
 
     def prepare_model(self) -> None:
         """Layout changes to the model on its device, before the optimiser exists."""
+
+    def build_optimizers(self) -> Dict[str, torch.optim.Optimizer]:
+        """The optimisers by name, each over its modules, from ``OPTIM`` (a scheduler each): one
+        over every module by default; Dassl's baselines give one per module, as Dassl does."""
+        return {"all": self._build_optim(self.modules.parameters())}
 
     def build_step(self) -> None:
         """Whatever the training step needs beyond the model and optimiser."""
@@ -286,9 +295,27 @@ class BuiltinTrainer:
             self._train_counts(),
             self.data_fingerprint,
             model=self.modules.state_dict(),
-            optim=self.optim.state_dict(),
-            sched=ckpt.sched_state(self.sched),
+            **self._optim_state(),
         )
+
+    def _optim_state(self) -> dict:
+        """One optimiser: ``optim`` and ``sched``, as every checkpoint before several optimisers
+        had; several (Dassl's baselines): ``optims`` and ``scheds`` by name, as the Dassl engine."""
+        if len(self.optims) == 1:
+            return {"optim": self.optim.state_dict(), "sched": ckpt.sched_state(self.sched)}
+        return {
+            "optims": {n: o.state_dict() for n, o in self.optims.items()},
+            "scheds": {n: ckpt.sched_state(s) for n, s in self.scheds.items()},
+        }
+
+    def _load_optim_state(self, state: dict) -> None:
+        if len(self.optims) == 1:
+            self.optim.load_state_dict(state["optim"])
+            ckpt.load_sched_state(self.sched, state["sched"])
+            return
+        for name, optim in self.optims.items():
+            optim.load_state_dict(state["optims"][name])
+            ckpt.load_sched_state(self.scheds[name], state["scheds"][name])
 
     def _train_counts(self) -> Dict[str, int]:
         u = self.splits["train_u"] if self.is_da else None
@@ -334,8 +361,7 @@ class BuiltinTrainer:
 
         def load(state: dict) -> None:
             self.modules.load_state_dict(state["model"])
-            self.optim.load_state_dict(state["optim"])
-            ckpt.load_sched_state(self.sched, state["sched"])
+            self._load_optim_state(state)
             for loader, gen in zip(self._loaders(), state["data"]["loader_generators"]):
                 loader.generator.set_state(gen)
 
@@ -399,7 +425,8 @@ class BuiltinTrainer:
         self._run_start, self._batches_run = time.time(), 0
         for self.epoch in range(self.start_epoch, cfg.OPTIM.MAX_EPOCH):
             self.run_epoch()
-            self.sched.step()
+            for sched in self.scheds.values():
+                sched.step()
             host.check_after_epoch(self.guard, [self.modules], self.epoch + 1, cfg.OPTIM.LR, cfg.OUTPUT_DIR)
             if self.eval_each_epoch and not cfg.TEST.NO_TEST:
                 self.test(split=self.eval_split_each_epoch())

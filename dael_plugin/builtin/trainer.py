@@ -181,6 +181,13 @@ class SourceOnlyBuiltin(SingleClassifier):
 
 
 TRAINERS = {"DAEL": DAELBuiltin, "DAELDG": DAELBuiltin, "SourceOnly": SourceOnlyBuiltin, "Vanilla": SourceOnlyBuiltin}
+# Dassl's baselines, each in a module of its own (which imports this one), loaded when a run names it
+BASELINES = {"M3SDA": "dael_plugin.builtin.m3sda:M3SDABuiltin", "MME": "dael_plugin.builtin.mme:MMEBuiltin"}
+
+
+def trainer_names() -> list:
+    """Every ``--trainer`` the built-in engine runs."""
+    return sorted(set(TRAINERS) | set(BASELINES))
 
 
 def register(name: str):
@@ -188,8 +195,8 @@ def register(name: str):
     already taken is refused: a second class would silently replace the first."""
 
     def add(cls):
-        if name in TRAINERS and TRAINERS[name] is not cls:
-            raise DAELConfigError(f"a built-in trainer named {name!r} exists ({TRAINERS[name].__name__}); pick another")
+        if (name in TRAINERS and TRAINERS[name] is not cls) or (name in BASELINES and name not in TRAINERS):
+            raise DAELConfigError(f"a built-in trainer named {name!r} exists; pick another")
         if not (isinstance(cls, type) and issubclass(cls, BuiltinTrainer)):
             raise DAELConfigError(f"{cls!r} is not a BuiltinTrainer subclass; derive it from SingleClassifier")
         TRAINERS[name] = cls
@@ -200,9 +207,14 @@ def register(name: str):
 
 def build_builtin_trainer(cfg: CN, eval_each_epoch: bool = False) -> BuiltinTrainer:
     name = cfg.TRAINER.NAME
+    if name in BASELINES and name not in TRAINERS:
+        import importlib
+
+        module, cls = BASELINES[name].split(":")
+        TRAINERS[name] = getattr(importlib.import_module(module), cls)
     if name not in TRAINERS:
         raise DAELConfigError(
-            f"trainer {name!r} is not available on the built-in engine (it has {sorted(TRAINERS)}); "
+            f"trainer {name!r} is not available on the built-in engine (it has {trainer_names()}); "
             "install Dassl and use --engine dassl for Dassl's baselines"
         )
     return TRAINERS[name](cfg, eval_each_epoch=eval_each_epoch)

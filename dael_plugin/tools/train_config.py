@@ -226,15 +226,15 @@ def check_names(cfg: CN, engine: str) -> None:
 
         check_run_names(cfg)
         return
-    from dael_plugin.builtin.trainer import TRAINERS
+    from dael_plugin.builtin.trainer import trainer_names
     from dael_plugin.data.folders import check_dataset_files, check_dataset_names
 
-    if cfg.TRAINER.NAME not in TRAINERS:
-        close = difflib.get_close_matches(str(cfg.TRAINER.NAME), list(TRAINERS), n=1)
+    if cfg.TRAINER.NAME not in trainer_names():
+        close = difflib.get_close_matches(str(cfg.TRAINER.NAME), trainer_names(), n=1)
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise DAELConfigError(
             f"trainer {cfg.TRAINER.NAME!r}{hint} is not available on the built-in engine (it has "
-            f"{sorted(TRAINERS)}); install Dassl and use --engine dassl for Dassl's baselines"
+            f"{trainer_names()}); install Dassl and use --engine dassl for the other Dassl baselines"
         )
     check_dataset_names(cfg.DATASET.NAME, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS)
     check_dataset_files(

@@ -1,0 +1,54 @@
+"""What Dassl's baselines on the built-in engine share: Dassl's one optimiser (and scheduler) per
+module, its ``model_backward_and_update``, and the preconditions a baseline states in one line."""
+
+from __future__ import annotations
+
+from typing import Dict, Sequence
+
+import torch
+
+from dael_plugin.builtin.trainer import SingleClassifier
+from dael_plugin.engine import distributed
+from dael_plugin.errors import DAELConfigError
+
+
+class DasslBaseline(SingleClassifier):
+    """A Dassl DA baseline: target batches in DA runs, one optimiser per module (``F``, ``C``, ...,
+    as Dassl's ``register_model`` gives them), updated by named groups."""
+
+    uses_target = True
+
+    def check_cfg(self) -> None:
+        super().check_cfg()
+        name = self.cfg.TRAINER.NAME
+        if distributed.from_env().distributed:
+            raise DAELConfigError(
+                f"{name} on the built-in engine runs on one process: its update steps several optimisers "
+                "on one backbone in turn, which DDP's averaging of one backward pass does not follow; "
+                "run it without torchrun"
+            )
+
+    def check_target(self) -> None:
+        if not self.is_da:
+            raise DAELConfigError(
+                f"{self.cfg.TRAINER.NAME} is a domain adaptation method and needs unlabeled target data, but "
+                f"{self.cfg.DATASET.NAME} gives none for {list(self.cfg.DATASET.TARGET_DOMAINS)}; "
+                "use a DA dataset config"
+            )
+
+    def build_optimizers(self) -> Dict[str, torch.optim.Optimizer]:
+        return {name: self._build_optim(m.parameters()) for name, m in self.modules.items()}
+
+    def build_step(self) -> None:
+        self.check_target()  # (no DDP wrapper: one process, see check_cfg)
+
+    def backward_and_update(self, loss: torch.Tensor, names: Sequence[str] = ("F", "C")) -> None:
+        """Dassl's ``model_backward_and_update(loss, names)``: the named optimisers' gradients
+        cleared, one backward pass, those optimisers stepped; the loss goes to the divergence
+        flag instead of Dassl's host-side ``isfinite`` check."""
+        self.guard.update(loss)
+        for n in names:
+            self.optims[n].zero_grad(set_to_none=True)
+        loss.backward()
+        for n in names:
+            self.optims[n].step()

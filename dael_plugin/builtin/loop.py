@@ -36,7 +36,7 @@ from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, host
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
-from dael_plugin.engine.loop import eval_loader, sync_batch_norm, train_epoch
+from dael_plugin.engine.loop import end_sync_batch_norm, eval_loader, sync_batch_norm, train_epoch
 from dael_plugin.engine.selection import Selection, keep_list, record_loaders, split_sources
 from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
 from dael_plugin.errors import DAELConfigError
@@ -433,6 +433,7 @@ class BuiltinTrainer:
             if self.selection is not None:
                 self.selection.after_epoch(self.epoch + 1)
             self.save(self.epoch)  # last: the saved RNG state is the next epoch's starting state
+        end_sync_batch_norm(self.modules)
         print("Finish training")
         if not cfg.TEST.NO_TEST:
             print("Deploy the last-epoch model")

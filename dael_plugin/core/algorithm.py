@@ -69,7 +69,7 @@ class DAEL:
         if fuse_chunks:
             reason = unfusable_reason(featurizer)
             if reason is None:
-                self._bns = convert(featurizer)  # swaps the layers' classes, once
+                self._bns = convert(featurizer)  # per-chunk modules in place of the layers, once
             else:
                 self.fuse_chunks = False
                 print(f"dael_plugin: FUSE_CHUNKS falls back to one backbone call per domain chunk: {reason}")

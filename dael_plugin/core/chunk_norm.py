@@ -46,10 +46,12 @@ Why ``auto`` takes ``grouped`` on CUDA and ``split`` on CPU:
   channels_last layer, forward and backward, 2 cores: ``split`` 62 ms,
   ``grouped`` 148 ms; the Digit-5 step 832 ms against 988 ms), so ``split``.
 
-Layers are converted in place the first time (their class gains a mixin; the
-parameters, buffers, hooks and state-dict keys are unchanged). Outside the
-context, or in evaluation mode (running statistics), a converted layer is the
-original layer.
+:func:`convert` puts a per-chunk module in place of each batch-norm layer, in its parent and
+under its name, sharing the layer's parameters, buffers and hooks (the state-dict keys are
+unchanged, so checkpoints from before load as they did). The layer objects themselves are left
+alone: no class or attribute is set on them. The per-call state (the chunk sizes, the pending
+counter increments) and the synchronisation group live in the per-chunk modules; outside a
+fused call, or in evaluation mode (running statistics), a per-chunk module is the original layer.
 
 Long because it holds the two implementations of one semantics (split and grouped) and the switch
 between them, tested against each other and against Dassl's per-chunk calls; the forward, backward
@@ -400,22 +402,41 @@ for _cls in PLAIN:
     _chunked_class(_cls)
 
 
+def _chunked_copy(bn: _BatchNorm) -> _BatchNorm:
+    """A module of ``bn``'s per-chunk class holding ``bn``'s parameters and buffers (the same
+    tensors) and its hooks; ``bn`` itself keeps its class and attributes."""
+    cls = _chunked_class(type(bn))
+    new = cls.__new__(cls)
+    # Module's containers (parameters, buffers, hooks, children) copied, their contents shared
+    new.__dict__.update({k: (v.copy() if isinstance(v, (dict, set)) else v) for k, v in bn.__dict__.items()})
+    # Instance attributes from the start: a compiled step guards on which exist, so setting them
+    # for the first time in the first step would recompile the second.
+    new._dael_impl, new._dael_chunks, new._dael_pending, new._dael_weights = "split", None, 0, None
+    new._dael_sync, new._dael_world = None, 1
+    return new
+
+
 def convert(module: nn.Module) -> List[_BatchNorm]:
-    """Give every batch-norm layer of ``module`` the per-chunk mode (idempotent); returns them."""
-    bns = [m for m in module.modules() if isinstance(m, _BatchNorm)]
-    for m in bns:
-        if not isinstance(m, _ChunkedMixin):
-            m.__class__ = _chunked_class(type(m))
-            # Instance attributes from the start: a compiled step guards on which exist, so
-            # setting them for the first time in the first step would recompile the second.
-            m._dael_impl, m._dael_chunks, m._dael_pending, m._dael_weights = "split", None, 0, None
-    return bns
+    """Put a per-chunk batch-norm module in place of every batch-norm layer of ``module`` (in its
+    parent, under the same name: the state-dict keys do not change); returns them, in the order
+    of ``module.modules()``. Idempotent. The layers replaced are left as they were: no class or
+    attribute is set on them; each new module shares their parameters and buffers."""
+    if isinstance(module, _BatchNorm) and not isinstance(module, _ChunkedMixin):
+        raise ValueError("per-chunk batch norm converts the batch-norm layers inside a module, not a bare layer")
+    made: Dict[int, _BatchNorm] = {}  # a layer shared by two parents stays one module
+    for parent in list(module.modules()):
+        for name, child in list(parent.named_children()):
+            if isinstance(child, _BatchNorm) and not isinstance(child, _ChunkedMixin):
+                setattr(parent, name, made.setdefault(id(child), _chunked_copy(child)))
+    return [m for m in module.modules() if isinstance(m, _ChunkedMixin)]
 
 
 def set_sync(module: nn.Module, group, world: int) -> List[_BatchNorm]:
     """Normalise every batch-norm layer of ``module`` in training with statistics over all
     ``world`` processes of ``group`` (each chunk an equal shard per process), per chunk: the
-    per-domain synchronised batch norm of a distributed run. ``group=None`` undoes it."""
+    per-domain synchronised batch norm of a distributed run. ``group=None`` undoes it (the hosts
+    do at the end of training: a process group cannot be copied, and ``copy.deepcopy`` of the
+    trained model then works)."""
     bns = convert(module)
     for m in bns:
         if group is not None and grouped_reason(m) is not None:

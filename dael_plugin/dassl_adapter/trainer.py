@@ -50,7 +50,7 @@ from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, host
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
-from dael_plugin.engine.loop import eval_loader, local_share, sync_batch_norm, train_epoch
+from dael_plugin.engine.loop import end_sync_batch_norm, eval_loader, local_share, sync_batch_norm, train_epoch
 from dael_plugin.engine.step import DeviceMeters, format_meters, make_step, prepare_model
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_train_views, check_names
@@ -413,6 +413,10 @@ class DAELTrainer(TrainerXU):
             print(f"Loaded {path} (epoch {state['epoch']})")
             return int(state["epoch"])
         return load_dassl_checkpoints(self, directory, epoch)
+
+    def after_train(self):
+        end_sync_batch_norm(self.F)  # before Dassl's final test, which uses running statistics
+        super().after_train()
 
     def model_inference(self, input):
         return self.algorithm.predict(input)

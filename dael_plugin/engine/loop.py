@@ -65,3 +65,12 @@ def sync_batch_norm(module: torch.nn.Module) -> None:
     w = distributed.world()
     if w.distributed:
         set_sync(module, distributed.device_group(), w.size)
+
+
+def end_sync_batch_norm(module: torch.nn.Module) -> None:
+    """When training ends: the batch-norm modules forget the process group (evaluation normalises
+    with running statistics, and a model holding a group cannot be copied with ``copy.deepcopy``)."""
+    from dael_plugin.core.chunk_norm import _ChunkedMixin, set_sync
+
+    if any(isinstance(m, _ChunkedMixin) and m._dael_sync is not None for m in module.modules()):
+        set_sync(module, None, 1)

@@ -84,7 +84,7 @@ def _builtin(trainer, root, out, *opts):
     return build_builtin_trainer(setup_cfg(args, "builtin"))
 
 
-@pytest.mark.parametrize("trainer", ["M3SDA", "MME"])
+@pytest.mark.parametrize("trainer", ["M3SDA", "MME", "MCD"])
 def test_a_baseline_trains_on_the_builtin_engine_and_resumes(tmp_path, tiny_root, trainer, monkeypatch):
     """Through the CLI: a run stopped (Ctrl-C) right after epoch 1's checkpoint and run again
     ends with the weights of an uninterrupted two-epoch run, bit for bit: both optimisers' and
@@ -108,7 +108,7 @@ def test_a_baseline_trains_on_the_builtin_engine_and_resumes(tmp_path, tiny_root
     assert "will resume training from epoch 2" in again.stdout
     a = torch.load(tmp_path / "a" / "model.pth.tar-2", weights_only=True)
     c = torch.load(tmp_path / "c" / "model.pth.tar-2", weights_only=True)
-    assert set(a["optims"]) == {"F", "C"} and "optim" not in a
+    assert set(a["optims"]) == ({"F", "C1", "C2"} if trainer == "MCD" else {"F", "C"}) and "optim" not in a
     for k, v in a["model"].items():
         assert torch.equal(v, c["model"][k]), k
 
@@ -139,18 +139,18 @@ def _dassl_cfg(trainer, root, out):
 
 
 @pytest.mark.dassl
-@pytest.mark.parametrize("trainer", ["M3SDA", "MME"])
+@pytest.mark.parametrize("trainer", ["M3SDA", "MME", "MCD"])
 def test_three_steps_match_dassls_own_trainer(tmp_path, data_root, trainer):
     """The same initial weights and the same three batches (the built-in engine's, every domain
     in order): each step's losses and the weights after it agree with Dassl's own trainer to
     float rounding, at lr 1e-4 (at the configs' lr this network is chaotic, as DAEL's own test
-    says). MME runs the same operations in the same order: bitwise equal (measured: every weight
-    and loss, three steps). M3SDA sums per-chunk losses in a Python loop where the built-in trainer
+    says). MME and MCD run the same operations in the same order: bitwise equal (measured: every
+    weight and loss, three steps). M3SDA sums per-chunk losses in a Python loop where the built-in trainer
     sums batched products and runs one backbone call with per-chunk batch norm: after three steps
     (eight backbone passes and six updates each) the weights were within 4.5e-7, the batch-norm
     running statistics within 4.7e-6 and the losses within 6e-8 (AMD EPYC, 2026-11-28); at lr 1e-3
     the same rounding grew tenfold a step (1e-7, 1e-5, 1e-4 in weights), the chaos of the min-max
-    updates. Tolerance 1e-5 (relative where a value exceeds 1), 1e-6 for MME."""
+    updates. Tolerance 1e-5 (relative where a value exceeds 1), 1e-6 for MME and MCD."""
     from dassl.engine import TRAINER_REGISTRY
 
     import dael_plugin  # noqa: F401  (registers the embedded set with Dassl)
@@ -169,6 +169,9 @@ def test_three_steps_match_dassls_own_trainer(tmp_path, data_root, trainer):
                 ours.modules["C"].b1[k].copy_(pair.c1.bias)
                 ours.modules["C"].w2[k].copy_(pair.c2.weight)
                 ours.modules["C"].b2[k].copy_(pair.c2.bias)
+    elif trainer == "MCD":
+        ours.modules["C1"].load_state_dict(ref.C1.state_dict())
+        ours.modules["C2"].load_state_dict(ref.C2.state_dict())
     else:
         ours.modules["C"].load_state_dict(ref.C.state_dict())
     ref.batch_idx, ref.num_batches = 0, 100
@@ -190,6 +193,8 @@ def test_three_steps_match_dassls_own_trainer(tmp_path, data_root, trainer):
             for k, pair in enumerate(ref.C):
                 torch.testing.assert_close(ours.modules["C"].w1[k], pair.c1.weight, atol=tol, rtol=0)
                 torch.testing.assert_close(ours.modules["C"].b2[k], pair.c2.bias, atol=tol, rtol=0)
+        elif trainer == "MCD":
+            torch.testing.assert_close(ours.modules["C2"].weight, ref.C2.weight, atol=tol, rtol=0)
         else:
             torch.testing.assert_close(ours.modules["C"].prototypes.weight, ref.C.prototypes.weight, atol=tol, rtol=0)
     ref.set_model_mode("eval")

@@ -3,7 +3,7 @@ module, its ``model_backward_and_update``, and the preconditions a baseline stat
 
 from __future__ import annotations
 
-from typing import Dict, Sequence
+from typing import Dict, Optional, Sequence
 
 import torch
 
@@ -42,10 +42,11 @@ class DasslBaseline(SingleClassifier):
     def build_step(self) -> None:
         self.check_target()  # (no DDP wrapper: one process, see check_cfg)
 
-    def backward_and_update(self, loss: torch.Tensor, names: Sequence[str] = ("F", "C")) -> None:
+    def backward_and_update(self, loss: torch.Tensor, names: Optional[Sequence[str]] = None) -> None:
         """Dassl's ``model_backward_and_update(loss, names)``: the named optimisers' gradients
-        cleared, one backward pass, those optimisers stepped; the loss goes to the divergence
-        flag instead of Dassl's host-side ``isfinite`` check."""
+        cleared (every module's without ``names``), one backward pass, those optimisers stepped;
+        the loss goes to the divergence flag instead of Dassl's host-side ``isfinite`` check."""
+        names = list(self.optims) if names is None else names
         self.guard.update(loss)
         for n in names:
             self.optims[n].zero_grad(set_to_none=True)

@@ -101,6 +101,8 @@ def get_builtin_cfg() -> CN:
     _C.TRAINER.M3SDA.N_STEP_F = 4  # steps of F on the discrepancy (step C), as MCD's
     _C.TRAINER.MME = CN()
     _C.TRAINER.MME.LMDA = 0.1  # weight of the entropy loss
+    _C.TRAINER.MCD = CN()
+    _C.TRAINER.MCD.N_STEP_F = 4  # steps of F on the discrepancy (step C)
     return add_dael_config(_C)  # TRAINER.DAEL / TRAINER.DAELDG, from the one key table
 
 

@@ -182,7 +182,11 @@ class SourceOnlyBuiltin(SingleClassifier):
 
 TRAINERS = {"DAEL": DAELBuiltin, "DAELDG": DAELBuiltin, "SourceOnly": SourceOnlyBuiltin, "Vanilla": SourceOnlyBuiltin}
 # Dassl's baselines, each in a module of its own (which imports this one), loaded when a run names it
-BASELINES = {"M3SDA": "dael_plugin.builtin.m3sda:M3SDABuiltin", "MME": "dael_plugin.builtin.mme:MMEBuiltin"}
+BASELINES = {
+    "M3SDA": "dael_plugin.builtin.m3sda:M3SDABuiltin",
+    "MME": "dael_plugin.builtin.mme:MMEBuiltin",
+    "MCD": "dael_plugin.builtin.mcd:MCDBuiltin",
+}
 
 
 def trainer_names() -> list:

@@ -42,6 +42,18 @@ class DasslBaseline(SingleClassifier):
     def build_step(self) -> None:
         self.check_target()  # (no DDP wrapper: one process, see check_cfg)
 
+    def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
+        return self.features_and_experts(x)[1]  # a baseline defines its prediction there, once
+
+    def inputs(self, batch_x: dict, batch_u: dict):
+        """The source images and labels and the target images, on the device."""
+        dev = self.device
+        return (
+            batch_x["img"].to(dev, non_blocking=True),
+            batch_x["label"].to(dev, non_blocking=True),
+            batch_u["img"].to(dev, non_blocking=True),
+        )
+
     def backward_and_update(self, loss: torch.Tensor, names: Optional[Sequence[str]] = None) -> None:
         """Dassl's ``model_backward_and_update(loss, names)``: the named optimisers' gradients
         cleared (every module's without ``names``), one backward pass, those optimisers stepped;

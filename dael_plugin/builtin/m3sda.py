@@ -68,10 +68,8 @@ class M3SDABuiltin(DasslBaseline):
         return n, batch_x["domain"].view(n, per)[:, 0].to(self.device, non_blocking=True)
 
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
-        dev, per = self.device, self.per_domain
-        x = batch_x["img"].to(dev, non_blocking=True)
-        y = batch_x["label"].to(dev, non_blocking=True)
-        xu = batch_u["img"].to(dev, non_blocking=True)
+        per = self.per_domain
+        x, y, xu = self.inputs(batch_x, batch_u)
         n, domains = self._chunks(batch_x)
         net, heads = self.modules["F"], self.modules["C"]
 
@@ -103,9 +101,6 @@ class M3SDABuiltin(DasslBaseline):
             self.backward_and_update(loss_c, ("F",))
             out["loss_step_C"] = loss_c.detach()
         return out
-
-    def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
-        return self.features_and_experts(x)[1]
 
     def features_and_experts(self, x: torch.Tensor):
         feat = self.modules["F"](x)

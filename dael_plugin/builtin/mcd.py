@@ -35,10 +35,7 @@ class MCDBuiltin(DasslBaseline):
         return {"F": backbone, "C1": nn.Linear(fdim, self.num_classes), "C2": nn.Linear(fdim, self.num_classes)}
 
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
-        dev = self.device
-        x = batch_x["img"].to(dev, non_blocking=True)
-        y = batch_x["label"].to(dev, non_blocking=True)
-        xu = batch_u["img"].to(dev, non_blocking=True)
+        x, y, xu = self.inputs(batch_x, batch_u)
         net, c1, c2 = self.modules["F"], self.modules["C1"], self.modules["C2"]
 
         def source_loss(feat: torch.Tensor) -> torch.Tensor:
@@ -59,9 +56,6 @@ class MCDBuiltin(DasslBaseline):
             self.backward_and_update(loss_c, ("F",))
             out["loss_step_C"] = loss_c.detach()
         return out
-
-    def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
-        return self.features_and_experts(x)[1]
 
     def features_and_experts(self, x: torch.Tensor):
         feat = self.modules["F"](x)

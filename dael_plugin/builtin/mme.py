@@ -29,10 +29,7 @@ class MMEBuiltin(DasslBaseline):
         return {"F": backbone, "C": Prototypes(backbone.out_features, self.num_classes)}
 
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
-        dev = self.device
-        x = batch_x["img"].to(dev, non_blocking=True)
-        y = batch_x["label"].to(dev, non_blocking=True)
-        xu = batch_u["img"].to(dev, non_blocking=True)
+        x, y, xu = self.inputs(batch_x, batch_u)
         net, head = self.modules["F"], self.modules["C"]
         logit_x = head(net(x))
         loss_x = F.cross_entropy(logit_x, y)

@@ -204,3 +204,23 @@ def test_three_steps_match_dassls_own_trainer(tmp_path, data_root, trainer):
         want = ref.model_inference(x)
         got = ours.predict_experts(x).mean(1)
     assert torch.equal(want.argmax(1), got.argmax(1))
+
+
+@pytest.mark.parametrize("trainer", ["M3SDA", "MME", "MCD"])
+def test_a_baseline_step_on_the_meta_device_mixes_no_cpu_tensor(tmp_path, tiny_root, trainer):
+    """Stand-in for a GPU: the modules on the meta device (not the CPU), the host's batches moved
+    there by update(); any CPU tensor in the device math raises. It cannot see CUDA's kernels,
+    streams or memory, nor a host sync (the step's losses stay on the device here; test_gpu.py
+    reads them under CUDA's sync check where a GPU is lent)."""
+    tr = _builtin(trainer, tiny_root, tmp_path / "o", "TRAINER.M3SDA.N_STEP_F", "1", "TRAINER.MCD.N_STEP_F", "1")
+    meta = torch.device("meta")
+    tr.modules.to(meta)
+    tr.device = meta
+    if trainer == "M3SDA":
+        tr.all_domains = tr.all_domains.to(meta)
+    tr.modules.train()
+    batch_x, batch_u = next(tr._batches())
+    out = tr.forward_backward(batch_x, batch_u)
+    assert out and all(v.device.type == "meta" for v in out.values())
+    assert all(p.grad is not None and p.grad.device.type == "meta" for p in tr.modules.parameters())
+    assert tr.predict_experts(batch_x["img"].to(meta)).device.type == "meta"

@@ -3,7 +3,7 @@ module, its ``model_backward_and_update``, and the preconditions a baseline stat
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Sequence
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
@@ -17,16 +17,22 @@ class DasslBaseline(SingleClassifier):
     as Dassl's ``register_model`` gives them), updated by named groups."""
 
     uses_target = True
+    frozen: Tuple[str, ...] = ()  # modules no optimiser steps (ADDA's source backbone, SE's teacher)
+    # why the update cannot run under DDP (each baseline's own reason, in the refusal's line)
+    ddp_reason = "its update steps several optimisers on one backbone in turn, which DDP's averaging of one backward pass does not follow"
 
     def check_cfg(self) -> None:
         super().check_cfg()
         name = self.cfg.TRAINER.NAME
         if distributed.from_env().distributed:
             raise DAELConfigError(
-                f"{name} on the built-in engine runs on one process: its update steps several optimisers "
-                "on one backbone in turn, which DDP's averaging of one backward pass does not follow; "
-                "run it without torchrun"
+                f"{name} on the built-in engine runs on one process: {self.ddp_reason}; run it without torchrun"
             )
+
+    @property
+    def global_step(self) -> int:
+        """The run's step, 0-based (Dassl's ``batch_idx + epoch * num_batches``)."""
+        return self.batch_idx + self.epoch * self.num_batches
 
     def check_target(self) -> None:
         if not self.is_da:
@@ -37,7 +43,7 @@ class DasslBaseline(SingleClassifier):
             )
 
     def build_optimizers(self) -> Dict[str, torch.optim.Optimizer]:
-        return {name: self._build_optim(m.parameters()) for name, m in self.modules.items()}
+        return {name: self._build_optim(m.parameters()) for name, m in self.modules.items() if name not in self.frozen}
 
     def build_step(self) -> None:
         self.check_target()  # (no DDP wrapper: one process, see check_cfg)

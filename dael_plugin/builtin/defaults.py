@@ -51,6 +51,7 @@ def get_builtin_cfg() -> CN:
 
     _C.DATALOADER = CN()
     _C.DATALOADER.NUM_WORKERS = 4
+    _C.DATALOADER.K_TRANSFORMS = 1  # views of each training image (SE: 2)
     _C.DATALOADER.TRAIN_X = CN()
     _C.DATALOADER.TRAIN_X.SAMPLER = "RandomSampler"
     _C.DATALOADER.TRAIN_X.BATCH_SIZE = 32
@@ -67,6 +68,7 @@ def get_builtin_cfg() -> CN:
     _C.MODEL.BACKBONE = CN()
     _C.MODEL.BACKBONE.NAME = ""
     _C.MODEL.BACKBONE.PRETRAINED = True
+    _C.MODEL.INIT_WEIGHTS = ""  # a SourceOnly checkpoint to start from (ADDA, AdaBN need one)
 
     _C.OPTIM = CN()
     _C.OPTIM.NAME = "adam"
@@ -103,6 +105,10 @@ def get_builtin_cfg() -> CN:
     _C.TRAINER.MME.LMDA = 0.1  # weight of the entropy loss
     _C.TRAINER.MCD = CN()
     _C.TRAINER.MCD.N_STEP_F = 4  # steps of F on the discrepancy (step C)
+    _C.TRAINER.SE = CN()
+    _C.TRAINER.SE.EMA_ALPHA = 0.999  # the teacher's EMA rate (at most; 1 - 1/(step+1) before)
+    _C.TRAINER.SE.CONF_THRE = 0.95  # teacher confidence above which a target image counts (0: ramp-up)
+    _C.TRAINER.SE.RAMPUP = 300  # steps of the sigmoid ramp-up of the target loss (CONF_THRE 0)
     return add_dael_config(_C)  # TRAINER.DAEL / TRAINER.DAELDG, from the one key table
 
 

@@ -112,6 +112,7 @@ class BuiltinTrainer:
         self.build_step()
         self.start_epoch = 0
         self.epoch = 0
+        self.batch_idx, self.num_batches = 0, len(self.train_loader_x)
         self.expert_accuracy: List[float] = []
         self.last_accuracy: Optional[float] = None
         self.loaded_epoch: Optional[int] = None
@@ -119,9 +120,25 @@ class BuiltinTrainer:
         self.selection = self._build_selection()
         self._summary()
 
+    # What a trainer reads of Dassl's per-trainer loader and model keys (a value it would ignore
+    # is refused, as a run that silently ignores it would look like the run it names):
+    k_transforms = 1  # DATALOADER.K_TRANSFORMS (SE: 2 views of each target image)
+    reads_init_weights = False  # MODEL.INIT_WEIGHTS (Dassl's SimpleNet trainers load it)
+
     # -- to override ----------------------------------------------------
     def check_cfg(self) -> None:
-        check_names(self.cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS", dassl=False)
+        cfg, name = self.cfg, self.cfg.TRAINER.NAME
+        check_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS", dassl=False)
+        if int(cfg.DATALOADER.K_TRANSFORMS) != self.k_transforms:
+            raise DAELConfigError(
+                f"{name} takes DATALOADER.K_TRANSFORMS {self.k_transforms}, not {cfg.DATALOADER.K_TRANSFORMS} "
+                f"(views per image: SE alone takes 2); set it to {self.k_transforms}"
+            )
+        if cfg.MODEL.INIT_WEIGHTS and not self.reads_init_weights:
+            raise DAELConfigError(
+                f"{name} does not read MODEL.INIT_WEIGHTS (neither does Dassl's: it builds its own "
+                "modules); remove it, or use SourceOnly, DANN, SE, ADDA or AdaBN, which start from it"
+            )
 
     def build_loaders(self) -> None:
         raise NotImplementedError
@@ -470,7 +487,10 @@ class BuiltinTrainer:
         )
 
         def batches():
-            for batch_x, batch_u in self._batches():
+            # Dassl's names: a trainer whose update depends on the run's step (DANN's reversal
+            # weight, SE's EMA rate) reads self.epoch * self.num_batches + self.batch_idx
+            self.num_batches = n
+            for self.batch_idx, (batch_x, batch_u) in enumerate(self._batches()):
                 host.note_bad(self.bad_images, batch_x, batch_u)
                 yield batch_x, batch_u
                 self._batches_run += 1

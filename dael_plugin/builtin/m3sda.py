@@ -30,6 +30,8 @@ from dael_plugin.errors import DAELConfigError
 
 
 class M3SDABuiltin(DasslBaseline):
+    reads_init_weights = False  # Dassl builds its F without loading MODEL.INIT_WEIGHTS
+
     def check_cfg(self) -> None:
         super().check_cfg()
         c = self.cfg.DATALOADER

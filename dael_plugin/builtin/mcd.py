@@ -24,6 +24,8 @@ from dael_plugin.core.baselines import discrepancy
 
 
 class MCDBuiltin(DasslBaseline):
+    reads_init_weights = False  # Dassl builds its F without loading MODEL.INIT_WEIGHTS
+
     def check_cfg(self) -> None:
         super().check_cfg()
         self.n_step_f = int(self.cfg.TRAINER.MCD.N_STEP_F)

@@ -19,6 +19,8 @@ from dael_plugin.core.baselines import Prototypes, mme_entropy_loss, reverse_gra
 
 
 class MMEBuiltin(DasslBaseline):
+    reads_init_weights = False  # Dassl builds its F without loading MODEL.INIT_WEIGHTS
+
     def check_cfg(self) -> None:
         super().check_cfg()
         self.lmda = float(self.cfg.TRAINER.MME.LMDA)

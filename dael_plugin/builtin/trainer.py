@@ -118,6 +118,7 @@ class SingleClassifier(BuiltinTrainer):
     A trainer built on it supplies :meth:`update` alone; docs/internals.md has an example."""
 
     uses_target = False  # True: batch_u holds target images in DA runs (None otherwise)
+    reads_init_weights = True  # Dassl's SimpleNet: MODEL.INIT_WEIGHTS, a SourceOnly checkpoint
 
     def build_loaders(self) -> None:
         cfg = self.cfg
@@ -134,15 +135,26 @@ class SingleClassifier(BuiltinTrainer):
             domain_balanced=balanced,
             n_domain=c.TRAIN_X.N_DOMAIN,
         )
-        self.train_loader_u = self._u_loader(weak) if self.uses_target and self.is_da else None
+        self.train_loader_u = self._u_loader(self.target_views(weak)) if self.uses_target and self.is_da else None
         self.test_loader = self._test_loader(self.splits["test"])
         if balanced:
             self._warn_small_domains(self.train_loader_x)
 
+    def target_views(self, weak):
+        """The target loader's transforms: the weak view (``img``); a list gives ``img``, ``img2``, ..."""
+        return weak
+
     def build_model(self) -> Dict[str, nn.Module]:
+        """``F`` and ``C`` (Dassl's ``SimpleNet``), from ``MODEL.INIT_WEIGHTS`` where it is set,
+        as Dassl's ``build_model`` loads it (``source_model.load_source_model``, strict)."""
         b = self.cfg.MODEL.BACKBONE
         backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
-        return {"F": backbone, "C": nn.Linear(backbone.out_features, self.num_classes)}
+        modules = {"F": backbone, "C": nn.Linear(backbone.out_features, self.num_classes)}
+        if self.cfg.MODEL.INIT_WEIGHTS:
+            from dael_plugin.builtin.source_model import load_source_model
+
+            load_source_model(self.cfg.MODEL.INIT_WEIGHTS, modules["F"], modules["C"], self.classnames)
+        return modules
 
     def build_step(self) -> None:
         # Under torchrun the classifier runs under DDP, which averages the gradients.
@@ -186,6 +198,10 @@ BASELINES = {
     "M3SDA": "dael_plugin.builtin.m3sda:M3SDABuiltin",
     "MME": "dael_plugin.builtin.mme:MMEBuiltin",
     "MCD": "dael_plugin.builtin.mcd:MCDBuiltin",
+    "DANN": "dael_plugin.builtin.dann:DANNBuiltin",
+    "SE": "dael_plugin.builtin.se:SEBuiltin",
+    "ADDA": "dael_plugin.builtin.adda:ADDABuiltin",
+    "AdaBN": "dael_plugin.builtin.adabn:AdaBNBuiltin",
 }
 
 

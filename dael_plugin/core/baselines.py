@@ -8,6 +8,7 @@ which; the built-in engine's trainers (``builtin/m3sda.py``, ``builtin/mme.py``)
 from __future__ import annotations
 
 import math
+from typing import Sequence
 
 import torch
 from torch import nn
@@ -41,17 +42,96 @@ def discrepancy(p1: torch.Tensor, p2: torch.Tensor) -> torch.Tensor:
 
 class _ReverseGrad(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, x):
+    def forward(ctx, x, scale: float):
+        ctx.scale = scale
         return x.view_as(x)
 
     @staticmethod
     def backward(ctx, grad):
-        return -grad
+        return -ctx.scale * grad, None  # Dassl's ``-grad_scaling * grad_output``
 
 
-def reverse_grad(x: torch.Tensor) -> torch.Tensor:
-    """The identity forward, the gradient negated backward (Dassl's ``ReverseGrad``, weight 1)."""
-    return _ReverseGrad.apply(x)
+def reverse_grad(x: torch.Tensor, scale: float = 1.0) -> torch.Tensor:
+    """The identity forward, the gradient times ``-scale`` backward (Dassl's ``ReverseGrad``;
+    ``scale`` is a host number, so the step needs no sync)."""
+    if scale < 0:
+        raise ValueError(f"reverse_grad's scale must be non-negative, got {scale}")
+    return _ReverseGrad.apply(x, float(scale))
+
+
+def dann_lambda(progress: float) -> float:
+    """DANN's reversal weight (Ganin & Lempitsky, 2015; Dassl's ``DANN``): 2 / (1 + exp(-10 p)) - 1,
+    where p is the fraction of the whole run's steps done (0 at the first step, not per epoch)."""
+    return 2.0 / (1.0 + math.exp(-10.0 * progress)) - 1.0
+
+
+def sigmoid_rampup(step: int, length: int) -> float:
+    """Dassl's ``sigmoid_rampup``: exp(-5 (1 - t)^2), with t = min(step, length) / length."""
+    if length <= 0:
+        raise ValueError(f"the ramp-up length must be positive, got {length}")
+    phase = 1.0 - min(max(float(step), 0.0), float(length)) / length
+    return math.exp(-5.0 * phase * phase)
+
+
+def ema_rate(step: int, alpha: float) -> float:
+    """Self-ensembling's EMA rate at global step ``step`` (0-based; Dassl's ``SE``):
+    min(1 - 1/(step + 1), alpha), so the teacher copies the student at the first step."""
+    return min(1.0 - 1.0 / (step + 1), alpha)
+
+
+@torch.no_grad()
+def ema_update(teacher: Sequence[torch.Tensor], student: Sequence[torch.Tensor], alpha: float) -> None:
+    """``t = alpha t + (1 - alpha) s`` for each parameter pair (Dassl's ``ema_model_update``:
+    parameters only, not batch-norm buffers), as two fused multi-tensor operations."""
+    torch._foreach_mul_(list(teacher), alpha)
+    torch._foreach_add_(list(teacher), list(student), alpha=1.0 - alpha)
+
+
+def se_consistency(prob_u: torch.Tensor, teacher_prob_u: torch.Tensor, conf_thre: float, weight: float) -> torch.Tensor:
+    """Self-ensembling's target loss (French et al., 2018; Dassl's ``SE``): the squared difference
+    of the student's and the teacher's class probabilities, summed over classes. With
+    ``conf_thre`` > 0, the mean over the batch with the images whose teacher confidence is
+    *above* (strictly) the threshold kept and the others counted as zeros; with 0, the plain
+    mean times ``weight`` (the sigmoid ramp-up)."""
+    loss = ((prob_u - teacher_prob_u) ** 2).sum(1)
+    if conf_thre:
+        keep = (teacher_prob_u.max(1)[0] > conf_thre).float()
+        return (loss * keep).mean()
+    return loss.mean() * weight
+
+
+def domain_critic(fdim: int, hidden: Sequence[int]) -> nn.Sequential:
+    """DANN's and ADDA's domain critic as Dassl builds it: its ``mlp`` head (per hidden layer a
+    linear layer, 1-d batch norm and an in-place leaky ReLU) then a linear layer to one logit.
+    Dassl's DANN uses hidden ``[fdim, fdim]``, its ADDA ``[fdim, fdim // 2]``."""
+    layers: list = []
+    width = fdim
+    for h in hidden:
+        layers += [nn.Linear(width, h), nn.BatchNorm1d(h), nn.LeakyReLU(inplace=True)]
+        width = h
+    return nn.Sequential(_MLP(layers), nn.Linear(width, 1))
+
+
+class _MLP(nn.Module):
+    """Dassl's ``MLP`` head's layout, so that the keys read ``0.mlp.0.weight``, ... as in Dassl."""
+
+    def __init__(self, layers: Sequence[nn.Module]) -> None:
+        super().__init__()
+        self.mlp = nn.Sequential(*layers)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(x)
+
+
+def reset_batch_norm_stats(module: nn.Module) -> int:
+    """AdaBN's start (Dassl's ``AdaBN.before_epoch``): every batch-norm layer's running mean,
+    variance and batch count back to their initial values; returns how many layers."""
+    n = 0
+    for m in module.modules():
+        if isinstance(m, nn.modules.batchnorm._NormBase):
+            m.reset_running_stats()
+            n += 1
+    return n
 
 
 def mme_entropy_loss(logits_u: torch.Tensor) -> torch.Tensor:

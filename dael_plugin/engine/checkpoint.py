@@ -66,6 +66,8 @@ LEGACY_VALUES = {
 LEGACY_VALUES.update({key.name: key.legacy for key in TOP_KEYS})
 LEGACY_VALUES.update({f"DATASET.{key.name}": key.legacy for key in DATASET_KEYS})
 LEGACY_VALUES.update({f"SELECTION.{key.name}": key.legacy for key in SELECTION_KEYS})
+# Dassl's keys the built-in engine took up later (Dassl's checkpoints have always held them)
+LEGACY_VALUES.update({"MODEL.INIT_WEIGHTS": "", "DATALOADER.K_TRANSFORMS": 1})
 
 
 class CheckpointError(DAELConfigError):
@@ -241,6 +243,10 @@ def config_diff(saved_yaml: str, cfg: CN, free: Iterable[str] = RESUME_FREE_KEYS
     for key, value in LEGACY_VALUES.items():
         if key in now and key not in saved:
             saved[key] = value
+    own = f"TRAINER.{str(now.get('TRAINER.NAME', '')).upper()}."
+    for key in now:  # another trainer's node, added to the engine later, cannot change this run
+        if key not in saved and key.startswith("TRAINER.") and key.count(".") == 2 and not key.startswith(own):
+            saved[key] = now[key]
     for flat in (saved, now):
         for node in TRAINER_NODES:
             key = f"TRAINER.{node}.CLASS_MASKS"

@@ -1,0 +1,49 @@
+"""AdaBN (Li et al., 2016, "Revisiting Batch Normalization For Practical Domain Adaptation") on the
+built-in engine, as Dassl's ``dassl/engine/da/adabn.py``: a source model (``MODEL.INIT_WEIGHTS``,
+a SourceOnly run's checkpoint) whose batch-norm statistics are reset before the first epoch and
+then re-estimated on the target: each step passes a target batch through the model in training
+mode, without gradients. No weight changes.
+
+Dassl's quirks, kept: the statistics are running averages at each layer's momentum (0.1 by
+default), not the exact mean over the target set, so the last batches weigh most. Not kept:
+Dassl resets the statistics at the first epoch of every process, so a resumed Dassl run throws
+away what earlier epochs estimated; here they are reset only at the run's first epoch."""
+
+from __future__ import annotations
+
+from typing import Dict, Optional
+
+import torch
+from torch import nn
+
+from dael_plugin.builtin.baseline_base import DasslBaseline
+from dael_plugin.core.baselines import reset_batch_norm_stats
+from dael_plugin.errors import DAELConfigError
+
+
+class AdaBNBuiltin(DasslBaseline):
+    ddp_reason = "its batch-norm statistics would be each process's own share of the target"
+
+    def check_cfg(self) -> None:
+        super().check_cfg()
+        if not self.cfg.MODEL.INIT_WEIGHTS:
+            raise DAELConfigError(
+                "AdaBN adapts a source model: set MODEL.INIT_WEIGHTS to the checkpoint of a finished "
+                "SourceOnly run (either engine)"
+            )
+
+    def build_model(self) -> Dict[str, nn.Module]:
+        return super().build_model()
+
+    def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
+        if self.global_step == 0:
+            n = reset_batch_norm_stats(self.modules)
+            if n == 0:
+                raise DAELConfigError(
+                    f"AdaBN re-estimates batch-norm statistics, and {self.cfg.MODEL.BACKBONE.NAME} has no "
+                    "batch-norm layer; choose a backbone with batch norm"
+                )
+        xu = batch_u["img"].to(self.device, non_blocking=True)
+        with torch.no_grad():
+            self.modules["C"](self.modules["F"](xu))
+        return {}

@@ -357,9 +357,7 @@ def test_simplenet_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, 
     cfg = _dassl_cfg(trainer, data_root, tmp_path / "ref")
     cfg.merge_from_list(["MODEL.BACKBONE.NAME", BACKBONE, *extra])
     ref = TRAINER_REGISTRY.get(trainer)(cfg)
-    ours = _builtin(
-        trainer, data_root, tmp_path / "ours", "OPTIM.LR", "1e-4", "MODEL.BACKBONE.NAME", BACKBONE, *extra
-    )
+    ours = _builtin(trainer, data_root, tmp_path / "ours", "OPTIM.LR", "1e-4", "MODEL.BACKBONE.NAME", BACKBONE, *extra)
     pairs = {"F": ref.model.backbone, "C": ref.model.classifier}
     if trainer in ("DANN", "ADDA"):
         pairs["critic"] = ref.critic

@@ -226,6 +226,12 @@ def test_source_model_preconditions_are_one_line_each(tmp_path, tiny_root, sourc
 # -- equal to Dassl's own trainers -------------------------------------------------------------
 
 
+# Dassl's digit-5 backbone (batch norm and dropout, whose draws follow the order of the calls) at
+# 4 images per domain and 8 target images: the same operations as the configs' batches, for a
+# tenth of the CPU.
+SMALL_BATCHES = ["DATALOADER.TRAIN_X.BATCH_SIZE", 12, "DATALOADER.TRAIN_U.BATCH_SIZE", 8]
+
+
 def _dassl_cfg(trainer, root, out):
     from dassl.config import get_cfg_default
 
@@ -238,7 +244,7 @@ def _dassl_cfg(trainer, root, out):
         ["DATASET.ROOT", root, "DATASET.SOURCE_DOMAINS", ["hand", "street", "font"],
          "DATASET.TARGET_DOMAINS", ["blend"], "TRAINER.NAME", trainer, "USE_CUDA", False,
          "DATALOADER.NUM_WORKERS", 0, "VERBOSE", False, "OUTPUT_DIR", str(out), "OPTIM.LR", 1e-4,
-         "MODEL.BACKBONE.NAME", "cnn_digit5_m3sda"]
+         "MODEL.BACKBONE.NAME", "cnn_digit5_m3sda", *SMALL_BATCHES]
     )  # fmt: skip
     return cfg
 
@@ -250,12 +256,14 @@ def test_three_steps_match_dassls_own_trainer(tmp_path, data_root, trainer):
     in order): each step's losses and the weights after it agree with Dassl's own trainer to
     float rounding, at lr 1e-4 (at the configs' lr this network is chaotic, as DAEL's own test
     says). MME and MCD run the same operations in the same order: bitwise equal (measured: every
-    weight and loss, three steps). M3SDA sums per-chunk losses in a Python loop where the built-in trainer
-    sums batched products and runs one backbone call with per-chunk batch norm: after three steps
-    (eight backbone passes and six updates each) the weights were within 4.5e-7, the batch-norm
-    running statistics within 4.7e-6 and the losses within 6e-8 (AMD EPYC, 2026-11-28); at lr 1e-3
-    the same rounding grew tenfold a step (1e-7, 1e-5, 1e-4 in weights), the chaos of the min-max
-    updates. Tolerance 1e-5 (relative where a value exceeds 1), 1e-6 for MME and MCD."""
+    weight and loss, three steps; the logged accuracy aside, which Dassl rounds otherwise, 2e-6 of
+    100). M3SDA sums per-chunk losses in a Python loop where the built-in trainer sums batched
+    products and runs one backbone call with per-chunk batch norm: after three steps (eight
+    backbone passes and six updates each) the losses were within 1e-6 and the weights and
+    batch-norm running statistics within 3e-6 (AMD EPYC, 2026-11-29, 4 images per domain; at the
+    configs' 32 a step, 4.7e-6 on 2026-11-28); at lr 1e-3 the same rounding grew tenfold a step,
+    the chaos of the min-max updates. Tolerance 1e-5 (relative where a value exceeds 1), 1e-6
+    for MME and MCD."""
     from dassl.engine import TRAINER_REGISTRY
 
     import dael_plugin  # noqa: F401  (registers the embedded set with Dassl)
@@ -263,8 +271,9 @@ def test_three_steps_match_dassls_own_trainer(tmp_path, data_root, trainer):
     tol = 1e-5 if trainer == "M3SDA" else 1e-6
     torch.manual_seed(0)
     ref = TRAINER_REGISTRY.get(trainer)(_dassl_cfg(trainer, data_root, tmp_path / "ref"))
+    small = [str(v) for v in SMALL_BATCHES]
     ours = _builtin(
-        trainer, data_root, tmp_path / "ours", "OPTIM.LR", "1e-4", "MODEL.BACKBONE.NAME", "cnn_digit5_m3sda"
+        trainer, data_root, tmp_path / "ours", "OPTIM.LR", "1e-4", "MODEL.BACKBONE.NAME", "cnn_digit5_m3sda", *small
     )
     ours.modules["F"].load_state_dict(ref.F.backbone.state_dict())
     if trainer == "M3SDA":
@@ -289,11 +298,11 @@ def test_three_steps_match_dassls_own_trainer(tmp_path, data_root, trainer):
         r = ref.forward_backward(batch_x, batch_u)
         torch.manual_seed(10 + step)
         o = {k: float(v) for k, v in ours.forward_backward(batch_x, batch_u).items()}
-        for key, value in r.items():
-            assert abs(value - o[key]) < tol, (step, key, value, o[key])
+        for key, value in r.items():  # (an accuracy: Dassl's percentage rounds otherwise, 1e-6 of 100)
+            assert abs(value - o[key]) <= (1e-4 if key.startswith("acc") else tol), (step, key, value, o[key])
         for (name, p_ref), p_ours in zip(ref.F.backbone.state_dict().items(), ours.modules["F"].state_dict().values()):
             diff = (p_ours.float() - p_ref.float()).abs().max().item()
-            assert diff < tol * max(1.0, p_ref.float().abs().max().item()), (step, name, diff)
+            assert diff <= tol * max(1.0, p_ref.float().abs().max().item()), (step, name, diff)
         if trainer == "M3SDA":
             for k, pair in enumerate(ref.C):
                 torch.testing.assert_close(ours.modules["C"].w1[k], pair.c1.weight, atol=tol, rtol=0)
@@ -311,7 +320,10 @@ def test_three_steps_match_dassls_own_trainer(tmp_path, data_root, trainer):
     assert torch.equal(want.argmax(1), got.argmax(1))
 
 
-BACKBONE = "dael_small_cnn"  # batch norm (AdaBN re-estimates it) and fast: no big network needed
+# Batch norm (AdaBN re-estimates it) and a second of CPU a test, against 10 s with Dassl's digit-5
+# backbone; that one's dropout, whose draws follow the order of the calls, is in the M3SDA, MME
+# and MCD tests below, and was bitwise equal here too when measured (2026-11-29).
+BACKBONE = "dael_small_cnn"
 
 
 def _source_weights(tmp_path):
@@ -350,14 +362,17 @@ def test_simplenet_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, 
     import dael_plugin  # noqa: F401  (registers the embedded set with Dassl)
 
     tol = 1e-6
+    small = [str(v) for v in SMALL_BATCHES]
     extra = []
     if trainer in ("ADDA", "AdaBN"):
         extra = ["MODEL.INIT_WEIGHTS", _source_weights(tmp_path)]
     torch.manual_seed(0)
     cfg = _dassl_cfg(trainer, data_root, tmp_path / "ref")
-    cfg.merge_from_list(["MODEL.BACKBONE.NAME", BACKBONE, *extra])
+    cfg.merge_from_list(["MODEL.BACKBONE.NAME", BACKBONE, *extra])  # (SMALL_BATCHES: in _dassl_cfg)
     ref = TRAINER_REGISTRY.get(trainer)(cfg)
-    ours = _builtin(trainer, data_root, tmp_path / "ours", "OPTIM.LR", "1e-4", "MODEL.BACKBONE.NAME", BACKBONE, *extra)
+    ours = _builtin(
+        trainer, data_root, tmp_path / "ours", "OPTIM.LR", "1e-4", "MODEL.BACKBONE.NAME", BACKBONE, *small, *extra
+    )
     pairs = {"F": ref.model.backbone, "C": ref.model.classifier}
     if trainer in ("DANN", "ADDA"):
         pairs["critic"] = ref.critic

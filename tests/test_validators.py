@@ -125,3 +125,22 @@ def test_validators_prefer_the_better_checkpoint():
     # (every cosine similarity near 1), higher than clean clusters: Musgrave et al. report it can
     # reward such collapse, which is why validators are ranked, not trusted one by one.
     assert V.snd_score(hedge) > V.snd_score(good)
+
+
+def test_macro_f1_is_dassls_by_hand_and_equals_scikit_learns():
+    """Labels 0 0 1 1, predictions 0 1 1 2. Class 0: tp 1, fn 1 -> F1 2/3; class 1: tp 1, fp 1,
+    fn 1 -> 1/2; class 2 is not among the labels, so (Dassl's labels=np.unique(y_true)) it is
+    not averaged: 58.33%. Averaging over every class seen would give 38.89, micro-F1 50.
+    Then random cases against scikit-learn's own, the reference the evaluator used to import."""
+    import numpy as np
+    from sklearn.metrics import f1_score
+
+    from dael_plugin.engine.evaluate import macro_f1
+
+    assert macro_f1([0, 0, 1, 1], [0, 1, 1, 2]) == pytest.approx(100 * (2 / 3 + 1 / 2) / 2, abs=1e-9)
+    rng = np.random.default_rng(0)
+    for _ in range(50):
+        n, c = int(rng.integers(1, 40)), int(rng.integers(1, 12))
+        y, p = rng.integers(0, c, n), rng.integers(0, c + 2, n)
+        want = 100.0 * f1_score(y, p, average="macro", labels=np.unique(y), zero_division=0)
+        assert macro_f1(y, p) == pytest.approx(want, abs=1e-9), (y, p)

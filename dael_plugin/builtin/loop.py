@@ -34,6 +34,7 @@ from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, host
+from dael_plugin.engine.evaluate import macro_f1
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
 from dael_plugin.engine.loop import end_sync_batch_norm, eval_loader, sync_batch_norm, train_epoch
@@ -539,8 +540,6 @@ class BuiltinTrainer:
 
     @torch.no_grad()
     def test(self, split: Optional[str] = None) -> float:
-        from sklearn.metrics import f1_score
-
         self.modules.eval()
         split, loader = eval_loader(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
         print(f"Evaluate on the *{split}* set")
@@ -554,7 +553,7 @@ class BuiltinTrainer:
             total = len(yt)
             n_correct = int((yt == yp).sum())
             acc = 100.0 * n_correct / total
-            f1 = 100.0 * f1_score(yt, yp, average="macro", labels=np.unique(yt))
+            f1 = macro_f1(yt, yp)
             print(
                 f"=> result\n* total: {total:,}\n* correct: {n_correct:,}\n* accuracy: {acc:.1f}%\n"
                 f"* error: {100 - acc:.1f}%\n* macro_f1: {f1:.1f}%"

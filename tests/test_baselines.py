@@ -223,6 +223,21 @@ def test_source_model_preconditions_are_one_line_each(tmp_path, tiny_root, sourc
         assert proc.returncode == 2 and words in line and "Traceback" not in proc.stderr, (trainer, proc.stderr[-800:])
 
 
+@pytest.mark.parametrize("trainer", ["M3SDA", "MME", "MCD", "DANN", "SE", "ADDA", "AdaBN"])
+def test_a_baseline_under_torchrun_is_refused_with_its_reason(tmp_path, tiny_root, trainer, monkeypatch):
+    """torchrun's environment (in this process: the check reads it before any group exists, so
+    each rank refuses before its first collective): one line with the trainer's own reason."""
+    from dael_plugin.errors import DAELConfigError
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
+    monkeypatch.setenv("WORLD_SIZE", "2")
+    with pytest.raises(DAELConfigError) as err:
+        _builtin(trainer, tiny_root, tmp_path / "o")
+    msg = str(err.value)
+    assert "\n" not in msg and msg.startswith(f"{trainer} on the built-in engine runs on one process: ")
+    assert ("backbone twice" in msg) == (trainer in ("DANN", "SE")) and msg.endswith("run it without torchrun")
+
+
 # -- equal to Dassl's own trainers -------------------------------------------------------------
 
 

@@ -23,10 +23,15 @@ class DasslBaseline(SingleClassifier):
 
     def check_cfg(self) -> None:
         super().check_cfg()
-        name = self.cfg.TRAINER.NAME
+        self.refuse_under_torchrun(self.cfg.TRAINER.NAME)
+
+    @classmethod
+    def refuse_under_torchrun(cls, name: str) -> None:
+        """Under torchrun, one line with this trainer's reason (train.py asks before joining the
+        group, so every rank stops before its first collective)."""
         if distributed.from_env().distributed:
             raise DAELConfigError(
-                f"{name} on the built-in engine runs on one process: {self.ddp_reason}; run it without torchrun"
+                f"{name} on the built-in engine runs on one process: {cls.ddp_reason}; run it without torchrun"
             )
 
     @property

@@ -225,8 +225,8 @@ def register(name: str):
     return add
 
 
-def build_builtin_trainer(cfg: CN, eval_each_epoch: bool = False) -> BuiltinTrainer:
-    name = cfg.TRAINER.NAME
+def trainer_class(name: str) -> type:
+    """The built-in trainer class of ``--trainer NAME`` (a baseline's module loaded on first use)."""
     if name in BASELINES and name not in TRAINERS:
         import importlib
 
@@ -237,4 +237,8 @@ def build_builtin_trainer(cfg: CN, eval_each_epoch: bool = False) -> BuiltinTrai
             f"trainer {name!r} is not available on the built-in engine (it has {trainer_names()}); "
             "install Dassl and use --engine dassl for Dassl's baselines"
         )
-    return TRAINERS[name](cfg, eval_each_epoch=eval_each_epoch)
+    return TRAINERS[name]
+
+
+def build_builtin_trainer(cfg: CN, eval_each_epoch: bool = False) -> BuiltinTrainer:
+    return trainer_class(cfg.TRAINER.NAME)(cfg, eval_each_epoch=eval_each_epoch)

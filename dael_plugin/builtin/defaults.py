@@ -105,6 +105,15 @@ def get_builtin_cfg() -> CN:
     _C.TRAINER.MME.LMDA = 0.1  # weight of the entropy loss
     _C.TRAINER.MCD = CN()
     _C.TRAINER.MCD.N_STEP_F = 4  # steps of F on the discrepancy (step C)
+    _C.TRAINER.CROSSGRAD = CN()
+    _C.TRAINER.CROSSGRAD.EPS_F = 1.0  # step along the domain net's input gradient (the label net's images)
+    _C.TRAINER.CROSSGRAD.EPS_D = 1.0  # step along the label net's input gradient (the domain net's images)
+    _C.TRAINER.CROSSGRAD.ALPHA_F = 0.5  # weight of the perturbed images in the label net's loss
+    _C.TRAINER.CROSSGRAD.ALPHA_D = 0.5  # weight of the perturbed images in the domain net's loss
+    _C.TRAINER.DOMAINMIX = CN()
+    _C.TRAINER.DOMAINMIX.TYPE = "crossdomain"  # partners from the other domains ("random": any)
+    _C.TRAINER.DOMAINMIX.ALPHA = 1.0  # Beta(ALPHA, BETA) of the mixing weight (ALPHA 0: no mixing)
+    _C.TRAINER.DOMAINMIX.BETA = 1.0
     _C.TRAINER.SE = CN()
     _C.TRAINER.SE.EMA_ALPHA = 0.999  # the teacher's EMA rate (at most; 1 - 1/(step+1) before)
     _C.TRAINER.SE.CONF_THRE = 0.95  # teacher confidence above which a target image counts (0: ramp-up)

@@ -202,6 +202,8 @@ BASELINES = {
     "SE": "dael_plugin.builtin.se:SEBuiltin",
     "ADDA": "dael_plugin.builtin.adda:ADDABuiltin",
     "AdaBN": "dael_plugin.builtin.adabn:AdaBNBuiltin",
+    "CrossGrad": "dael_plugin.builtin.crossgrad:CrossGradBuiltin",
+    "DomainMix": "dael_plugin.builtin.domain_mix:DomainMixBuiltin",
 }
 
 

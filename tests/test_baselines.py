@@ -124,6 +124,35 @@ def test_domain_mix_partners_come_from_the_other_domains():
     assert sorted(domain_mix_partners(domain, "random").tolist()) == [0, 1, 2, 3, 4]
 
 
+def test_ddaig_generators_perturb_by_lmda_and_start_as_dassls():
+    """Each of Dassl's generator names builds; the output is x + lmda * p with |p| < 1 (tanh), so
+    lmda 0 gives x back (the _stn forms: x warped, Dassl's start being a zoom by tanh(1), not the
+    identity); initial weights N(0, 0.02), biases 0. With Dassl, every key, initial weight and output
+    equals Dassl's own from the same seed."""
+    from dael_plugin.backbones.ddaig_fcn import build_generator
+
+    torch.manual_seed(0)
+    x = torch.rand(2, 3, 32, 32)
+    for name in ("fcn_3x32_gctx", "fcn_3x64_gctx", "fcn_3x32_gctx_stn"):
+        g = build_generator(name)
+        assert torch.allclose(g(x, 0.0), x, atol=1e-6) != name.endswith("_stn"), name
+        assert (g(x, 0.3) - g(x, 0.0)).abs().max() <= 0.3
+        w = g.backbone[1].weight
+        assert abs(w.std().item() - 0.02) < 0.003 and g.regress[0].bias.abs().sum() == 0
+    try:
+        from dassl.modeling import build_network
+    except ImportError:
+        return
+    for name in ("fcn_3x32_gctx", "fcn_3x64_gctx", "fcn_3x32_gctx_stn"):
+        torch.manual_seed(1)
+        ref = build_network(name, verbose=False)
+        torch.manual_seed(1)
+        ours = build_generator(name)
+        assert list(ref.state_dict()) == list(ours.state_dict())
+        assert all(torch.equal(v, ours.state_dict()[k]) for k, v in ref.state_dict().items()), name
+        assert torch.equal(ref(x, lmda=0.3), ours(x, 0.3)), name
+
+
 def test_pair_heads_equal_one_linear_per_domain():
     torch.manual_seed(0)
     heads = PairHeads(4, 3, 2)
@@ -169,10 +198,13 @@ OPTIMS = {
     "DANN": {"F", "C", "critic"},
     "ADDA": {"F", "C", "critic"},
     "CrossGrad": {"F", "C", "D"},
+    "DDAIG": {"F", "C", "D", "G"},
 }
 
 
-@pytest.mark.parametrize("trainer", ["M3SDA", "MME", "MCD", "DANN", "SE", "ADDA", "AdaBN", "CrossGrad", "DomainMix"])
+@pytest.mark.parametrize(
+    "trainer", ["M3SDA", "MME", "MCD", "DANN", "SE", "ADDA", "AdaBN", "CrossGrad", "DomainMix", "DDAIG"]
+)
 def test_a_baseline_trains_on_the_builtin_engine_and_resumes(tmp_path, tiny_root, trainer, monkeypatch, source_run):
     """Through the CLI: a run stopped (Ctrl-C) right after epoch 1's checkpoint and run again
     ends with the weights of an uninterrupted two-epoch run, bit for bit: every optimiser's and
@@ -243,13 +275,18 @@ def test_source_model_preconditions_are_one_line_each(tmp_path, tiny_root, sourc
         ("DANN", ["DATALOADER.K_TRANSFORMS", "2"], "DANN takes DATALOADER.K_TRANSFORMS 1, not 2"),
         ("MME", ["MODEL.INIT_WEIGHTS", source_run], "MME does not read MODEL.INIT_WEIGHTS"),
     ]
+    cases.append(("DDAIG", ["TRAINER.DDAIG.G_ARCH", "''"], "DDAIG needs TRAINER.DDAIG.G_ARCH"))
+    cases.append(("DDAIG", ["TRAINER.DDAIG.G_ARCH", "unet"], "is not one of Dassl's generators"))
     for trainer, opts, words in cases:
-        proc = run_here(_cli(trainer, tiny_root, tmp_path / trainer, "SELECTION.EVAL_FREQ", "0", *opts))
+        cli = _dg_cli if trainer in DG_CFG else _cli
+        proc = run_here(cli(trainer, tiny_root, tmp_path / trainer, "SELECTION.EVAL_FREQ", "0", *opts))
         line = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
         assert proc.returncode == 2 and words in line and "Traceback" not in proc.stderr, (trainer, proc.stderr[-800:])
 
 
-@pytest.mark.parametrize("trainer", ["M3SDA", "MME", "MCD", "DANN", "SE", "ADDA", "AdaBN", "CrossGrad", "DomainMix"])
+@pytest.mark.parametrize(
+    "trainer", ["M3SDA", "MME", "MCD", "DANN", "SE", "ADDA", "AdaBN", "CrossGrad", "DomainMix", "DDAIG"]
+)
 def test_a_baseline_under_torchrun_is_refused_with_its_reason(tmp_path, tiny_root, trainer, monkeypatch):
     """torchrun's environment (in this process: the check reads it before any group exists, so
     each rank refuses before its first collective): one line with the trainer's own reason."""
@@ -474,7 +511,7 @@ def test_simplenet_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, 
 
 
 DG_DS = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
-DG_CFG = {"CrossGrad": "crossgrad", "DomainMix": "domain_mix"}
+DG_CFG = {"CrossGrad": "crossgrad", "DomainMix": "domain_mix", "DDAIG": "ddaig"}
 
 
 def _dg_cli(trainer, root, out, *opts):
@@ -486,9 +523,9 @@ def _dg_cli(trainer, root, out, *opts):
 
 
 @pytest.mark.dassl
-@pytest.mark.parametrize("trainer", ["CrossGrad", "DomainMix"])
+@pytest.mark.parametrize("trainer", ["CrossGrad", "DomainMix", "DDAIG"])
 def test_dg_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, data_root, trainer):
-    """CrossGrad and DomainMix (Dassl's DG trainers) from the same weights and the same three
+    """CrossGrad, DomainMix and DDAIG (Dassl's DG trainers) from the same weights and the same three
     batches of the domain sampler: losses, weights and batch-norm statistics equal Dassl's after
     each step. DomainMix draws its mixing weight and partners with Dassl's calls in Dassl's order,
     so the same seed gives the same mixes. Tolerance 1e-6 (bitwise when measured, AMD EPYC,
@@ -516,8 +553,10 @@ def test_dg_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, data_ro
     args = build_parser().parse_args(_dg_cli(trainer, data_root, tmp_path / "ours", *opts))
     set_random_seed(1)
     ours = build_builtin_trainer(setup_cfg(args, "builtin"))
-    if trainer == "CrossGrad":
+    if trainer in ("CrossGrad", "DDAIG"):
         pairs = {"F": ref.F.backbone, "C": ref.F.classifier, "D.0": ref.D.backbone, "D.1": ref.D.classifier}
+        if trainer == "DDAIG":
+            pairs["G"] = ref.G
     else:
         pairs = {"F": ref.model.backbone, "C": ref.model.classifier}
 
@@ -546,7 +585,9 @@ def test_dg_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, data_ro
                 assert diff <= tol * max(1.0, v.double().abs().max().item()), (step, name, k, diff)
 
 
-@pytest.mark.parametrize("trainer", ["M3SDA", "MME", "MCD", "DANN", "SE", "ADDA", "AdaBN", "CrossGrad", "DomainMix"])
+@pytest.mark.parametrize(
+    "trainer", ["M3SDA", "MME", "MCD", "DANN", "SE", "ADDA", "AdaBN", "CrossGrad", "DomainMix", "DDAIG"]
+)
 def test_a_baseline_step_on_the_meta_device_mixes_no_cpu_tensor(tmp_path, tiny_root, trainer, source_run):
     """Stand-in for a GPU: the modules on the meta device (not the CPU), the host's batches moved
     there by update(); any CPU tensor in the device math raises. It cannot see CUDA's kernels,

@@ -110,6 +110,14 @@ def get_builtin_cfg() -> CN:
     _C.TRAINER.CROSSGRAD.EPS_D = 1.0  # step along the label net's input gradient (the domain net's images)
     _C.TRAINER.CROSSGRAD.ALPHA_F = 0.5  # weight of the perturbed images in the label net's loss
     _C.TRAINER.CROSSGRAD.ALPHA_D = 0.5  # weight of the perturbed images in the domain net's loss
+    _C.TRAINER.DDAIG = CN()
+    _C.TRAINER.DDAIG.G_ARCH = ""  # the generator: fcn_3x32_gctx, fcn_3x64_gctx (and their _stn forms)
+    _C.TRAINER.DDAIG.LMDA = 0.3  # weight of the perturbation, x + LMDA * p
+    _C.TRAINER.DDAIG.CLAMP = False  # clamp the generated images to [CLAMP_MIN, CLAMP_MAX]
+    _C.TRAINER.DDAIG.CLAMP_MIN = -1.0
+    _C.TRAINER.DDAIG.CLAMP_MAX = 1.0
+    _C.TRAINER.DDAIG.WARMUP = 0  # epochs of the label net on the real images alone
+    _C.TRAINER.DDAIG.ALPHA = 0.5  # weight of the generated images in the label net's loss
     _C.TRAINER.DOMAINMIX = CN()
     _C.TRAINER.DOMAINMIX.TYPE = "crossdomain"  # partners from the other domains ("random": any)
     _C.TRAINER.DOMAINMIX.ALPHA = 1.0  # Beta(ALPHA, BETA) of the mixing weight (ALPHA 0: no mixing)

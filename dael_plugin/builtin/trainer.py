@@ -204,6 +204,7 @@ BASELINES = {
     "AdaBN": "dael_plugin.builtin.adabn:AdaBNBuiltin",
     "CrossGrad": "dael_plugin.builtin.crossgrad:CrossGradBuiltin",
     "DomainMix": "dael_plugin.builtin.domain_mix:DomainMixBuiltin",
+    "DDAIG": "dael_plugin.builtin.ddaig:DDAIGBuiltin",
 }
 
 

@@ -511,7 +511,7 @@ def test_simplenet_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, 
 
 
 DG_DS = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
-DG_CFG = {"CrossGrad": "crossgrad", "DomainMix": "domain_mix", "DDAIG": "ddaig"}
+DG_CFG = {"CrossGrad": "cross_grad", "DomainMix": "domain_mix", "DDAIG": "ddaig"}
 
 
 def _dg_cli(trainer, root, out, *opts):
@@ -617,3 +617,15 @@ def test_a_baseline_step_on_the_meta_device_mixes_no_cpu_tensor(tmp_path, tiny_r
     trained = [p for p in tr.modules.parameters() if p.requires_grad and trainer != "AdaBN"]
     assert all(p.grad is not None and p.grad.device.type == "meta" for p in trained)
     assert tr.predict_experts(batch_x["img"].to(meta)).device.type == "meta"
+
+
+def test_a_dg_baseline_on_a_da_dataset_never_reads_the_target(tmp_path, tiny_root):
+    """Dassl's DG trainers are TrainerX: on a DA dataset neither their training nor their records
+    read the target's training images (the records' validators would)."""
+    from dael_plugin.builtin.trainer import build_builtin_trainer
+    from dael_plugin.tools.train import build_parser, setup_cfg
+
+    args = _dg_cli("DomainMix", tiny_root, tmp_path)
+    args[args.index(DG_DS)] = DS
+    tr = build_builtin_trainer(setup_cfg(build_parser().parse_args(args), "builtin"))
+    assert tr.has_target_train and not tr.is_da and tr.train_loader_u is None

@@ -13,8 +13,8 @@ from dael_plugin.errors import DAELConfigError
 
 
 class DasslBaseline(SingleClassifier):
-    """A Dassl DA baseline: target batches in DA runs, one optimiser per module (``F``, ``C``, ...,
-    as Dassl's ``register_model`` gives them), updated by named groups."""
+    """A Dassl baseline: for a DA method (``uses_target``) target batches, one optimiser per module
+    (``F``, ``C``, ..., as Dassl's ``register_model`` gives them), updated by named groups."""
 
     uses_target = True
     frozen: Tuple[str, ...] = ()  # modules no optimiser steps (ADDA's source backbone, SE's teacher)
@@ -51,7 +51,8 @@ class DasslBaseline(SingleClassifier):
         return {name: self._build_optim(m.parameters()) for name, m in self.modules.items() if name not in self.frozen}
 
     def build_step(self) -> None:
-        self.check_target()  # (no DDP wrapper: one process, see check_cfg)
+        if self.uses_target:  # a DA method (no DDP wrapper: one process, see check_cfg)
+            self.check_target()
 
     def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         return self.features_and_experts(x)[1]  # a baseline defines its prediction there, once

@@ -46,9 +46,6 @@ class CrossGradBuiltin(DasslBaseline):
         modules["D"] = nn.Sequential(backbone, nn.Linear(backbone.out_features, len(self.sources)))
         return modules
 
-    def build_step(self) -> None:
-        pass  # a DG method: no target loader to check
-
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         dev = self.device
         x = batch_x["img"].to(dev, non_blocking=True)

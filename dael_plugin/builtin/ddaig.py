@@ -56,9 +56,6 @@ class DDAIGBuiltin(DasslBaseline):
         modules["G"] = build_generator(self.cfg.TRAINER.DDAIG.G_ARCH)
         return modules
 
-    def build_step(self) -> None:
-        pass  # a DG method: no target loader to check
-
     def _perturb(self, x: torch.Tensor) -> torch.Tensor:
         x_p = self.modules["G"](x, self.lmda)
         return x_p.clamp(*self.clamp) if self.clamp is not None else x_p

@@ -58,9 +58,6 @@ class DomainMixBuiltin(DasslBaseline):
     def build_optimizers(self):
         return {"model": self._build_optim(self.modules.parameters())}  # Dassl's one SimpleNet optimiser
 
-    def build_step(self) -> None:
-        pass  # a DG method: no target loader to check
-
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         dev = self.device
         lam = self.dist_beta.rsample((1,)) if self.dist_beta is not None else torch.tensor(1)

@@ -96,15 +96,26 @@ def run_all(jobs: List[Tuple[str, int]], args: argparse.Namespace) -> Dict[Tuple
                 log = open(out + ".out", "w")
                 proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
             running.append((trainer, seed, out, proc, log, time.time()))
-        trainer, seed, out, proc, log, start = running.pop(0)
+        done = next((r for r in running if r[3].poll() is not None), None)
+        if done is None:  # none finished yet: look again shortly (the runs print nothing here)
+            time.sleep(0.5)
+            continue
+        running.remove(done)
+        trainer, seed, out, proc, log, start = done
         code = proc.wait()
         if log is not None:
             log.close()
         if code != 0:
-            for other in running:
+            for other in running:  # stopped as at Ctrl-C, and waited for: no run outlives the demo
                 other[3].terminate()
+                other[3].wait()
             where = f"{out}.out" if log is not None else f"{out}/log.txt"
-            sys.exit(f"[demo] {trainer} seed {seed} failed (exit {code}); see {where}")
+            last = ""
+            if log is not None:
+                with open(where) as f:
+                    lines = [ln.strip() for ln in f if ln.strip()]
+                last = f": {lines[-1]}" if lines else ""
+            sys.exit(f"[demo] {trainer} seed {seed} failed (exit {code}){last}; see {where}")
         with open(os.path.join(out, "results.json")) as f:
             results[(trainer, seed)] = json.load(f)
         acc = results[(trainer, seed)]["accuracy"]

@@ -22,6 +22,7 @@ from dael_plugin.errors import DAELConfigError
 
 
 class AdaBNBuiltin(DasslBaseline):
+    optimises = False  # Dassl's AdaBN never calls update_lr either
     ddp_reason = "its batch-norm statistics would be each process's own share of the target"
 
     def check_cfg(self) -> None:

@@ -125,6 +125,7 @@ class BuiltinTrainer:
     # is refused, as a run that silently ignores it would look like the run it names):
     k_transforms = 1  # DATALOADER.K_TRANSFORMS (SE: 2 views of each target image)
     reads_init_weights = False  # MODEL.INIT_WEIGHTS (Dassl's SimpleNet trainers load it)
+    optimises = True  # False: no optimiser steps, so no scheduler does either (AdaBN, as Dassl's)
 
     # -- to override ----------------------------------------------------
     def check_cfg(self) -> None:
@@ -443,7 +444,7 @@ class BuiltinTrainer:
         self._run_start, self._batches_run = time.time(), 0
         for self.epoch in range(self.start_epoch, cfg.OPTIM.MAX_EPOCH):
             self.run_epoch()
-            for sched in self.scheds.values():
+            for sched in self.scheds.values() if self.optimises else ():
                 sched.step()
             host.check_after_epoch(self.guard, [self.modules], self.epoch + 1, cfg.OPTIM.LR, cfg.OUTPUT_DIR)
             if self.eval_each_epoch and not cfg.TEST.NO_TEST:

@@ -14,7 +14,6 @@ from __future__ import annotations
 from typing import Dict, Optional
 
 import torch
-from torch import nn
 
 from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.core.baselines import reset_batch_norm_stats
@@ -23,18 +22,8 @@ from dael_plugin.errors import DAELConfigError
 
 class AdaBNBuiltin(DasslBaseline):
     optimises = False  # Dassl's AdaBN never calls update_lr either
+    needs_init_weights = True
     ddp_reason = "its batch-norm statistics would be each process's own share of the target"
-
-    def check_cfg(self) -> None:
-        super().check_cfg()
-        if not self.cfg.MODEL.INIT_WEIGHTS:
-            raise DAELConfigError(
-                "AdaBN adapts a source model: set MODEL.INIT_WEIGHTS to the checkpoint of a finished "
-                "SourceOnly run (either engine)"
-            )
-
-    def build_model(self) -> Dict[str, nn.Module]:
-        return super().build_model()
 
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         if self.global_step == 0:

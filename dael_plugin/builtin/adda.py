@@ -22,23 +22,15 @@ from torch.nn import functional as F
 
 from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.core.baselines import domain_critic
-from dael_plugin.errors import DAELConfigError
 
 
 class ADDABuiltin(DasslBaseline):
     frozen = ("F_source",)
+    needs_init_weights = True
     ddp_reason = (
         "its update steps the critic and the backbone from two backward passes in turn, which DDP's "
         "averaging of one backward pass does not follow"
     )
-
-    def check_cfg(self) -> None:
-        super().check_cfg()
-        if not self.cfg.MODEL.INIT_WEIGHTS:
-            raise DAELConfigError(
-                "ADDA adapts a source model: set MODEL.INIT_WEIGHTS to the checkpoint of a finished "
-                "SourceOnly run (either engine)"
-            )
 
     def build_model(self) -> Dict[str, nn.Module]:
         modules = super().build_model()

@@ -6,7 +6,9 @@ from __future__ import annotations
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
+from torch import nn
 
+from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin.trainer import SingleClassifier
 from dael_plugin.engine import distributed
 from dael_plugin.errors import DAELConfigError
@@ -18,12 +20,19 @@ class DasslBaseline(SingleClassifier):
 
     uses_target = True
     frozen: Tuple[str, ...] = ()  # modules no optimiser steps (ADDA's source backbone, SE's teacher)
+    needs_init_weights = False  # True: a source model to adapt (ADDA, AdaBN), MODEL.INIT_WEIGHTS
     # why the update cannot run under DDP (each baseline's own reason, in the refusal's line)
     ddp_reason = "its update steps several optimisers on one backbone in turn, which DDP's averaging of one backward pass does not follow"
 
     def check_cfg(self) -> None:
         super().check_cfg()
-        self.refuse_under_torchrun(self.cfg.TRAINER.NAME)
+        name = self.cfg.TRAINER.NAME
+        self.refuse_under_torchrun(name)
+        if self.needs_init_weights and not self.cfg.MODEL.INIT_WEIGHTS:
+            raise DAELConfigError(
+                f"{name} adapts a source model: set MODEL.INIT_WEIGHTS to the checkpoint of a finished "
+                "SourceOnly run (either engine)"
+            )
 
     @classmethod
     def refuse_under_torchrun(cls, name: str) -> None:
@@ -38,6 +47,21 @@ class DasslBaseline(SingleClassifier):
     def global_step(self) -> int:
         """The run's step, 0-based (Dassl's ``batch_idx + epoch * num_batches``)."""
         return self.batch_idx + self.epoch * self.num_batches
+
+    def domain_net(self) -> nn.Module:
+        """Dassl's second ``SimpleNet`` of its DG trainers (CrossGrad, DDAIG): a backbone of its own
+        and a K-way classifier of the source domains."""
+        b = self.cfg.MODEL.BACKBONE
+        backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
+        return nn.Sequential(backbone, nn.Linear(backbone.out_features, len(self.sources)))
+
+    def discrepancy_steps(self, loss_fn, out: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
+        """MCD's and M3SDA's step C: ``N_STEP_F`` updates of ``F`` alone on ``loss_fn()``."""
+        for _ in range(self.n_step_f):
+            loss_c = loss_fn()
+            self.backward_and_update(loss_c, ("F",))
+            out["loss_step_C"] = loss_c.detach()
+        return out
 
     def check_target(self) -> None:
         if not self.is_da:

@@ -21,7 +21,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin.baseline_base import DasslBaseline
 
 
@@ -41,9 +40,7 @@ class CrossGradBuiltin(DasslBaseline):
 
     def build_model(self) -> Dict[str, nn.Module]:
         modules = super().build_model()  # the label net, as Dassl's F: backbone, then classifier
-        b = self.cfg.MODEL.BACKBONE
-        backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
-        modules["D"] = nn.Sequential(backbone, nn.Linear(backbone.out_features, len(self.sources)))
+        modules["D"] = self.domain_net()
         return modules
 
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:

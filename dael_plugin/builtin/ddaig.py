@@ -23,7 +23,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dael_plugin.backbones import build_backbone
 from dael_plugin.backbones.ddaig_fcn import build_generator
 from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.errors import DAELConfigError
@@ -50,9 +49,7 @@ class DDAIGBuiltin(DasslBaseline):
 
     def build_model(self) -> Dict[str, nn.Module]:
         modules = super().build_model()  # the label net, as Dassl's F: backbone, then classifier
-        b = self.cfg.MODEL.BACKBONE
-        backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
-        modules["D"] = nn.Sequential(backbone, nn.Linear(backbone.out_features, len(self.sources)))
+        modules["D"] = self.domain_net()
         modules["G"] = build_generator(self.cfg.TRAINER.DDAIG.G_ARCH)
         return modules
 

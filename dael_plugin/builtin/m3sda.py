@@ -97,12 +97,7 @@ class M3SDABuiltin(DasslBaseline):
         loss_b = source_loss(feat) - target_discrepancy(feat_u)
         self.backward_and_update(loss_b, ("C",))
         out = {"loss_step_A": loss_a.detach(), "loss_step_B": loss_b.detach()}
-        # Step C: F alone, N_STEP_F times
-        for _ in range(self.n_step_f):
-            loss_c = target_discrepancy(net(xu))
-            self.backward_and_update(loss_c, ("F",))
-            out["loss_step_C"] = loss_c.detach()
-        return out
+        return self.discrepancy_steps(lambda: target_discrepancy(net(xu)), out)  # step C: F alone
 
     def features_and_experts(self, x: torch.Tensor):
         feat = self.modules["F"](x)

@@ -177,7 +177,8 @@ def _builtin(trainer, root, out, *opts):
     from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
     from dael_plugin.tools.train import build_parser, setup_cfg
 
-    args = build_parser().parse_args(_cli(trainer, root, out, *opts))
+    cli = _dg_cli if trainer in DG_CFG else _cli
+    args = build_parser().parse_args(cli(trainer, root, out, *opts))
     set_random_seed(1)
     return build_builtin_trainer(setup_cfg(args, "builtin"))
 
@@ -295,15 +296,7 @@ def test_a_baseline_under_torchrun_is_refused_with_its_reason(tmp_path, tiny_roo
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", "test")
     monkeypatch.setenv("WORLD_SIZE", "2")
     with pytest.raises(DAELConfigError) as err:
-        if trainer in DG_CFG:
-            from dael_plugin.builtin.trainer import build_builtin_trainer
-            from dael_plugin.tools.train import build_parser, setup_cfg
-
-            build_builtin_trainer(
-                setup_cfg(build_parser().parse_args(_dg_cli(trainer, tiny_root, tmp_path)), "builtin")
-            )
-        else:
-            _builtin(trainer, tiny_root, tmp_path / "o")
+        _builtin(trainer, tiny_root, tmp_path / "o")
     msg = str(err.value)
     assert "\n" not in msg and msg.startswith(f"{trainer} on the built-in engine runs on one process: ")
     assert ("backbone twice" in msg) == (trainer in ("DANN", "SE")) and msg.endswith("run it without torchrun")
@@ -318,19 +311,22 @@ def test_a_baseline_under_torchrun_is_refused_with_its_reason(tmp_path, tiny_roo
 SMALL_BATCHES = ["DATALOADER.TRAIN_X.BATCH_SIZE", 12, "DATALOADER.TRAIN_U.BATCH_SIZE", 8]
 
 
-def _dassl_cfg(trainer, root, out):
+def _dassl_cfg(trainer, root, out, backbone="cnn_digit5_m3sda"):
+    """Dassl's config of the run ``_builtin`` makes (a DG trainer: the DG dataset and config)."""
     from dassl.config import get_cfg_default
 
     from dael_plugin import add_dael_config
 
+    cli = _dg_cli if trainer in DG_CFG else _cli
+    args = cli(trainer, root, out)
     cfg = add_dael_config(get_cfg_default())
-    cfg.merge_from_file(DS)
-    cfg.merge_from_file(os.path.join(ROOT, f"configs/trainers/da/{trainer.lower()}/embedded_digits.yaml"))
+    cfg.merge_from_file(args[args.index("--dataset-config-file") + 1])
+    cfg.merge_from_file(args[args.index("--config-file") + 1])
     cfg.merge_from_list(
         ["DATASET.ROOT", root, "DATASET.SOURCE_DOMAINS", ["hand", "street", "font"],
          "DATASET.TARGET_DOMAINS", ["blend"], "TRAINER.NAME", trainer, "USE_CUDA", False,
          "DATALOADER.NUM_WORKERS", 0, "VERBOSE", False, "OUTPUT_DIR", str(out), "OPTIM.LR", 1e-4,
-         "MODEL.BACKBONE.NAME", "cnn_digit5_m3sda", *SMALL_BATCHES]
+         "MODEL.BACKBONE.NAME", backbone, *SMALL_BATCHES]
     )  # fmt: skip
     return cfg
 
@@ -530,29 +526,15 @@ def test_dg_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, data_ro
     each step. DomainMix draws its mixing weight and partners with Dassl's calls in Dassl's order,
     so the same seed gives the same mixes. Tolerance 1e-6 (bitwise when measured, AMD EPYC,
     2026-11-29), the accuracy 1e-4 (Dassl's rounding)."""
-    from dassl.config import get_cfg_default
     from dassl.engine import TRAINER_REGISTRY
 
-    from dael_plugin import add_dael_config
-    from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
-    from dael_plugin.tools.train import build_parser, setup_cfg
+    import dael_plugin  # noqa: F401  (registers the embedded set with Dassl)
 
     tol = 1e-6
     opts = ["OPTIM.LR", "1e-4", "MODEL.BACKBONE.NAME", BACKBONE, *(str(v) for v in SMALL_BATCHES)]
-    cfg = add_dael_config(get_cfg_default())
-    cfg.merge_from_file(DG_DS)
-    cfg.merge_from_file(os.path.join(ROOT, f"configs/trainers/dg/{DG_CFG[trainer]}/embedded_digits_dg.yaml"))
-    cfg.merge_from_list(
-        ["DATASET.ROOT", data_root, "DATASET.SOURCE_DOMAINS", ["hand", "street", "font"],
-         "DATASET.TARGET_DOMAINS", ["blend"], "TRAINER.NAME", trainer, "USE_CUDA", False,
-         "DATALOADER.NUM_WORKERS", 0, "VERBOSE", False, "OUTPUT_DIR", str(tmp_path / "ref"), "OPTIM.LR", 1e-4,
-         "MODEL.BACKBONE.NAME", BACKBONE, *SMALL_BATCHES]
-    )  # fmt: skip
     torch.manual_seed(0)
-    ref = TRAINER_REGISTRY.get(trainer)(cfg)
-    args = build_parser().parse_args(_dg_cli(trainer, data_root, tmp_path / "ours", *opts))
-    set_random_seed(1)
-    ours = build_builtin_trainer(setup_cfg(args, "builtin"))
+    ref = TRAINER_REGISTRY.get(trainer)(_dassl_cfg(trainer, data_root, tmp_path / "ref", BACKBONE))
+    ours = _builtin(trainer, data_root, tmp_path / "ours", *opts)
     if trainer in ("CrossGrad", "DDAIG"):
         pairs = {"F": ref.F.backbone, "C": ref.F.classifier, "D.0": ref.D.backbone, "D.1": ref.D.classifier}
         if trainer == "DDAIG":
@@ -594,17 +576,7 @@ def test_a_baseline_step_on_the_meta_device_mixes_no_cpu_tensor(tmp_path, tiny_r
     streams or memory, nor a host sync (the step's losses stay on the device here; test_gpu.py
     reads them under CUDA's sync check where a GPU is lent)."""
     init = ["MODEL.INIT_WEIGHTS", source_run] if trainer in ("ADDA", "AdaBN") else []
-    if trainer in DG_CFG:
-        from dael_plugin.builtin.trainer import build_builtin_trainer
-        from dael_plugin.tools.train import build_parser, setup_cfg
-
-        tr = build_builtin_trainer(
-            setup_cfg(build_parser().parse_args(_dg_cli(trainer, tiny_root, tmp_path)), "builtin")
-        )
-    else:
-        tr = _builtin(
-            trainer, tiny_root, tmp_path / "o", "TRAINER.M3SDA.N_STEP_F", "1", "TRAINER.MCD.N_STEP_F", "1", *init
-        )
+    tr = _builtin(trainer, tiny_root, tmp_path / "o", "TRAINER.M3SDA.N_STEP_F", "1", "TRAINER.MCD.N_STEP_F", "1", *init)
     meta = torch.device("meta")
     tr.modules.to(meta)
     tr.device = meta

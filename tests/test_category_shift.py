@@ -6,7 +6,14 @@ import math
 import pytest
 import torch
 
-from dael_plugin.core.category_shift import NEG, class_ensemble, mask_logits, shared_consistency
+from dael_plugin.core.category_shift import (
+    NEG,
+    agreed_labels,
+    balanced_u_loss,
+    class_ensemble,
+    mask_logits,
+    shared_consistency,
+)
 from dael_plugin.core.hparams import DAELHparams
 from dael_plugin.core.losses import dael_losses, ensemble_probs, pseudo_labels
 
@@ -491,7 +498,7 @@ def test_the_benchmark_reuses_a_run_only_under_the_settings_it_was_launched_with
         return argparse.Namespace(returncode=0)
 
     monkeypatch.setattr(cs.subprocess, "run", fake_run)
-    args = argparse.Namespace(output=str(tmp_path), engine="builtin", epochs=15, quiet=True)
+    args = argparse.Namespace(output=str(tmp_path), engine="builtin", epochs=15, quiet=True, split=1, records=False)
     method = "DAEL (CLASS_MASKS)"
     assert cs._run(args, method, 1, "data")["accuracy"] == 50.0 and len(launched) == 1
     folder = tmp_path / "dael_masks_seed1"
@@ -512,7 +519,14 @@ def test_the_benchmark_reuses_a_run_only_under_the_settings_it_was_launched_with
     assert cs._run(args, method, 1, "data")["accuracy"] == 50.0
     assert launched[-1] == (str(folder), cs.subprocess.DEVNULL) and len(launched) == 2  # train.py checked it
     assert json.loads((folder / cs.IDENTITY).read_text()) == cs.identity(args, method, 1)
-    assert cs.output_folder(argparse.Namespace(output=None, engine="dassl")).endswith("category_shift/dassl")
+    assert cs.output_folder(argparse.Namespace(output=None, engine="dassl", split=1)).endswith("category_shift/dassl")
+    two = cs.output_folder(argparse.Namespace(output=None, engine="builtin", split=2))
+    assert two.endswith("category_shift/split2/builtin")  # the splits' runs never share a folder
+    with pytest.raises(SystemExit, match="sources: "):  # nor does a folder of the other split lend its run
+        cs._run(argparse.Namespace(**{**vars(args), "split": 2}), method, 1, "data")
+    records = argparse.Namespace(**{**vars(args), "records": True})
+    with pytest.raises(SystemExit, match="options: "):  # with records the held-out part trains less: another run
+        cs._run(records, method, 1, "data")
 
 
 @pytest.mark.parametrize("case", ["epochs 0", "seeds twice", "output is a file", "old embedded set"])
@@ -564,3 +578,117 @@ def test_dassls_own_source_only_says_its_class_table_too(tmp_path, tiny_root, ca
     code, out, err = cli(argv, capsys)
     assert code == 0, err[-2000:]
     assert "Category shift: hand: 6 of 10 classes, lacks 6, 7, 8, 9; street: 5 of 10" in out
+
+
+# The pseudo-labelling rules of issue 38 (docs/category_shift.md, "Pseudo-labelling rules").
+MASK3 = torch.tensor([[T, T, F_], [F_, T, T]])  # expert 0 knows classes 0 1, expert 1 knows 1 2
+
+
+def test_agree_keeps_the_class_every_expert_that_knows_it_is_confident_of():
+    """Three target images, two experts. (a) expert 0 says 0 (which it alone knows) at 0.97 and
+    expert 1 says 2 (which it alone knows) at 0.98: two classes claimed, the image is dropped, where
+    the most confident expert would keep 2. (b) expert 0 says 0 at 0.96; expert 1 says 1 at 0.96, but
+    expert 0 also knows 1 and gives it 0.04: 1 is not agreed, 0 is kept (the most confident expert
+    would break the tie for either). (c) both say 1, which both know: kept at the lesser, 0.97."""
+    p = torch.tensor(
+        [
+            [[0.97, 0.03, 0.00], [0.00, 0.02, 0.98]],
+            [[0.96, 0.04, 0.00], [0.00, 0.96, 0.04]],
+            [[0.01, 0.99, 0.00], [0.00, 0.97, 0.03]],
+        ]
+    )
+    labels, keep, score = agreed_labels(p, MASK3, 0.95)
+    assert labels.tolist()[1:] == [0, 1] and keep.tolist() == [0.0, 1.0, 1.0]
+    assert score.tolist() == pytest.approx([0.98, 0.96, 0.97])
+    most_confident, kept, _ = pseudo_labels(p, 0.95, "expert", own_classes=MASK3)
+    assert most_confident.tolist()[0] == 2 and kept.tolist()[0] == 1.0  # the rule that (a) tells apart
+    assert (pseudo_labels(p, 0.95, "agree", own_classes=MASK3)[1] == keep).all()
+    # without a mask every expert knows every class: the label all of them give, at the least confidence
+    labels, keep, score = agreed_labels(p, None, 0.5)
+    assert keep.tolist() == [0.0, 0.0, 1.0] and labels[2].item() == 1 and score[2].item() == pytest.approx(0.97)
+
+
+def test_corroborate_also_asks_the_experts_that_lack_the_class_to_say_not_mine():
+    """Expert 0 gives class 0 (which expert 1 lacks) 0.97. Expert 1's mass on the class it lacks
+    (its "not mine", class 0) is 0.96 in the first image and 0.30 in the second: corroborated in the
+    first, dropped in the second, where ``agree`` keeps both (expert 0 alone knows class 0)."""
+    p = torch.tensor(
+        [
+            [[0.97, 0.02, 0.01], [0.96, 0.03, 0.01]],
+            [[0.97, 0.02, 0.01], [0.30, 0.60, 0.10]],
+        ]
+    )
+    labels, keep, score = agreed_labels(p, MASK3, 0.95, not_mine=True)
+    assert labels[0].item() == 0 and keep.tolist() == [1.0, 0.0]
+    assert score.tolist() == pytest.approx([0.96, 0.30])
+    assert agreed_labels(p, MASK3, 0.95)[1].tolist() == [1.0, 1.0]
+
+
+def test_agree_in_fp16_itself():
+    """Run in fp16 directly (not converted after): the same labels, and no NaN or inf score."""
+    p = torch.softmax(torch.randn(64, 3, 5, generator=torch.Generator().manual_seed(0)) * 6, -1)
+    mask = torch.tensor([[T, T, T, F_, F_], [F_, T, T, T, F_], [T, F_, F_, T, T]])
+    for not_mine in (False, True):
+        l32, k32, s32 = agreed_labels(p, mask, 0.6, not_mine)
+        l16, k16, s16 = agreed_labels(p.half(), mask, 0.6, not_mine)
+        assert s16.dtype == torch.float16 and torch.isfinite(s16).all()
+        close = (s32 - 0.6).abs() > 1e-2  # away from the threshold, fp16 rounding decides nothing
+        assert (k16[close] == k32[close].half()).all() and (l16[k32 > 0] == l32[k32 > 0]).all()
+
+
+def test_the_class_balanced_l_u_by_hand():
+    """Four kept images, three of pseudo-class 0 (losses 1, 2, 3) and one of class 1 (loss 4): the
+    per-class means 2 and 4 weigh alike, 3.0, where Eq. 3's mean is 2.5. With the third image dropped:
+    (1.5 + 4) / 2 times the 3 of 4 kept, 2.0625 (Eq. 3: 7 / 4 = 1.75). Classes kept equally often: Eq. 3."""
+    ce = torch.tensor([1.0, 2.0, 3.0, 4.0])
+    labels = torch.tensor([0, 0, 0, 1])
+    assert balanced_u_loss(ce, labels, torch.ones(4), 3).item() == pytest.approx(3.0)
+    assert balanced_u_loss(ce, labels, torch.tensor([1.0, 1.0, 0.0, 1.0]), 3).item() == pytest.approx(2.0625)
+    assert balanced_u_loss(ce, labels, torch.zeros(4), 3).item() == 0.0
+    even = torch.tensor([0, 1, 0, 1])
+    mask = torch.tensor([1.0, 1.0, 1.0, 1.0])
+    assert balanced_u_loss(ce, even, mask, 3).item() == pytest.approx((ce * mask).mean().item())
+    half = balanced_u_loss(ce.half(), labels, torch.ones(4).half(), 3)  # fp16 itself
+    assert half.dtype == torch.float16 and half.item() == pytest.approx(3.0)
+
+
+def test_the_rules_reach_dael_losses_and_nothing_else():
+    """With ``PSEUDO_LABEL agree`` / ``corroborate`` and ``U_BALANCE`` the step's pseudo-labels are
+    the rule's and L_u the balanced one; L_ce, L_cr and the "not mine" term are today's, bit for bit."""
+    x_t, x_p, y, d, u_t, u_p = _batch(3, m=12)  # 12 target images, kept classes of unequal counts
+    mask = torch.tensor([[T, T, T, F_, F_], [F_, T, T, T, F_], [T, F_, F_, T, T]])
+    for parts, rule in (
+        (("experts", "ensemble", "cr"), "agree"),
+        (("other", "ensemble", "pseudo_label"), "corroborate"),
+    ):
+        base = dael_losses(x_t, x_p, y, d, DAELHparams(class_masks=parts, conf_thre=0.5), u_t, u_p, mask)
+        hp = DAELHparams(class_masks=parts, conf_thre=0.5, pseudo_label=rule, u_balance=True)
+        out = dael_losses(x_t, x_p, y, d, hp, u_t, u_p, mask)
+        for key in ("loss_x", "loss_cr") + (("loss_other",) if "other" in parts else ()):
+            assert torch.equal(out[key], base[key]), key
+        logits = u_t if "other" in parts else mask_logits(u_t, mask)
+        labels, keep, _ = agreed_labels(torch.softmax(logits, -1), mask, 0.5, not_mine=rule == "corroborate")
+        assert torch.equal(out["pseudo_label_u"], labels) and torch.equal(out["pseudo_mask_u"], keep)
+        assert 0 < keep.sum() < len(keep)  # the case tells kept from dropped
+        logp = torch.log_softmax(u_p if "other" in parts else mask_logits(u_p, mask), -1)
+        ens = class_ensemble(logp.exp(), mask).clamp_min(1e-12).log()
+        ce = torch.nn.functional.nll_loss(ens, labels, reduction="none")
+        assert out["loss_u"].item() == pytest.approx(balanced_u_loss(ce, labels, keep, 5).item(), rel=1e-6)
+        assert out["loss_u"].item() != pytest.approx((ce * keep).mean().item(), rel=1e-3)  # not Eq. 3's
+
+
+def test_the_rules_keys_and_their_one_line_refusals():
+    with pytest.raises(ValueError, match="PSEUDO_LABEL corroborate asks the experts that lack a class"):
+        DAELHparams(class_masks=("all",), pseudo_label="corroborate")
+    with pytest.raises(ValueError, match="U_BALANCE must be True or False"):
+        DAELHparams(u_balance="yes")
+    from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.config import hparams_from_cfg
+
+    cfg = get_builtin_cfg()
+    assert cfg.TRAINER.DAEL.U_BALANCE is False and cfg.TRAINER.DAEL.PSEUDO_LABEL == "expert"
+    cfg.merge_from_list(
+        ["TRAINER.NAME", "DAEL", "TRAINER.DAEL.PSEUDO_LABEL", "agree", "TRAINER.DAEL.U_BALANCE", "True"]
+    )
+    hp = hparams_from_cfg(cfg)
+    assert (hp.pseudo_label, hp.u_balance) == ("agree", True)

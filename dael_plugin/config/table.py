@@ -55,7 +55,12 @@ KEYS: Tuple[Key, ...] = (
     _method("CR_TARGET", "target of L_cr: the expert's weak-view prediction or the label (Table 3c)"),
     _method("CR_MODE", "L_cr against the other experts' mean or each alone (Table 3a)"),
     _method("CLASSIFIER", "K domain experts or one shared classifier (Table 3b)"),
-    _method("PSEUDO_LABEL", "pseudo-label from the most confident expert or the ensemble (Table 3d)"),
+    _method(
+        "PSEUDO_LABEL",
+        "pseudo-label from the most confident expert or the ensemble (Table 3d); category shift: 'agree' (every "
+        "expert that knows the class is confident of it), 'corroborate' (and, with CLASS_MASKS 'other', every expert "
+        "that lacks it says 'not mine')",
+    ),
     _method("CR_LOSS", "squared error or KL divergence (footnote to Eq. 2)"),
     _method("VIEWS", "(target view, prediction view) of L_cr and L_u (Sec. 4.3, augmentation)"),
     Key(
@@ -76,6 +81,14 @@ KEYS: Tuple[Key, ...] = (
         "method",
         legacy=1.0,
         doc="category shift: the weight of CLASS_MASKS part 'other''s loss (L_ce's is 1); 1.0 unless 'other' is on",
+    ),
+    Key(
+        "U_BALANCE",
+        _PAPER.u_balance,
+        "method",
+        legacy=False,
+        doc="L_u with each kept pseudo-class weighted alike (the mean of per-class means, times the share kept); "
+        "False: Eq. 3",
     ),
     _method("LOSSES", "which terms of Eq. 4 are on (Fig. 4)"),
     Key(

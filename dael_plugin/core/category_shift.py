@@ -40,6 +40,8 @@ divide by sums that are 1 (a test holds this to float rounding). The paper's pat
 
 from __future__ import annotations
 
+from typing import Optional, Tuple
+
 import torch
 
 NEG = -1.0e4  # a masked logit: exp(NEG - max) is 0 in fp32, fp16 and bf16, and NEG is finite in all three
@@ -119,3 +121,50 @@ def other_loss(log_probs: torch.Tensor, labels: torch.Tensor, class_mask: torch.
     log_other = torch.logsumexp(log_probs.masked_fill(class_mask, NEG), dim=-1)  # (N, K): log p_k(not S_k)
     lacks = (~class_mask).to(dtype).t()[labels]  # (N, K): expert k's domain lacks image n's class
     return -(lacks * log_other).sum() / lacks.sum().clamp_min(1.0)
+
+
+def agreed_labels(
+    probs: torch.Tensor, class_mask: Optional[torch.Tensor], conf_thre: float, not_mine: bool = False
+) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Pseudo-labels that every expert able to speak about the class gives (``PSEUDO_LABEL agree``
+    and ``corroborate``; docs/category_shift.md, "Pseudo-labelling rules").
+
+    ``probs`` ``(B, K, C)``. A class's score is the smallest probability that the experts knowing it
+    (``class_mask[k, c]``) give it: it passes ``conf_thre`` only where all of them are confident of it,
+    so an expert whose domain lacks the true class can no longer impose its own confident guess, and
+    a class one source alone holds is that expert's. With ``not_mine`` (``corroborate``, needs part
+    ``other``) the experts whose domain *lacks* the class must also say "not mine": their mass on
+    the classes they lack enters the minimum. The pseudo-label is the best-scoring class, kept where
+    its score is ``>= conf_thre`` and no other class's score is (two sources' classes claimed at
+    once, the ambiguous case, are dropped). Without ``class_mask`` every expert knows every class:
+    the label all K experts give.
+
+    Returns labels ``(B,)`` long, mask ``(B,)`` in {0, 1} (``probs.dtype``) and the score ``(B,)``."""
+    b, k, c = probs.shape
+    if class_mask is None:
+        class_mask = torch.ones(k, c, dtype=torch.bool, device=probs.device)
+    big = torch.finfo(probs.dtype).max
+    score = probs.masked_fill(~class_mask, big).amin(1)  # (B, C): the least confident knower
+    if not_mine:
+        lacked = (probs * (~class_mask).to(probs.dtype)).sum(-1)  # (B, K): each expert's "not mine" mass
+        score = torch.minimum(score, lacked.unsqueeze(-1).masked_fill(class_mask, big).amin(1))
+    score = score.masked_fill(~class_mask.any(0), 0.0)  # a class no expert knows (refused earlier) scores 0
+    if c == 1:
+        conf, labels = score[:, 0], score.new_zeros(b, dtype=torch.long)
+        return labels, (conf >= conf_thre).to(probs.dtype), conf
+    top, idx = score.topk(2, dim=1)
+    mask = ((top[:, 0] >= conf_thre) & (top[:, 1] < conf_thre)).to(probs.dtype)
+    return idx[:, 0], mask, top[:, 0]
+
+
+def balanced_u_loss(ce: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """L_u with each pseudo-class weighted alike (``TRAINER.DAEL.U_BALANCE``): the mean over the kept
+    samples' classes of each class's mean loss, times the share of samples kept (Eq. 3 counts the
+    others as zeros). Where every kept class is kept equally often it is Eq. 3's masked mean exactly;
+    a class one source alone pseudo-labels, kept rarely, is no longer outweighed by the common ones.
+    ``ce``, ``labels``, ``mask``: ``(M,)``. No host read (counts by comparison, not ``bincount``)."""
+    hits = (labels.unsqueeze(1) == torch.arange(num_classes, device=labels.device)).to(ce.dtype) * mask.unsqueeze(1)
+    count = hits.sum(0)  # (C,) kept samples per pseudo-class
+    present = (count > 0).to(ce.dtype).sum()
+    per_class = (hits * ce.unsqueeze(1)).sum(0) / count.clamp_min(1.0)  # (C,) each class's mean loss
+    return per_class.sum() / present.clamp_min(1.0) * mask.mean()

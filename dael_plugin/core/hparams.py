@@ -17,8 +17,10 @@ CHOICES = {
     "cr_mode": ("collaborative", "individual"),
     # Table 3b: K domain experts, or one classifier shared by all domains.
     "classifier": ("experts", "single"),
-    # Table 3d: pseudo-label from the most confident expert, or from the ensemble.
-    "pseudo_label": ("expert", "ensemble"),
+    # Table 3d: pseudo-label from the most confident expert, or from the ensemble; under category
+    # shift, the class every expert that knows it is confident of ("agree"), and with part "other"
+    # also every expert that lacks it says "not mine" ("corroborate"; core/category_shift.agreed_labels).
+    "pseudo_label": ("expert", "ensemble", "agree", "corroborate"),
     # Footnote to Eq. 2: MSE was chosen over KL divergence.
     "cr_loss": ("mse", "kl"),
     # Sec. 4.3 "Augmentation strategy": (target view, prediction view).
@@ -52,6 +54,8 @@ class DAELHparams:
     class_masks: Tuple[str, ...] = ()
     # The weight of part "other"'s loss (core/category_shift.other_loss), beside L_ce's 1.
     weight_other: float = 1.0
+    # L_u with each kept pseudo-class weighted alike (core/category_shift.balanced_u_loss).
+    u_balance: bool = False
 
     def __post_init__(self) -> None:
         for f in fields(self):
@@ -91,6 +95,14 @@ class DAELHparams:
                 f"WEIGHT_OTHER {self.weight_other} weighs the loss of CLASS_MASKS part 'other', which is off "
                 f"(CLASS_MASKS {list(self.class_masks)}): add 'other' or leave WEIGHT_OTHER at 1.0"
             )
+        if self.pseudo_label == "corroborate" and "other" not in self.class_masks:
+            raise ValueError(
+                "PSEUDO_LABEL corroborate asks the experts that lack a class to say 'not mine', which they learn "
+                f"only with CLASS_MASKS part 'other' (CLASS_MASKS {list(self.class_masks)}): add 'other', or use "
+                "PSEUDO_LABEL agree"
+            )
+        if not isinstance(self.u_balance, bool):
+            raise ValueError(f"U_BALANCE must be True or False, got {self.u_balance!r}")
         if "cr" in self.class_masks and self.cr_mode != "collaborative":
             raise ValueError(
                 "CLASS_MASKS 'cr' compares an expert with the others' per-class mean: it needs CR_MODE collaborative"

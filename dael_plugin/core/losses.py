@@ -12,7 +12,15 @@ from typing import Dict, Optional, Sequence
 import torch
 from torch.nn import functional as F
 
-from dael_plugin.core.category_shift import class_ensemble, mask_logits, other_loss, shared_consistency, tiny
+from dael_plugin.core.category_shift import (
+    agreed_labels,
+    balanced_u_loss,
+    class_ensemble,
+    mask_logits,
+    other_loss,
+    shared_consistency,
+    tiny,
+)
 from dael_plugin.core.hparams import ALL_CLASS_MASK_PARTS, DAELHparams
 
 
@@ -40,7 +48,8 @@ def pseudo_labels(
 
     ``source="expert"`` takes the argmax of the most confident expert i* (the
     expert whose max probability is highest); ``source="ensemble"`` takes the
-    argmax of the mean of all experts (Table 3d).
+    argmax of the mean of all experts (Table 3d); ``"agree"`` and ``"corroborate"``
+    the class every expert that knows it is confident of (category shift).
 
     Args:
         probs: ``(B, K, C)`` probabilities on the target view; not differentiated.
@@ -50,6 +59,8 @@ def pseudo_labels(
         own_classes: ``(K, C)``, with ``source="expert"``: each expert's candidate is its most probable
             class among those its domain holds, with that class's probability as its confidence
             (``CLASS_MASKS`` part ``pseudo_label``; a no-op where part ``experts`` already masked them).
+            With ``source="agree"`` / ``"corroborate"`` (category shift): which experts know each class
+            (:func:`.category_shift.agreed_labels`; ``None``: all of them).
     Returns:
         labels ``(B,)`` long, mask ``(B,)`` float in {0, 1}, confidence ``(B,)``.
     """
@@ -63,6 +74,8 @@ def pseudo_labels(
     elif source == "ensemble":
         ens = probs.mean(dim=1) if class_mask is None else class_ensemble(probs, class_mask)
         conf, labels = ens.max(dim=1)
+    elif source in ("agree", "corroborate"):
+        return agreed_labels(probs, own_classes, conf_thre, not_mine=source == "corroborate")
     else:
         raise ValueError(f"unknown pseudo-label source {source!r}")
     mask = (conf >= conf_thre).to(probs.dtype)
@@ -189,12 +202,14 @@ def dael_losses(
     if hparams.use_u and logits_u_target_view is not None and logits_u_pred_view is not None:
         with torch.no_grad():
             probs_u = F.softmax(logits_u_target_view.detach(), dim=-1)
+            # "agree" and "corroborate" read which experts know each class wherever the data says
+            agreeing = hparams.pseudo_label in ("agree", "corroborate")
             labels_u, mask, _ = pseudo_labels(
                 probs_u,
                 hparams.conf_thre,
                 hparams.pseudo_label,
                 ensemble_mask,
-                class_mask if "pseudo_label" in parts else None,
+                class_mask if "pseudo_label" in parts or agreeing else None,
             )
         log_probs_u = F.log_softmax(logits_u_pred_view, dim=-1)
         if ensemble_mask is None:
@@ -202,8 +217,10 @@ def dael_losses(
         else:
             ens_log_probs_u = class_ensemble(log_probs_u.exp(), ensemble_mask).clamp_min(tiny(log_probs_u.dtype)).log()
         ce_u = F.nll_loss(ens_log_probs_u, labels_u, reduction="none")
-        # Eq. 3: masked samples count as zero in the batch mean.
-        loss_u = (ce_u * mask).mean()
+        if hparams.u_balance:  # each kept pseudo-class weighs alike (category_shift.balanced_u_loss)
+            loss_u = balanced_u_loss(ce_u, labels_u, mask, ens_log_probs_u.shape[-1])
+        else:  # Eq. 3: masked samples count as zero in the batch mean.
+            loss_u = (ce_u * mask).mean()
         mask_u = mask.mean()
 
     loss = loss_x + loss_cr + hparams.weight_u * loss_u

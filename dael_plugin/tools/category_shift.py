@@ -26,19 +26,33 @@ import shutil
 import statistics
 import subprocess
 import sys
-from typing import Dict, List
+from typing import Dict, List, Sequence
 
 from dael_plugin.engine.atomic import write_json
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.tools.sweep_plan import settings_changes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SET_DIR = "embedded_digits_cs"
-SOURCES = {"hand": "012345", "street": "34567", "font": "06789"}
+# The two splits (--split): which digits each source domain keeps; the target keeps all ten.
+SPLITS = {
+    1: {"hand": "012345", "street": "34567", "font": "06789"},
+    # less overlap: 4-5 classes per source, each shared digit held by two sources, seven by one
+    2: {"hand": "0123", "street": "34567", "font": "0789"},
+}
+SET_DIRS = {1: "embedded_digits_cs", 2: "embedded_digits_cs2"}
+SET_DIR = SET_DIRS[1]
+SOURCES = SPLITS[1]
 TARGET = "blend"
 DATASET_CFG = "configs/datasets/da/embedded_digits_cs.yaml"
 IDENTITY = "category_shift_run.json"  # the settings a folder's run was launched with
-SINGLE = {"1": "hand", "2": "hand", "8": "font", "9": "font"}  # digits one source alone holds
+
+
+def single_source_digits(sources: Dict[str, str]) -> List[str]:
+    """The digits one source alone holds (split 1: 1 2 8 9)."""
+    return [d for d in "0123456789" if sum(d in keep for keep in sources.values()) == 1]
+
+
+SINGLE = single_source_digits(SOURCES)
 METHODS = {  # row: (trainer, config, extra options)
     "SourceOnly": ("SourceOnly", "configs/trainers/da/source_only/embedded_digits.yaml", []),
     "DAEL (naive: the union as one label set)": ("DAEL", "configs/trainers/da/dael/embedded_digits.yaml", []),
@@ -90,7 +104,32 @@ PARTS = {
     )
     for parts, lu, _, w in _PART_RUNS
 }
+# The pseudo-labelling rules (--rules; docs/category_shift.md, "Pseudo-labelling rules"), each against
+# today's two rows with L_u (CLASS_MASKS all, and other,ensemble,pseudo_label) and the best row without.
+_DAEL_CFG = "configs/trainers/da/dael/embedded_digits.yaml"
+_RULE_RUNS = [  # (output folder's name, CLASS_MASKS, options)
+    ("dael_rule_agree", "all", ["TRAINER.DAEL.PSEUDO_LABEL", "agree"]),
+    ("dael_rule_balanced", "all", ["TRAINER.DAEL.U_BALANCE", "True"]),
+    ("dael_rule_agree_balanced", "all", ["TRAINER.DAEL.PSEUDO_LABEL", "agree", "TRAINER.DAEL.U_BALANCE", "True"]),
+    ("dael_rule_corroborate", "other,ensemble,pseudo_label", ["TRAINER.DAEL.PSEUDO_LABEL", "corroborate"]),
+]
+RULES = {
+    f"DAEL (CLASS_MASKS {parts}, {' '.join(o.split('.')[-1] for o in opts)})": (
+        "DAEL",
+        _DAEL_CFG,
+        ["TRAINER.DAEL.CLASS_MASKS", parts] + opts,
+    )
+    for _, parts, opts in _RULE_RUNS
+}
+# With --rules the table also holds these rows (today's rules and the best row without L_u).
+RULE_BASELINES = (
+    "SourceOnly",
+    "DAEL (CLASS_MASKS)",
+    "DAEL (CLASS_MASKS, no L_u)",
+    "DAEL (CLASS_MASKS other,ensemble,pseudo_label)",
+)
 SLUGS = {
+    **{m: slug for m, (slug, _, _) in zip(RULES, _RULE_RUNS)},
     **{m: slug for m, (_, _, slug, _) in zip(PARTS, _PART_RUNS)},
     "SourceOnly": "source_only",
     "DAEL (naive: the union as one label set)": "dael_naive",
@@ -101,6 +140,9 @@ SLUGS = {
 }
 
 
+ALL_ROWS = {**METHODS, **ABLATIONS, **PARTS, **RULES}
+
+
 def _link(src: str, dst: str) -> None:
     try:
         os.link(src, dst)
@@ -108,20 +150,22 @@ def _link(src: str, dst: str) -> None:
         shutil.copyfile(src, dst)
 
 
-def build_set(root: str) -> str:
-    """``<root>/embedded_digits_cs`` (made once, from the embedded set under ``root``)."""
+def build_set(root: str, split: int = 1) -> str:
+    """``<root>/embedded_digits_cs`` (split 1) or ``embedded_digits_cs2`` (split 2), made once from
+    the embedded set under ``root``."""
     from dael_plugin.data.embedded import DATASET_DIR, VERSION, ensure_embedded
 
     ensure_embedded(root)
-    out = os.path.join(root, SET_DIR)
-    stamp = f"{VERSION} category-shift {json.dumps(SOURCES, sort_keys=True)}"
+    sources = SPLITS[split]
+    out = os.path.join(root, SET_DIRS[split])
+    stamp = f"{VERSION} category-shift {json.dumps(sources, sort_keys=True)}"
     if os.path.isfile(os.path.join(out, "VERSION")) and open(os.path.join(out, "VERSION")).read() == stamp:
         return out
     src = os.path.join(root, DATASET_DIR)
     tmp = f"{out}.tmp.{os.getpid()}"
     shutil.rmtree(tmp, ignore_errors=True)
-    for domain in list(SOURCES) + [TARGET]:
-        keep = SOURCES.get(domain, "0123456789")
+    for domain in list(sources) + [TARGET]:
+        keep = sources.get(domain, "0123456789")
         for split in ("train", "test"):
             for digit in keep:
                 s, d = os.path.join(src, domain, split, digit), os.path.join(tmp, domain, split, digit)
@@ -142,24 +186,32 @@ def _sha256(path: str) -> str:
 
 def identity(args, method: str, seed: int) -> Dict:
     """Everything that makes a row's run: a folder's record is reused only for exactly these."""
-    trainer, cfg, extra = {**METHODS, **ABLATIONS, **PARTS}[method]
+    trainer, cfg, extra = ALL_ROWS[method]
     return {
         "engine": args.engine,
         "trainer": trainer,
         "seed": seed,
         "epochs": args.epochs,
-        "options": list(extra),
+        "options": list(extra) + _record_options(args),
         "config": cfg,
         "config_sha256": _sha256(os.path.join(ROOT, cfg)),
         "dataset_config_sha256": _sha256(os.path.join(ROOT, DATASET_CFG)),
-        "sources": SOURCES,
+        "sources": SPLITS[args.split],
         "target": TARGET,
     }
 
 
 def output_folder(args) -> str:
-    """``--output``, or one folder per engine: the two engines' runs of a row never share one."""
-    return args.output or os.path.join(ROOT, "output", "category_shift", args.engine)
+    """``--output``, or one folder per engine and split: the two engines' runs of a row never share one."""
+    if args.output:
+        return args.output
+    return os.path.join(ROOT, "output", "category_shift", *([] if args.split == 1 else ["split2"]), args.engine)
+
+
+def _record_options(args) -> List[str]:
+    """``--records``: per-epoch records with a held-out part of each source (``SELECTION.EVAL_FREQ 1``),
+    so that ``source_val``, ``last`` and the oracle can choose (docs/selection.md)."""
+    return ["SELECTION.EVAL_FREQ", "1"] if args.records else []
 
 
 def _run(args, method: str, seed: int, data: str) -> Dict:
@@ -169,7 +221,7 @@ def _run(args, method: str, seed: int, data: str) -> Dict:
     A folder without them (written before they were kept) goes through scripts/train.py, which
     says "nothing to do" for a finished run of this config, resumes an unfinished one and refuses
     another config or engine."""
-    trainer, cfg, extra = {**METHODS, **ABLATIONS, **PARTS}[method]
+    trainer, cfg, extra = ALL_ROWS[method]
     out = os.path.join(args.output, f"{SLUGS[method]}_seed{seed}")
     record = os.path.join(out, "results.json")
     want = identity(args, method, seed)
@@ -183,8 +235,9 @@ def _run(args, method: str, seed: int, data: str) -> Dict:
         return json.load(open(record))
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--engine", args.engine, "--trainer", trainer]
     cmd += ["--root", data, "--dataset-config-file", os.path.join(ROOT, DATASET_CFG)]
-    cmd += ["--config-file", os.path.join(ROOT, cfg), "--source-domains", *SOURCES, "--target-domains", TARGET]
-    cmd += ["--output-dir", out, "--seed", str(seed), "OPTIM.MAX_EPOCH", str(args.epochs), *extra]
+    cmd += ["--config-file", os.path.join(ROOT, cfg), "--source-domains", *SPLITS[args.split]]
+    cmd += ["--target-domains", TARGET, "--output-dir", out, "--seed", str(seed), "OPTIM.MAX_EPOCH", str(args.epochs)]
+    cmd += [*extra, *_record_options(args)]
     print(f"[category shift] {method}, seed {seed}: {out}", flush=True)
     if os.path.isfile(record):  # an older folder: train.py checks its config and engine
         proc = subprocess.run(cmd, stdout=subprocess.DEVNULL)
@@ -222,10 +275,10 @@ def _sd(values: List[float]) -> float:
     return statistics.stdev(values) if len(values) > 1 else 0.0
 
 
-def _single_source_accuracy(rec: Dict) -> float:
+def _single_source_accuracy(rec: Dict, single: Sequence[str] = tuple(SINGLE)) -> float:
     per = rec.get("per_class_accuracy") or {}
-    vals = [per[d] for d in SINGLE if d in per]
-    return statistics.fmean(vals) if len(vals) == len(SINGLE) else float("nan")
+    vals = [per[d] for d in single if d in per]
+    return statistics.fmean(vals) if len(vals) == len(single) else float("nan")
 
 
 def main(argv: List[str] = None) -> int:
@@ -233,6 +286,21 @@ def main(argv: List[str] = None) -> int:
     p.add_argument("--root", default=os.path.join(ROOT, "data"), help="where the embedded set is (or is made)")
     p.add_argument("--seeds", type=int, nargs="+", default=[1, 2, 3])
     p.add_argument("--epochs", type=int, default=15)
+    p.add_argument(
+        "--split",
+        type=int,
+        default=1,
+        choices=sorted(SPLITS),
+        help="which sources hold which digits: "
+        + "; ".join(f"{n}: " + ", ".join(f"{d} {c}" for d, c in src.items()) for n, src in SPLITS.items()),
+    )
+    p.add_argument(
+        "--records",
+        action="store_true",
+        help="per-epoch records on a held-out part of each source (SELECTION.EVAL_FREQ 1): the table adds the "
+        "rows chosen by source_val and the oracle, and the rule source_val chooses among the DAEL rows",
+    )
+    p.add_argument("--rules", action="store_true", help="the pseudo-labelling rules: " + "; ".join(RULES))
     p.add_argument("--engine", default="builtin", choices=("builtin", "dassl"))
     p.add_argument(
         "--output", default=None, help="where the runs go (default: output/category_shift/<engine>, one per engine)"
@@ -269,17 +337,26 @@ def _check_args(args) -> None:
 def _main(args) -> int:
     args.output = os.path.abspath(os.path.expanduser(output_folder(args)))
     _check_args(args)
-    data = build_set(os.path.abspath(os.path.expanduser(args.root)))
+    data = build_set(os.path.abspath(os.path.expanduser(args.root)), args.split)
     methods = list(METHODS) + (list(ABLATIONS) if args.ablations else []) + (list(PARTS) if args.parts else [])
+    if args.rules:
+        methods = [m for m in methods if m not in RULE_BASELINES] + list(RULE_BASELINES) + list(RULES)
     if args.only:
-        methods = [m for m in {**METHODS, **ABLATIONS, **PARTS} if SLUGS[m] in args.only]
+        methods = [m for m in ALL_ROWS if SLUGS[m] in args.only]
     rows = {m: [_run(args, m, s, data) for s in args.seeds] for m in methods}
-    print(f"\nTarget {TARGET} (all 10 digits); sources " + "; ".join(f"{d}: {' '.join(c)}" for d, c in SOURCES.items()))
+    sources = SPLITS[args.split]
+    single = single_source_digits(sources)
+    print(
+        f"\nTarget {TARGET} (all 10 digits); split {args.split}, sources "
+        + "; ".join(f"{d}: {' '.join(c)}" for d, c in sources.items())
+    )
     print(f"{args.epochs} epochs, engine {args.engine}, seeds {args.seeds}; target test accuracy (%), mean ± std")
-    print(f"{'method':<58} | {'all digits':>15} | {'1 2 8 9 (one source each)':>26} | pseudo-labels kept, right")
+    head = f"{' '.join(single)} (one source each)"
+    sel = " | source_val | oracle (upper bound)" if args.records else ""
+    print(f"{'method':<70} | {'last epoch':>15} | {head:>26}{sel} | pseudo-labels kept, right")
     for method, recs in rows.items():
         acc = [r["accuracy"] for r in recs]
-        single = [_single_source_accuracy(r) for r in recs]
+        one_source = [_single_source_accuracy(r, single) for r in recs]
         kept = [_last_pseudo_labels(r) for r in recs]
         pl = "—"
         if all(k is not None for k in kept):
@@ -288,10 +365,64 @@ def _main(args) -> int:
                 f"{statistics.fmean(right):.1f}%" if right else "— (none kept)"
             )
         one = "— (no per-class accuracy)"  # Dassl's own trainers write none to results.json
-        if all(v == v for v in single):
-            one = f"{statistics.fmean(single):17.2f} ± {_sd(single):5.2f}"
-        print(f"{method:<58} | {statistics.fmean(acc):6.2f} ± {_sd(acc):5.2f} | {one:>26} | {pl}")
+        if all(v == v for v in one_source):
+            one = f"{statistics.fmean(one_source):17.2f} ± {_sd(one_source):5.2f}"
+        chosen = ""
+        if args.records:
+            chosen = "".join(f" | {_chosen_text(recs, p)}" for p in ("source_val", "oracle"))
+        print(f"{method:<70} | {statistics.fmean(acc):6.2f} ± {_sd(acc):5.2f} | {one:>26}{chosen} | {pl}")
+    if args.records:
+        print(_rule_choice(rows, args.seeds))
     return 0
+
+
+def _runs_of(rec: Dict):
+    """The selection's view of one finished run (tools/select.py): its record and its epoch records,
+    or None where they are damaged or absent (named by the caller)."""
+    from dael_plugin.engine.records import Record
+    from dael_plugin.engine.selection import EpochRecords
+    from dael_plugin.tools.select import Run
+
+    epochs, problems = EpochRecords(rec["output_dir"]).read_checked()
+    if problems or not epochs:
+        return None
+    return Run(Record(os.path.join(rec["output_dir"], "results.json"), rec), epochs)
+
+
+def _chosen_text(recs: List[Dict], protocol: str) -> str:
+    """Each seed's epoch chosen by ``protocol`` within its own run; the target test accuracy there."""
+    from dael_plugin.tools.select import PROTOCOLS, choose
+
+    vals = []
+    for rec in recs:
+        run = _runs_of(rec)
+        c = choose(PROTOCOLS[protocol], {"run": run}) if run is not None else None
+        if c is None:
+            return f"{'— (no records)':>15}"
+        vals.append(c.test)
+    return f"{statistics.fmean(vals):6.2f} ± {_sd(vals):5.2f}"
+
+
+def _rule_choice(rows: Dict[str, List[Dict]], seeds: Sequence[int]) -> str:
+    """The DAEL rows with L_u treated as one grid of settings: for each seed, ``source_val`` chooses
+    the row and the epoch (DomainBed's training-domain validation, as ``collect.py --select`` does
+    over a sweep); no target label is read. The chosen rows and their target test accuracy."""
+    from dael_plugin.tools.select import PROTOCOLS, choose
+
+    grid = {m: recs for m, recs in rows.items() if ALL_ROWS[m][0] == "DAEL" and "ce_cr" not in ALL_ROWS[m][2]}
+    picks, vals = [], []
+    for i, seed in enumerate(seeds):
+        runs = {SLUGS[m]: _runs_of(recs[i]) for m, recs in grid.items()}
+        if not runs or any(r is None for r in runs.values()):
+            return "source_val's choice among the DAEL rows with L_u: — (a run has no epoch records)"
+        c = choose(PROTOCOLS["source_val"], runs)
+        picks.append(f"seed {seed}: {c.setting} epoch {c.epoch} ({c.test:.2f})")
+        vals.append(c.test)
+    return (
+        f"source_val's choice among the {len(grid)} DAEL rows with L_u, per seed: "
+        + "; ".join(picks)
+        + f"\n  target test accuracy of those choices: {statistics.fmean(vals):.2f} ± {_sd(vals):.2f}"
+    )
 
 
 if __name__ == "__main__":

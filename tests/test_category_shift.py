@@ -692,3 +692,19 @@ def test_the_rules_keys_and_their_one_line_refusals():
     )
     hp = hparams_from_cfg(cfg)
     assert (hp.pseudo_label, hp.u_balance) == ("agree", True)
+
+
+@pytest.mark.parametrize("rule", ["agree", "corroborate"])
+def test_the_rules_are_one_graph_without_a_host_read(rule):
+    """``fullgraph=True`` makes any read of a value back to the host (``.item()``, a ``bincount``'s
+    size, a data-dependent shape) a graph break and so an error. ``backend="eager"`` traces with
+    dynamo alone: the check costs no compilation. It cannot see a kernel's own synchronisation."""
+    x_t, x_p, y, d, u_t, u_p = _batch(3, m=12)
+    mask = torch.tensor([[T, T, T, F_, F_], [F_, T, T, T, F_], [T, F_, F_, T, T]])
+    parts = ("other", "ensemble", "pseudo_label") if rule == "corroborate" else ("all",)
+    hp = DAELHparams(class_masks=parts, conf_thre=0.5, pseudo_label=rule, u_balance=True)
+    torch._dynamo.reset()
+    traced = torch.compile(dael_losses, fullgraph=True, backend="eager")
+    out = traced(x_t, x_p, y, d, hp, u_t, u_p, mask)
+    ref = dael_losses(x_t, x_p, y, d, hp, u_t, u_p, mask)
+    assert torch.equal(out["pseudo_mask_u"], ref["pseudo_mask_u"]) and torch.allclose(out["loss"], ref["loss"])

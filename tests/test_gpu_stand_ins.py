@@ -254,20 +254,25 @@ def _model(k=3, c=5):
 
 
 CS_MASK = [[1, 1, 1, 0, 0], [0, 1, 1, 1, 0], [1, 0, 0, 1, 1]]  # category shift: each source's classes
+SETTINGS = ["da", "dg", "da-cs", "da-cs-other", "da-cs-agree", "da-cs-other-corroborate"]
 
 
 def _cs(setting, dev):
     """DAEL's hparams and class mask for ``setting`` ("da-cs": category shift, CLASS_MASKS all;
-    "da-cs-other": CLASS_MASKS other,ensemble,pseudo_label)."""
+    "da-cs-other": CLASS_MASKS other,ensemble,pseudo_label; "-agree" / "-corroborate": with that
+    PSEUDO_LABEL rule and the class-balanced L_u)."""
     from dael_plugin.core import DAELHparams
 
     if not setting.startswith("da-cs"):
         return DAELHparams(conf_thre=0.0), None
-    parts = ("other", "ensemble", "pseudo_label") if setting == "da-cs-other" else ("all",)
-    return DAELHparams(conf_thre=0.0, class_masks=parts), torch.tensor(CS_MASK, dtype=torch.bool, device=dev)
+    parts = ("other", "ensemble", "pseudo_label") if setting.startswith("da-cs-other") else ("all",)
+    rule = setting.split("-")[-1]
+    rules = dict(pseudo_label=rule, u_balance=True) if rule in ("agree", "corroborate") else {}
+    hp = DAELHparams(conf_thre=0.0, class_masks=parts, **rules)
+    return hp, torch.tensor(CS_MASK, dtype=torch.bool, device=dev)
 
 
-@pytest.mark.parametrize("setting", ["da", "dg", "da-cs", "da-cs-other"])
+@pytest.mark.parametrize("setting", SETTINGS)
 def test_a_step_on_the_meta_device_mixes_no_cpu_tensor(setting):
     """Forward, backward and the optimiser step with every tensor on a non-CPU device (meta), the
     views moved there by the step, the grouped batch norm and channels_last: any CPU tensor in the
@@ -288,11 +293,11 @@ def test_a_step_on_the_meta_device_mixes_no_cpu_tensor(setting):
     out = step(x, u if da else None)
     assert all(v.device.type == "meta" for v in out.values())
     assert ("loss_u" in out) == da
-    assert ("loss_other" in out) == (setting == "da-cs-other")  # part other's term, on the device too
+    assert ("loss_other" in out) == setting.startswith("da-cs-other")  # part other's term, on the device too
     assert all(p.grad is not None and p.grad.device.type == "meta" for p in net.parameters())
 
 
-@pytest.mark.parametrize("setting", ["da", "dg", "da-cs", "da-cs-other"])
+@pytest.mark.parametrize("setting", SETTINGS)
 def test_a_steps_losses_on_fake_cuda_tensors_with_cudas_defaults(setting, monkeypatch):
     """The step's forward pass and losses on fake CUDA tensors (FakeTensorMode), as the engines build
     it on CUDA: ``CHUNK_BN auto`` resolving to ``grouped``, ``channels_last``, the fused optimiser
@@ -331,7 +336,7 @@ def test_a_steps_losses_on_fake_cuda_tensors_with_cudas_defaults(setting, monkey
         assert all(v.is_cuda and v.is_contiguous(memory_format=torch.channels_last) for v in xs)
         out, us = step.losses(x, u)  # DG: the step never reads a target batch
         assert all(v.is_cuda for v in out.values()) and (us is not None) == da
-        assert ("loss_other" in out) == (setting == "da-cs-other")
+        assert ("loss_other" in out) == setting.startswith("da-cs-other")
         assert all(k in out for k in step.keys)
 
 

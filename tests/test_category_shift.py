@@ -498,7 +498,7 @@ def test_the_benchmark_reuses_a_run_only_under_the_settings_it_was_launched_with
         return argparse.Namespace(returncode=0)
 
     monkeypatch.setattr(cs.subprocess, "run", fake_run)
-    args = argparse.Namespace(output=str(tmp_path), engine="builtin", epochs=15, quiet=True, split=1, records=False)
+    args = argparse.Namespace(output=str(tmp_path), engine="builtin", epochs=15, quiet=True, split=1, records=0)
     method = "DAEL (CLASS_MASKS)"
     assert cs._run(args, method, 1, "data")["accuracy"] == 50.0 and len(launched) == 1
     folder = tmp_path / "dael_masks_seed1"
@@ -524,7 +524,7 @@ def test_the_benchmark_reuses_a_run_only_under_the_settings_it_was_launched_with
     assert two.endswith("category_shift/split2/builtin")  # the splits' runs never share a folder
     with pytest.raises(SystemExit, match="sources: "):  # nor does a folder of the other split lend its run
         cs._run(argparse.Namespace(**{**vars(args), "split": 2}), method, 1, "data")
-    records = argparse.Namespace(**{**vars(args), "records": True})
+    records = argparse.Namespace(**{**vars(args), "records": 3})
     with pytest.raises(SystemExit, match="options: "):  # with records the held-out part trains less: another run
         cs._run(records, method, 1, "data")
 

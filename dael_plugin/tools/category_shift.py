@@ -209,9 +209,9 @@ def output_folder(args) -> str:
 
 
 def _record_options(args) -> List[str]:
-    """``--records``: per-epoch records with a held-out part of each source (``SELECTION.EVAL_FREQ 1``),
+    """``--records N``: records every N epochs with a held-out part of each source (``SELECTION.EVAL_FREQ N``),
     so that ``source_val``, ``last`` and the oracle can choose (docs/selection.md)."""
-    return ["SELECTION.EVAL_FREQ", "1"] if args.records else []
+    return ["SELECTION.EVAL_FREQ", str(args.records)] if args.records else []
 
 
 def _run(args, method: str, seed: int, data: str) -> Dict:
@@ -296,9 +296,14 @@ def main(argv: List[str] = None) -> int:
     )
     p.add_argument(
         "--records",
-        action="store_true",
-        help="per-epoch records on a held-out part of each source (SELECTION.EVAL_FREQ 1): the table adds the "
-        "rows chosen by source_val and the oracle, and the rule source_val chooses among the DAEL rows",
+        type=int,
+        nargs="?",
+        const=1,
+        default=0,
+        metavar="N",
+        help="records every N epochs (1 when not given) on a held-out part of each source (SELECTION.EVAL_FREQ N): "
+        "the table adds the epochs chosen by source_val and the oracle, and the rule source_val chooses among "
+        "the DAEL rows with L_u",
     )
     p.add_argument("--rules", action="store_true", help="the pseudo-labelling rules: " + "; ".join(RULES))
     p.add_argument("--engine", default="builtin", choices=("builtin", "dassl"))
@@ -330,6 +335,8 @@ def _check_args(args) -> None:
     twice = sorted({s for s in args.seeds if args.seeds.count(s) > 1})
     if twice:  # a seed counted twice would weigh one run double in the mean and the spread
         raise DAELConfigError(f"--seeds lists seed(s) {twice} more than once; list each seed once")
+    if args.records < 0:
+        raise DAELConfigError(f"--records {args.records}: give the epochs between records (1 or more)")
     if os.path.lexists(args.output) and not os.path.isdir(args.output):
         raise DAELConfigError(f"--output {args.output} exists and is not a folder; pass a folder for the runs")
 

@@ -179,3 +179,57 @@ def run_train(args, env_hide_dassl=False, timeout=600):
         env["DAEL_PLUGIN_HIDE_DASSL"] = "1"
     cmd = [sys.executable, os.path.join(ROOT, "scripts", "train.py")] + list(args)
     return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+# A small backbone with Dassl's digit-5 structure (conv-BN blocks, then FC-BN-ReLU-dropout), for
+# the tests that compare a trainer's steps with Dassl's own: batch norm and dropout draws in the
+# order of the calls, as in cnn_digit5_m3sda, at 1% of its 31.8M parameters, whose 8192 x 3072 FC
+# made each of those tests 10-40 s of CPU. That the rebuilt cnn_digit5_m3sda equals Dassl's, key for
+# key and output for output, is test_dassl_formats.py's own test.
+DROPOUT_CNN = "dael_test_dropout_cnn"
+
+
+def _dropout_cnn_class():
+    """Made on first use: the pytest process itself imports no torch."""
+    import torch
+    from torch import nn
+    from torch.nn import functional as f
+
+    class DropoutCNN(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.conv1, self.bn1 = nn.Conv2d(3, 16, 3, padding=1), nn.BatchNorm2d(16)
+            self.conv2, self.bn2 = nn.Conv2d(16, 32, 3, padding=1), nn.BatchNorm2d(32)
+            self.fc1, self.bn3 = nn.Linear(32 * 8 * 8, 128), nn.BatchNorm1d(128)
+            self.fc2, self.bn4 = nn.Linear(128, 64), nn.BatchNorm1d(64)
+            self.out_features = 64
+
+        def forward(self, x: torch.Tensor) -> torch.Tensor:
+            x = f.max_pool2d(f.relu(self.bn1(self.conv1(x))), 2)
+            x = f.max_pool2d(f.relu(self.bn2(self.conv2(x))), 2)
+            x = f.dropout(f.relu(self.bn3(self.fc1(x.flatten(1)))), training=self.training)
+            return f.relu(self.bn4(self.fc2(x)))
+
+    return DropoutCNN
+
+
+@pytest.fixture
+def dropout_cnn(monkeypatch):
+    """``DROPOUT_CNN`` in the built-in engine's backbones and, where Dassl is installed, in Dassl's
+    ``BACKBONE_REGISTRY`` (registered once; the name is the tests' own)."""
+    from dael_plugin import backbones
+
+    cls = _dropout_cnn_class()
+    monkeypatch.setitem(backbones.OWN_BACKBONES, DROPOUT_CNN, cls)
+    try:
+        from dassl.modeling.backbone import BACKBONE_REGISTRY
+    except ImportError:
+        return DROPOUT_CNN
+    if DROPOUT_CNN not in BACKBONE_REGISTRY.registered_names():
+
+        def factory(pretrained=False, **kwargs):
+            return cls()
+
+        factory.__name__ = DROPOUT_CNN
+        BACKBONE_REGISTRY.register(factory)
+    return DROPOUT_CNN

@@ -371,14 +371,15 @@ def test_bench_script_runs_and_its_losses_agree(tmp_path):
             "--steps",
             "1",
             "--per-domain",
-            "2",
+            "10",
             "--device",
             "cpu",
             "--epoch",
             "--epoch-data",
             "synthetic",
             "--epoch-images",
-            "4",  # 2 batches an epoch: the lines asserted below, not a timing
+            "10",  # one image per class and domain: 1 batch of 10 per domain an epoch (the lines asserted
+            # below, not a timing; at --per-domain 2 and 4 images it was 5 batches, 40 s more)
             "--workers",
             "0",
             "--launch-size",

@@ -907,7 +907,7 @@ def test_bench_without_dassl_times_the_plugin_alone(tmp_path):
             "--steps",
             "1",
             "--per-domain",
-            "4",
+            "10",
             "--device",
             "cpu",
             "--no-launches",
@@ -915,7 +915,7 @@ def test_bench_without_dassl_times_the_plugin_alone(tmp_path):
             "--epoch-data",
             "synthetic",
             "--epoch-images",
-            "8",
+            "10",  # one image per class and domain: one batch an epoch
             "--timed-epochs",
             "1",
             "--workers",

@@ -708,3 +708,28 @@ def test_the_rules_are_one_graph_without_a_host_read(rule):
     out = traced(x_t, x_p, y, d, hp, u_t, u_p, mask)
     ref = dael_losses(x_t, x_p, y, d, hp, u_t, u_p, mask)
     assert torch.equal(out["pseudo_mask_u"], ref["pseudo_mask_u"]) and torch.allclose(out["loss"], ref["loss"])
+
+
+def test_the_benchmark_runs_both_splits_from_one_command(tmp_path, monkeypatch, capsys):
+    """``--split 1 2``: each split's runs in a folder of their own, on that split's sources, and a
+    table each naming the digits one source alone holds (split 2: 1 2 4 5 6 8 9)."""
+    from dael_plugin.tools import category_shift as bench
+
+    calls = []
+
+    def fake_run(args, method, seed, data):
+        out = tmp_path / f"run{len(calls)}"
+        out.mkdir()
+        (out / "log.txt").write_text("")
+        calls.append((args.split, args.output, data))
+        return {"accuracy": 50.0, "output_dir": str(out), "per_class_accuracy": {str(d): 10.0 for d in range(10)}}
+
+    monkeypatch.setattr(bench, "_run", fake_run)
+    monkeypatch.setattr(bench, "build_set", lambda root, split: f"set{split}")
+    argv = ["--split", "1", "2", "--output", str(tmp_path / "o"), "--seeds", "1", "--only", "source_only"]
+    assert bench.main(argv) == 0
+    assert calls == [(1, str(tmp_path / "o" / "split1"), "set1"), (2, str(tmp_path / "o" / "split2"), "set2")]
+    out = capsys.readouterr().out
+    assert "split 2, sources hand: 0 1 2 3; street: 3 4 5 6 7; font: 0 7 8 9" in out
+    assert "1 2 4 5 6 8 9 (one source each)" in out and "1 2 8 9 (one source each)" in out
+    assert bench.single_source_digits(bench.SPLITS[1]) == ["1", "2", "8", "9"]

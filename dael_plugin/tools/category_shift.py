@@ -289,9 +289,11 @@ def main(argv: List[str] = None) -> int:
     p.add_argument(
         "--split",
         type=int,
-        default=1,
+        nargs="+",
+        default=[1],
         choices=sorted(SPLITS),
-        help="which sources hold which digits: "
+        help="the split(s), one table each (with --output and two splits, a folder split<N> each); which "
+        "sources hold which digits: "
         + "; ".join(f"{n}: " + ", ".join(f"{d} {c}" for d, c in src.items()) for n, src in SPLITS.items()),
     )
     p.add_argument(
@@ -322,7 +324,12 @@ def main(argv: List[str] = None) -> int:
     )
     args = p.parse_args(argv)
     try:
-        return _main(args)
+        for split in dict.fromkeys(args.split):
+            output = args.output
+            if output and len(set(args.split)) > 1:
+                output = os.path.join(output, f"split{split}")
+            _main(argparse.Namespace(**{**vars(args), "split": split, "output": output}))
+        return 0
     except DAELConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -13,7 +13,11 @@ sources. Then, for each seed, it trains SourceOnly, the paper's DAEL on the unio
 ("naive") and DAEL with ``TRAINER.DAEL.CLASS_MASKS all`` (core/category_shift.py), all through
 scripts/train.py with ``DATASET.CATEGORY_SHIFT True``, and prints the target test accuracy, overall
 and on the digits one source alone holds. ``--ablations`` adds L_u's variants; ``--parts`` each
-part of the design turned on alone.
+part of the design turned on alone; ``--rules`` the pseudo-labelling rules (``PSEUDO_LABEL agree``,
+``corroborate``, ``U_BALANCE``). ``--split 2`` (or ``--split 1 2``) uses a second split with less
+overlap (``embedded_digits_cs2``: hand 0-3, street 3-7, font 0 7-9). ``--records N`` writes records
+every N epochs on a held-out part of the sources, and the table adds the epoch and the DAEL row
+that source validation chooses, without target labels (and the oracle's choice, an upper bound).
 """
 
 from __future__ import annotations

@@ -451,7 +451,7 @@ def test_the_class_table_by_hand():
 
 
 def test_the_benchmarks_pseudo_label_columns_read_both_engines_logs(tmp_path):
-    from dael_plugin.tools.category_shift import _last_pseudo_labels
+    from dael_plugin.tools.category_shift_table import last_pseudo_labels as _last_pseudo_labels
 
     builtin = "epoch [15/15] batches 19 loss_x 0.0205 acc_x 99.9% loss_cr 0.1644 loss_u 0.5314 mask_u 84.4% pl_acc_u 38.6% eta"
     dassl = (
@@ -733,3 +733,31 @@ def test_the_benchmark_runs_both_splits_from_one_command(tmp_path, monkeypatch, 
     assert "split 2, sources hand: 0 1 2 3; street: 3 4 5 6 7; font: 0 7 8 9" in out
     assert "1 2 4 5 6 8 9 (one source each)" in out and "1 2 8 9 (one source each)" in out
     assert bench.single_source_digits(bench.SPLITS[1]) == ["1", "2", "8", "9"]
+
+
+def test_the_benchmarks_choice_among_rules_reads_source_validation_not_the_target(tmp_path):
+    """Two rules' runs, one seed: rule ``a`` scores best on source validation at its epoch 1, rule ``b``
+    on the target (the oracle's field). ``source_val`` must choose ``a``, epoch 1, and report that
+    epoch's target test accuracy; the oracle chooses ``b``'s last epoch. A choice that read the target
+    test accuracy would pick ``b``'s epoch 1 (90)."""
+    import json
+
+    from dael_plugin.tools.category_shift_table import chosen_text, rule_choice
+
+    def run(name, epochs):
+        out = tmp_path / name
+        out.mkdir()
+        lines = [
+            {"epoch": e, "source_val_accuracy": sv, "target_val_accuracy": tv, "target_test_accuracy": tt}
+            for e, (sv, tv, tt) in enumerate(epochs, 1)
+        ]
+        (out / "epochs.jsonl").write_text("".join(json.dumps(x) + "\n" for x in lines))
+        return {"output_dir": str(out), "accuracy": epochs[-1][2], "epochs": len(epochs), "seed": 1}
+
+    a = run("a", [(80.0, 30.0, 40.0), (70.0, 35.0, 45.0)])
+    b = run("b", [(60.0, 50.0, 90.0), (65.0, 60.0, 55.0)])
+    text = rule_choice({"a": [a], "b": [b]}, [1], "source_val")
+    assert "seed 1: a epoch 1 (40.00)" in text and "40.00 ± 0.00" in text
+    oracle = rule_choice({"a": [a], "b": [b]}, [1], "oracle")
+    assert "seed 1: b epoch 2 (55.00)" in oracle and "upper bound" in oracle
+    assert chosen_text([a, b], "source_val") == " 47.50 ± 10.61"  # each run its own epoch: 40 and 55

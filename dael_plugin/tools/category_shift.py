@@ -30,10 +30,17 @@ import shutil
 import statistics
 import subprocess
 import sys
-from typing import Dict, List, Sequence
+from typing import Dict, List
 
 from dael_plugin.engine.atomic import write_json
 from dael_plugin.errors import DAELConfigError
+from dael_plugin.tools.category_shift_table import (
+    chosen_text,
+    last_pseudo_labels,
+    rule_choice,
+    sd,
+    single_source_accuracy,
+)
 from dael_plugin.tools.sweep_plan import settings_changes
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -257,34 +264,6 @@ def _run(args, method: str, seed: int, data: str) -> Dict:
     return json.load(open(record))
 
 
-def _last_pseudo_labels(rec: Dict):
-    """(share of target images kept, accuracy of the kept pseudo-labels) in the last epoch, from the
-    run's log (None without L_u)."""
-    import re
-
-    found = None
-    with open(os.path.join(rec["output_dir"], "log.txt"), encoding="utf-8", errors="replace") as f:
-        for line in f:
-            # the built-in engine's epoch line, or the Dassl engine's running means (to its last print)
-            # (other meters, loss_other, may stand between mask_u and pl_acc_u)
-            m = re.search(r"batches \d+ .*mask_u ([\d.]+)% (?:\S+ \S+ )*?pl_acc_u ([\d.]+%|-)", line) or re.search(
-                r"mask_u [\d.]+% \(([\d.]+)%\) (?:\S+ \S+ \S+ )*?pl_acc_u [\d.-]+%? \(([\d.]+%|-)\)", line
-            )
-            if m:  # pl_acc_u "-": no pseudo-label was kept
-                found = (float(m.group(1)), float(m.group(2)[:-1]) if m.group(2) != "-" else float("nan"))
-    return found
-
-
-def _sd(values: List[float]) -> float:
-    return statistics.stdev(values) if len(values) > 1 else 0.0
-
-
-def _single_source_accuracy(rec: Dict, single: Sequence[str] = tuple(SINGLE)) -> float:
-    per = rec.get("per_class_accuracy") or {}
-    vals = [per[d] for d in single if d in per]
-    return statistics.fmean(vals) if len(vals) == len(single) else float("nan")
-
-
 def main(argv: List[str] = None) -> int:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--root", default=os.path.join(ROOT, "data"), help="where the embedded set is (or is made)")
@@ -374,8 +353,8 @@ def _main(args) -> int:
     print(f"{'method':<70} | {'last epoch':>15} | {head:>26}{sel} | pseudo-labels kept, right")
     for method, recs in rows.items():
         acc = [r["accuracy"] for r in recs]
-        one_source = [_single_source_accuracy(r, single) for r in recs]
-        kept = [_last_pseudo_labels(r) for r in recs]
+        one_source = [single_source_accuracy(r, single) for r in recs]
+        kept = [last_pseudo_labels(r) for r in recs]
         pl = "—"
         if all(k is not None for k in kept):
             right = [k[1] for k in kept if k[1] == k[1]]
@@ -384,67 +363,18 @@ def _main(args) -> int:
             )
         one = "— (no per-class accuracy)"  # Dassl's own trainers write none to results.json
         if all(v == v for v in one_source):
-            one = f"{statistics.fmean(one_source):17.2f} ± {_sd(one_source):5.2f}"
+            one = f"{statistics.fmean(one_source):17.2f} ± {sd(one_source):5.2f}"
         chosen = ""
         if args.records:
-            chosen = f" | {_chosen_text(recs, 'source_val')}"
-        print(f"{method:<70} | {statistics.fmean(acc):6.2f} ± {_sd(acc):5.2f} | {one:>26}{chosen} | {pl}")
-    if args.records:
+            chosen = f" | {chosen_text(recs, 'source_val')}"
+        print(f"{method:<70} | {statistics.fmean(acc):6.2f} ± {sd(acc):5.2f} | {one:>26}{chosen} | {pl}")
+    if args.records:  # the DAEL rows with L_u, as one grid of settings
+        grid = {
+            SLUGS[m]: recs for m, recs in rows.items() if ALL_ROWS[m][0] == "DAEL" and "ce_cr" not in ALL_ROWS[m][2]
+        }
         for protocol in ("source_val", "oracle"):
-            print(_rule_choice(rows, args.seeds, protocol))
+            print(rule_choice(grid, args.seeds, protocol))
     return 0
-
-
-def _runs_of(rec: Dict):
-    """The selection's view of one finished run (tools/select.py): its record and its epoch records,
-    or None where they are damaged or absent (named by the caller)."""
-    from dael_plugin.engine.records import Record
-    from dael_plugin.engine.selection import EpochRecords
-    from dael_plugin.tools.select import Run
-
-    epochs, problems = EpochRecords(rec["output_dir"]).read_checked()
-    if problems or not epochs:
-        return None
-    return Run(Record(os.path.join(rec["output_dir"], "results.json"), rec), epochs)
-
-
-def _chosen_text(recs: List[Dict], protocol: str) -> str:
-    """Each seed's epoch chosen by ``protocol`` within its own run; the target test accuracy there."""
-    from dael_plugin.tools.select import PROTOCOLS, choose
-
-    vals = []
-    for rec in recs:
-        run = _runs_of(rec)
-        c = choose(PROTOCOLS[protocol], {"run": run}) if run is not None else None
-        if c is None:
-            return f"{'— (no records)':>15}"
-        vals.append(c.test)
-    return f"{statistics.fmean(vals):6.2f} ± {_sd(vals):5.2f}"
-
-
-def _rule_choice(rows: Dict[str, List[Dict]], seeds: Sequence[int], protocol: str = "source_val") -> str:
-    """The DAEL rows with L_u treated as one grid of settings: for each seed, ``protocol`` chooses the
-    row (and, ``source_val``, the epoch), as ``collect.py --select`` does over a sweep. ``source_val``
-    (DomainBed's training-domain validation) reads no target label; the ``oracle`` (the last epoch of
-    the row best on a labelled part of the target's train split) is an upper bound, not a result.
-    Within one row the oracle's choice is the last epoch: it is printed as a choice among rows only."""
-    from dael_plugin.tools.select import PROTOCOLS, choose
-
-    grid = {m: recs for m, recs in rows.items() if ALL_ROWS[m][0] == "DAEL" and "ce_cr" not in ALL_ROWS[m][2]}
-    picks, vals = [], []
-    for i, seed in enumerate(seeds):
-        runs = {SLUGS[m]: _runs_of(recs[i]) for m, recs in grid.items()}
-        if not runs or any(r is None for r in runs.values()):
-            return f"{protocol}'s choice among the DAEL rows with L_u: — (a run has no epoch records)"
-        c = choose(PROTOCOLS[protocol], runs)
-        picks.append(f"seed {seed}: {c.setting} epoch {c.epoch} ({c.test:.2f})")
-        vals.append(c.test)
-    bound = " (an upper bound, reads target labels)" if PROTOCOLS[protocol].upper_bound else ""
-    return (
-        f"{protocol}'s choice{bound} among the {len(grid)} DAEL rows with L_u, per seed: "
-        + "; ".join(picks)
-        + f"\n  target test accuracy of those choices: {statistics.fmean(vals):.2f} ± {_sd(vals):.2f}"
-    )
 
 
 if __name__ == "__main__":

@@ -9,13 +9,12 @@ import torch
 from dael_plugin.core.category_shift import (
     NEG,
     agreed_labels,
-    balanced_u_loss,
     class_ensemble,
     mask_logits,
     shared_consistency,
 )
 from dael_plugin.core.hparams import DAELHparams
-from dael_plugin.core.losses import dael_losses, ensemble_probs, pseudo_labels
+from dael_plugin.core.losses import balanced_u_loss, dael_losses, ensemble_probs, pseudo_labels
 
 T, F_ = True, False
 

@@ -155,16 +155,3 @@ def agreed_labels(
     top, idx = score.topk(2, dim=1)
     mask = ((top[:, 0] >= conf_thre) & (top[:, 1] < conf_thre)).to(probs.dtype)
     return idx[:, 0], mask, top[:, 0]
-
-
-def balanced_u_loss(ce: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, num_classes: int) -> torch.Tensor:
-    """L_u with each pseudo-class weighted alike (``TRAINER.DAEL.U_BALANCE``): the mean over the kept
-    samples' classes of each class's mean loss, times the share of samples kept (Eq. 3 counts the
-    others as zeros). Where every kept class is kept equally often it is Eq. 3's masked mean exactly;
-    a class one source alone pseudo-labels, kept rarely, is no longer outweighed by the common ones.
-    ``ce``, ``labels``, ``mask``: ``(M,)``. No host read (counts by comparison, not ``bincount``)."""
-    hits = (labels.unsqueeze(1) == torch.arange(num_classes, device=labels.device)).to(ce.dtype) * mask.unsqueeze(1)
-    count = hits.sum(0)  # (C,) kept samples per pseudo-class
-    present = (count > 0).to(ce.dtype).sum()
-    per_class = (hits * ce.unsqueeze(1)).sum(0) / count.clamp_min(1.0)  # (C,) each class's mean loss
-    return per_class.sum() / present.clamp_min(1.0) * mask.mean()

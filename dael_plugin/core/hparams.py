@@ -29,6 +29,8 @@ CHOICES = {
     "losses": ("ce_cr_u", "ce_cr", "ce"),
 }
 
+# The pseudo-labellers that read which experts know each class (core/category_shift.agreed_labels).
+AGREEING = ("agree", "corroborate")
 # Category shift (core/category_shift.py): the parts of the design, each a switch on its own;
 # "all" is the first four. "other" is the alternative to "experts" (core/category_shift.py).
 CLASS_MASK_PARTS = ("experts", "ensemble", "cr", "pseudo_label", "other")
@@ -54,7 +56,7 @@ class DAELHparams:
     class_masks: Tuple[str, ...] = ()
     # The weight of part "other"'s loss (core/category_shift.other_loss), beside L_ce's 1.
     weight_other: float = 1.0
-    # L_u with each kept pseudo-class weighted alike (core/category_shift.balanced_u_loss).
+    # L_u with each kept pseudo-class weighted alike (core/losses.balanced_u_loss).
     u_balance: bool = False
 
     def __post_init__(self) -> None:

@@ -14,14 +14,13 @@ from torch.nn import functional as F
 
 from dael_plugin.core.category_shift import (
     agreed_labels,
-    balanced_u_loss,
     class_ensemble,
     mask_logits,
     other_loss,
     shared_consistency,
     tiny,
 )
-from dael_plugin.core.hparams import ALL_CLASS_MASK_PARTS, DAELHparams
+from dael_plugin.core.hparams import AGREEING, ALL_CLASS_MASK_PARTS, DAELHparams
 
 
 def log_mean_probs(log_probs: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
@@ -74,7 +73,7 @@ def pseudo_labels(
     elif source == "ensemble":
         ens = probs.mean(dim=1) if class_mask is None else class_ensemble(probs, class_mask)
         conf, labels = ens.max(dim=1)
-    elif source in ("agree", "corroborate"):
+    elif source in AGREEING:
         return agreed_labels(probs, own_classes, conf_thre, not_mine=source == "corroborate")
     else:
         raise ValueError(f"unknown pseudo-label source {source!r}")
@@ -88,6 +87,19 @@ def _one_hot(index: torch.Tensor, n: int, dtype: torch.dtype, equal: bool = True
     classes = torch.arange(n, device=index.device)
     hits = index.unsqueeze(1) == classes if equal else index.unsqueeze(1) != classes
     return hits.to(dtype)
+
+
+def balanced_u_loss(ce: torch.Tensor, labels: torch.Tensor, mask: torch.Tensor, num_classes: int) -> torch.Tensor:
+    """L_u with each pseudo-class weighted alike (``TRAINER.DAEL.U_BALANCE``): the mean over the kept
+    samples' classes of each class's mean loss, times the share of samples kept (Eq. 3 counts the
+    others as zeros). Where every kept class is kept equally often it is Eq. 3's masked mean exactly;
+    a class one source alone pseudo-labels, kept rarely, is no longer outweighed by the common ones.
+    ``ce``, ``labels``, ``mask``: ``(M,)``. No host read (counts from :func:`_one_hot`, not ``bincount``)."""
+    hits = _one_hot(labels, num_classes, ce.dtype) * mask.unsqueeze(1)
+    count = hits.sum(0)  # (C,) kept samples per pseudo-class
+    present = (count > 0).to(ce.dtype).sum()
+    per_class = (hits * ce.unsqueeze(1)).sum(0) / count.clamp_min(1.0)  # (C,) each class's mean loss
+    return per_class.sum() / present.clamp_min(1.0) * mask.mean()
 
 
 def _distance(target: torch.Tensor, pred_log_probs: torch.Tensor, kind: str) -> torch.Tensor:
@@ -203,7 +215,7 @@ def dael_losses(
         with torch.no_grad():
             probs_u = F.softmax(logits_u_target_view.detach(), dim=-1)
             # "agree" and "corroborate" read which experts know each class wherever the data says
-            agreeing = hparams.pseudo_label in ("agree", "corroborate")
+            agreeing = hparams.pseudo_label in AGREEING
             labels_u, mask, _ = pseudo_labels(
                 probs_u,
                 hparams.conf_thre,
@@ -217,7 +229,7 @@ def dael_losses(
         else:
             ens_log_probs_u = class_ensemble(log_probs_u.exp(), ensemble_mask).clamp_min(tiny(log_probs_u.dtype)).log()
         ce_u = F.nll_loss(ens_log_probs_u, labels_u, reduction="none")
-        if hparams.u_balance:  # each kept pseudo-class weighs alike (category_shift.balanced_u_loss)
+        if hparams.u_balance:  # each kept pseudo-class weighs alike (balanced_u_loss above)
             loss_u = balanced_u_loss(ce_u, labels_u, mask, ens_log_probs_u.shape[-1])
         else:  # Eq. 3: masked samples count as zero in the batch mean.
             loss_u = (ce_u * mask).mean()

@@ -51,7 +51,6 @@ SPLITS = {
     2: {"hand": "0123", "street": "34567", "font": "0789"},
 }
 SET_DIRS = {1: "embedded_digits_cs", 2: "embedded_digits_cs2"}
-SET_DIR = SET_DIRS[1]
 SOURCES = SPLITS[1]
 TARGET = "blend"
 DATASET_CFG = "configs/datasets/da/embedded_digits_cs.yaml"
@@ -63,13 +62,13 @@ def single_source_digits(sources: Dict[str, str]) -> List[str]:
     return [d for d in "0123456789" if sum(d in keep for keep in sources.values()) == 1]
 
 
-SINGLE = single_source_digits(SOURCES)
+_DAEL_CFG = "configs/trainers/da/dael/embedded_digits.yaml"
 METHODS = {  # row: (trainer, config, extra options)
     "SourceOnly": ("SourceOnly", "configs/trainers/da/source_only/embedded_digits.yaml", []),
-    "DAEL (naive: the union as one label set)": ("DAEL", "configs/trainers/da/dael/embedded_digits.yaml", []),
+    "DAEL (naive: the union as one label set)": ("DAEL", _DAEL_CFG, []),
     "DAEL (CLASS_MASKS)": (
         "DAEL",
-        "configs/trainers/da/dael/embedded_digits.yaml",
+        _DAEL_CFG,
         ["TRAINER.DAEL.CLASS_MASKS", "all"],
     ),
 }
@@ -78,15 +77,15 @@ METHODS = {  # row: (trainer, config, extra options)
 ABLATIONS = {
     "DAEL (CLASS_MASKS, PSEUDO_LABEL ensemble)": (
         "DAEL",
-        "configs/trainers/da/dael/embedded_digits.yaml",
+        _DAEL_CFG,
         ["TRAINER.DAEL.CLASS_MASKS", "all", "TRAINER.DAEL.PSEUDO_LABEL", "ensemble"],
     ),
     "DAEL (CLASS_MASKS, no L_u)": (
         "DAEL",
-        "configs/trainers/da/dael/embedded_digits.yaml",
+        _DAEL_CFG,
         ["TRAINER.DAEL.CLASS_MASKS", "all", "TRAINER.DAEL.LOSSES", "ce_cr"],
     ),
-    "DAEL (naive, no L_u)": ("DAEL", "configs/trainers/da/dael/embedded_digits.yaml", ["TRAINER.DAEL.LOSSES", "ce_cr"]),
+    "DAEL (naive, no L_u)": ("DAEL", _DAEL_CFG, ["TRAINER.DAEL.LOSSES", "ce_cr"]),
 }
 # Each part of the design alone (--parts): the three that act without L_u, against "naive, no L_u",
 # and the pseudo-labeller's part, with L_u, against naive DAEL; then "experts" with "ensemble";
@@ -108,7 +107,7 @@ _PART_RUNS = [
 PARTS = {
     f"DAEL (CLASS_MASKS {parts}{'' if lu else ', no L_u'}{f', WEIGHT_OTHER {w}' if w else ''})": (
         "DAEL",
-        "configs/trainers/da/dael/embedded_digits.yaml",
+        _DAEL_CFG,
         ["TRAINER.DAEL.CLASS_MASKS", parts]
         + ([] if lu else ["TRAINER.DAEL.LOSSES", "ce_cr"])
         + (["TRAINER.DAEL.WEIGHT_OTHER", w] if w else []),
@@ -117,7 +116,6 @@ PARTS = {
 }
 # The pseudo-labelling rules (--rules; docs/category_shift.md, "Pseudo-labelling rules"), each against
 # today's two rows with L_u (CLASS_MASKS all, and other,ensemble,pseudo_label) and the best row without.
-_DAEL_CFG = "configs/trainers/da/dael/embedded_digits.yaml"
 _RULE_RUNS = [  # (output folder's name, CLASS_MASKS, options)
     ("dael_rule_agree", "all", ["TRAINER.DAEL.PSEUDO_LABEL", "agree"]),
     ("dael_rule_balanced", "all", ["TRAINER.DAEL.U_BALANCE", "True"]),

@@ -269,3 +269,47 @@ def test_dassl_domain_sampler_epochs_have_dassls_length():
         assert set(ours) == set(theirs), (ours, theirs)
         if n_domain == 3:
             assert set(ours) == {3}
+
+
+def test_a_batch_holds_the_random_states_once_and_draws_what_each_item_draws(tmp_path, monkeypatch):
+    """The loader's batched fetch (``__getitems__``) saves and puts back torch's, NumPy's and
+    Python's random states once a batch, not once a draw: the same views bit for bit, and the
+    model's own streams (dropout) untouched."""
+    import random
+
+    import torch
+    from PIL import Image
+    from torchvision import transforms as T
+
+    from dael_plugin.builtin.data import train_loader
+    from dael_plugin.data.items import Item
+
+    items = []
+    for i in range(6):
+        path = tmp_path / f"{i}.png"
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(path)
+        items.append(Item(str(path), i % 2, i % 2, f"c{i % 2}"))
+
+    def numpy_and_python(img):  # a transform that draws from NumPy's and Python's streams too
+        return img.rotate(float(np.random.uniform(-30, 30)) + random.uniform(-5, 5))
+
+    tfms = [T.Compose([T.RandAugment(), numpy_and_python, T.RandomHorizontalFlip(), T.PILToTensor()])] * 2
+    loader = train_loader(items, tfms, 3, 0, False, seed=7, domain_balanced=False)
+    torch.manual_seed(123), np.random.seed(5), random.seed(9)
+    before = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
+
+    saves = []
+    real = torch.get_rng_state
+    monkeypatch.setattr(torch, "get_rng_state", lambda: saves.append(1) or real())
+    batches = list(loader)
+    assert len(batches) == 2 and len(saves) == 2  # one save a batch of three draws
+    monkeypatch.setattr(torch, "get_rng_state", real)
+
+    assert torch.equal(torch.get_rng_state(), before[0])
+    assert np.array_equal(np.random.get_state()[1], before[1]) and random.getstate() == before[2]
+    loader.batch_sampler.set_epoch(0)  # the same pass's draws again (a second pass draws afresh)
+    keys = [k for batch in loader.batch_sampler for k in batch]
+    one_by_one = [loader.dataset[k] for k in keys]  # each draw holds the states itself
+    for name in ("img", "img2"):
+        assert torch.equal(torch.cat([b[name] for b in batches]), torch.stack([o[name] for o in one_by_one]))
+    assert not torch.equal(batches[0]["img"], batches[0]["img2"])  # the two views are drawn, not copied

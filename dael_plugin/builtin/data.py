@@ -23,6 +23,7 @@ from dael_plugin.data.sampling import (
     DomainBalancedBatchSampler,
     DrawPicker,
     SeededRandomBatchSampler,
+    held_rng,
     seeded_draw,
 )
 
@@ -52,6 +53,12 @@ class ImageList(Dataset):
             for k, tfm in enumerate(self.transforms):
                 out["img" if k == 0 else f"img{k + 1}"] = tfm(img)
         return out
+
+    def __getitems__(self, keys: Sequence) -> List[dict]:
+        # The loader's batched fetch: the random states are saved and put back once a batch, not
+        # once a draw.
+        with held_rng():
+            return [self[k] for k in keys]
 
 
 def _loader(dataset, num_workers: int, pin: bool, seed: int, **kwargs) -> DataLoader:

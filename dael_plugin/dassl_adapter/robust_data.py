@@ -22,7 +22,7 @@ from PIL import Image
 from yacs.config import CfgNode as CN
 
 from dael_plugin.data.images import ReplacingReader
-from dael_plugin.data.sampling import DrawPicker, seeded_draw
+from dael_plugin.data.sampling import DrawPicker, held_rng, seeded_draw
 
 
 class RobustDatasetWrapper(DatasetWrapper):
@@ -55,3 +55,11 @@ class RobustDatasetWrapper(DatasetWrapper):
         if self.return_img0:
             out["img0"] = self.to_tensor(img0)
         return out
+
+    def __getitems__(self, keys):
+        # torch's batched fetch. Seeded draws (index, seed) put the random states back: hold them
+        # once a batch. Dassl's plain indices draw from the global streams, which must advance.
+        if not all(isinstance(k, (tuple, list)) for k in keys):
+            return [self[k] for k in keys]
+        with held_rng():
+            return [self[k] for k in keys]

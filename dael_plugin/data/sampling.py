@@ -273,27 +273,51 @@ class SeededRandomBatchSampler(Shard, Sampler[List[Draw]]):
             yield self._take(list(zip(perm[sl].tolist(), seeds[sl].tolist())))
 
 
-class seeded_draw:
-    """Seed torch, NumPy and Python ``random`` for one draw. In the main process the previous
-    states are put back afterwards, so the model's own randomness is untouched; a worker's
-    own streams then matter to nothing."""
+class _RngStates:
+    """The main process's torch, NumPy and Python ``random`` states, put back on exit. Nested
+    holds save nothing: the outermost one puts back what it found."""
 
-    def __init__(self, seed: int) -> None:
-        self.seed = seed
+    depth = 0
+
+    def __init__(self) -> None:
         self.saved = None
 
     def __enter__(self):
-        if get_worker_info() is None:
+        if get_worker_info() is None and _RngStates.depth == 0:
             self.saved = (torch.get_rng_state(), np.random.get_state(), random.getstate())
+        _RngStates.depth += 1
+
+    def __exit__(self, *exc):
+        _RngStates.depth -= 1
+        if self.saved is not None:
+            torch.set_rng_state(self.saved[0])
+            np.random.set_state(self.saved[1])
+            random.setstate(self.saved[2])
+
+
+def held_rng() -> _RngStates:
+    """Hold the main process's random states across many draws (a batch's): each draw then seeds
+    them without saving and putting back three states of its own (``__getitems__``)."""
+    return _RngStates()
+
+
+class seeded_draw:
+    """Seed torch, NumPy and Python ``random`` for one draw. In the main process the previous
+    states are put back afterwards (once per batch inside :func:`held_rng`), so the model's own
+    randomness is untouched; a worker's own streams then matter to nothing."""
+
+    def __init__(self, seed: int) -> None:
+        self.seed = seed
+        self.held = _RngStates()
+
+    def __enter__(self):
+        self.held.__enter__()
         torch.default_generator.manual_seed(self.seed)  # the CPU generator only: augmentations run there
         np.random.seed(self.seed % (2**32))
         random.seed(self.seed)
 
     def __exit__(self, *exc):
-        if self.saved is not None:
-            torch.set_rng_state(self.saved[0])
-            np.random.set_state(self.saved[1])
-            random.setstate(self.saved[2])
+        self.held.__exit__(*exc)
 
 
 class DrawPicker:

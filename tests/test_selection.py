@@ -269,6 +269,38 @@ def test_dassls_baselines_write_the_same_records_from_their_own_predictions(tmp_
 
 
 @pytest.mark.dassl
+@pytest.mark.parametrize("name", ["CrossGrad", "DDAIG"])
+def test_dassls_dg_baselines_write_records_from_their_label_net(tmp_path, tiny_root, name):
+    """Dassl's CrossGrad and DDAIG predict with their label net ``F`` (a SimpleNet): the records read
+    exactly its softmax, and the last record's test accuracy is Dassl's own test."""
+    pytest.importorskip("dassl")
+    from dassl.engine import TRAINER_REGISTRY
+    from dassl.utils import set_random_seed
+
+    from dael_plugin.dassl_adapter.records import with_records
+    from dael_plugin.tools.train import build_parser, setup_cfg
+
+    folder = {"CrossGrad": "cross_grad"}.get(name, name.lower())
+    argv = _argv("dassl", name, tmp_path / "run", tiny_root, 1)
+    argv[argv.index(DS)] = f"{ROOT}/configs/datasets/dg/embedded_digits_dg.yaml"
+    argv[argv.index("--config-file") + 1] = f"{ROOT}/configs/trainers/dg/{folder}/embedded_digits_dg.yaml"
+    cfg = setup_cfg(build_parser().parse_args(argv), "dassl")
+    set_random_seed(1)
+    tr = with_records(TRAINER_REGISTRY.get(name))(cfg)
+    x = next(iter(tr.test_loader))["img"]
+    tr.set_model_mode("eval")
+    with torch.no_grad():
+        feats, probs = tr.selection.encode(x)
+        theirs = tr.model_inference(x)
+    assert probs.shape == (len(x), 1, tr.num_classes) and feats.shape[0] == len(x)
+    torch.testing.assert_close(probs.mean(1), torch.softmax(theirs, 1))
+    tr.train()
+    (rec,) = [json.loads(line) for line in open(tmp_path / "run" / S.EPOCHS)]
+    assert rec["source_val_size"] == len(tr.source_val_items) > 0 and rec["epoch"] == 1
+    assert rec["target_test_accuracy"] == pytest.approx(tr.test(), abs=1e-3)
+
+
+@pytest.mark.dassl
 def test_a_baseline_killed_between_its_record_and_its_checkpoint_redoes_that_record(tmp_path, tiny_root):
     """M3SDA with Dassl's checkpoint every epoch, stopped in epoch 2's checkpoint save (its record
     written): the rerun resumes from epoch 1 and epochs.jsonl holds each epoch once. (Dassl's own

@@ -112,7 +112,8 @@ def baseline_encoder(trainer) -> Optional[Encode]:
     - the default (``self.model``, a ``SimpleNet``: SourceOnly, Vanilla, DANN, SE, AdaBN, ...):
       ``model(x, return_feature=True)``, one classifier;
     - M3SDA: ``F``, then each source's classifier (the first of its pair at test time), K of them;
-    - MME and CDAC: ``C(F(x))``; MCD: ``C1(F(x))``."""
+    - MME and CDAC: ``C(F(x))``; MCD: ``C1(F(x))``;
+    - CrossGrad and DDAIG (DG): their label net ``F``, a ``SimpleNet`` like the default's ``model``."""
     from dassl.engine import TrainerX
 
     method = type(trainer).model_inference
@@ -121,6 +122,13 @@ def baseline_encoder(trainer) -> Optional[Encode]:
 
         def encode(x):
             logits, feats = trainer.model(x, return_feature=True)
+            return feats, F.softmax(logits, 1)[:, None]
+
+        return encode
+    if owner in ("CrossGrad", "DDAIG") and isinstance(getattr(trainer, "F", None), nn.Module):
+
+        def encode(x):
+            logits, feats = trainer.F(x, return_feature=True)
             return feats, F.softmax(logits, 1)[:, None]
 
         return encode

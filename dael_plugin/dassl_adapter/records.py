@@ -118,17 +118,11 @@ def baseline_encoder(trainer) -> Optional[Encode]:
 
     method = type(trainer).model_inference
     owner = method.__qualname__.split(".")[0]
-    if method is TrainerX.model_inference and isinstance(getattr(trainer, "model", None), nn.Module):
+    simple = "model" if method is TrainerX.model_inference else "F" if owner in ("CrossGrad", "DDAIG") else None
+    if simple is not None and isinstance(getattr(trainer, simple, None), nn.Module):
 
         def encode(x):
-            logits, feats = trainer.model(x, return_feature=True)
-            return feats, F.softmax(logits, 1)[:, None]
-
-        return encode
-    if owner in ("CrossGrad", "DDAIG") and isinstance(getattr(trainer, "F", None), nn.Module):
-
-        def encode(x):
-            logits, feats = trainer.F(x, return_feature=True)
+            logits, feats = getattr(trainer, simple)(x, return_feature=True)
             return feats, F.softmax(logits, 1)[:, None]
 
         return encode

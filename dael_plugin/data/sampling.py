@@ -273,9 +273,10 @@ class SeededRandomBatchSampler(Shard, Sampler[List[Draw]]):
             yield self._take(list(zip(perm[sl].tolist(), seeds[sl].tolist())))
 
 
-class _RngStates:
-    """The main process's torch, NumPy and Python ``random`` states, put back on exit. Nested
-    holds save nothing: the outermost one puts back what it found."""
+class held_rng:
+    """Hold the main process's torch, NumPy and Python ``random`` states and put them back on exit.
+    Nested holds save nothing: the outermost one puts back what it found. Around a batch's draws
+    (``__getitems__``), each draw seeds the streams without saving three states of its own."""
 
     depth = 0
 
@@ -283,22 +284,16 @@ class _RngStates:
         self.saved = None
 
     def __enter__(self):
-        if get_worker_info() is None and _RngStates.depth == 0:
+        if get_worker_info() is None and held_rng.depth == 0:
             self.saved = (torch.get_rng_state(), np.random.get_state(), random.getstate())
-        _RngStates.depth += 1
+        held_rng.depth += 1
 
     def __exit__(self, *exc):
-        _RngStates.depth -= 1
+        held_rng.depth -= 1
         if self.saved is not None:
             torch.set_rng_state(self.saved[0])
             np.random.set_state(self.saved[1])
             random.setstate(self.saved[2])
-
-
-def held_rng() -> _RngStates:
-    """Hold the main process's random states across many draws (a batch's): each draw then seeds
-    them without saving and putting back three states of its own (``__getitems__``)."""
-    return _RngStates()
 
 
 class seeded_draw:
@@ -308,7 +303,7 @@ class seeded_draw:
 
     def __init__(self, seed: int) -> None:
         self.seed = seed
-        self.held = _RngStates()
+        self.held = held_rng()
 
     def __enter__(self):
         self.held.__enter__()

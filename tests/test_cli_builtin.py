@@ -5,9 +5,12 @@ import hashlib
 import json
 import os
 import sys
+import types
 
 import pytest
+import timm
 import torch
+import torchvision
 import yaml
 
 import dael_plugin
@@ -84,6 +87,7 @@ def test_auto_engine_without_dassl_runs_dael_da_and_writes_results(tmp_path, tin
     assert merged["SEED"] == 2 and merged["DATASET"]["TARGET_DOMAINS"] == ["street"]
     assert merged["TRAINER"]["DAEL"]["FUSE_CHUNKS"] is True
     assert prov["versions"]["torch"] == torch.__version__ and prov["versions"]["dassl"] is None  # hidden here
+    assert prov["versions"]["timm"] == timm.__version__ and prov["versions"]["torchvision"] == torchvision.__version__
     assert prov["code_version"].startswith(dael_plugin.__version__)
     assert prov["device"].startswith("cpu" if not torch.cuda.is_available() else "cuda")
     # Diagnostics: per-class accuracy of the ensemble and each expert, and the kept
@@ -92,6 +96,18 @@ def test_auto_engine_without_dassl_runs_dael_da_and_writes_results(tmp_path, tin
     assert set(res["per_class_expert_accuracy"]) == {"hand", "blend", "font"}
     log = (out / "log.txt").read_text()
     assert "pl_acc_u" in log and "* per-class accuracy: " in log
+
+
+def test_provenance_reads_a_librarys_version_without_importing_it(monkeypatch):
+    """``import timm`` costs about a second of CPU; a run whose backbone is not timm's records timm's
+    version from its installed metadata instead, and a module the run has imported gives its own."""
+    from dael_plugin.engine.results import library_version
+
+    monkeypatch.delitem(sys.modules, "timm")  # as in a run that never imported it
+    assert library_version("timm") == timm.__version__ and "timm" not in sys.modules
+    monkeypatch.setitem(sys.modules, "timm", types.SimpleNamespace(__version__="9.9"))
+    assert library_version("timm") == "9.9"
+    assert library_version("no_such_library_here") is None
 
 
 def test_builtin_dg_and_rerun_into_a_finished_run(tmp_path, tiny_root, capsys):

@@ -41,6 +41,30 @@ def code_version() -> str:
     return __version__
 
 
+def library_version(name: str) -> Optional[str]:
+    """The version of library ``name`` as this process sees it, without importing it when the run
+    has not: ``import timm`` alone costs about a second of CPU (its model zoo), paid by every
+    training process whose backbone is not timm's. A module already imported gives its own
+    ``__version__``; otherwise its installed distribution's metadata does, where Python would find
+    the module; None where it would not."""
+    import importlib.metadata
+    import importlib.util
+    import sys
+
+    mod = sys.modules.get(name)
+    if mod is not None:
+        return str(getattr(mod, "__version__", "installed"))
+    try:
+        if importlib.util.find_spec(name) is None:
+            return None
+    except (ImportError, ValueError):
+        return None
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "installed"  # importable, but not from an installed distribution (a path on PYTHONPATH)
+
+
 def provenance(cfg: CN) -> Dict[str, object]:
     """What a table cell needs to be traced back to its run: the merged config and
     its hash, the code and library versions, and the device."""
@@ -50,14 +74,7 @@ def provenance(cfg: CN) -> Dict[str, object]:
 
     versions = {"torch": torch.__version__}
     for name in ("torchvision", "timm", "dassl"):
-        if name == "dassl" and not HAS_DASSL:
-            versions[name] = None
-            continue
-        try:
-            mod = __import__(name)
-            versions[name] = getattr(mod, "__version__", "installed")
-        except ImportError:
-            versions[name] = None
+        versions[name] = None if name == "dassl" and not HAS_DASSL else library_version(name)
     use_cuda = bool(cfg.get("USE_CUDA", True)) and torch.cuda.is_available()
     device = f"cuda: {torch.cuda.get_device_name(0)}" if use_cuda else f"cpu: {os.cpu_count()} cores"
     text = cfg.dump()

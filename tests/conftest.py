@@ -105,12 +105,20 @@ def pytest_runtest_logreport(report):
         sys.stderr.flush()
 
 
+def _shared_dir(tmp_path_factory, name):
+    """A folder all of this session's xdist workers share (their base folders' parent is the
+    session's), so that a fixture made once serves both workers; a worker's own without xdist."""
+    base = tmp_path_factory.getbasetemp()
+    return str((base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base) / name)
+
+
 @pytest.fixture(scope="session")
 def data_root(tmp_path_factory):
-    """The embedded set, generated once per session."""
+    """The embedded set, generated once per session: ``ensure_embedded`` lets one worker generate it
+    under the kernel's lock while the other waits, as the runs of a sweep share a fresh --root."""
     from dael_plugin.data.embedded import ensure_embedded
 
-    root = str(tmp_path_factory.mktemp("data"))
+    root = _shared_dir(tmp_path_factory, "data")
     ensure_embedded(root)
     return root
 
@@ -118,22 +126,31 @@ def data_root(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_root(data_root, tmp_path_factory):
     """The embedded set cut to 6 images per class, domain and split, for the
-    end-to-end CLI tests: they check plumbing, not accuracy, in a few seconds."""
+    end-to-end CLI tests: they check plumbing, not accuracy, in a few seconds.
+    Made once per session, into a temporary folder renamed into place when whole."""
     import shutil
+    import tempfile
+
+    import filelock
 
     from dael_plugin.data.embedded import DATASET_DIR
 
-    src = os.path.join(data_root, DATASET_DIR)
-    root = str(tmp_path_factory.mktemp("tiny"))
-    dst = os.path.join(root, DATASET_DIR)
-    for dirpath, dirnames, filenames in os.walk(src):
-        dirnames.sort()
-        out = os.path.join(dst, os.path.relpath(dirpath, src))
-        os.makedirs(out, exist_ok=True)
-        images = sorted(f for f in filenames if f.endswith(".png"))[:6]
-        others = [f for f in filenames if not f.endswith(".png")]  # the VERSION stamp
-        for f in images + others:
-            shutil.copy(os.path.join(dirpath, f), os.path.join(out, f))
+    root = _shared_dir(tmp_path_factory, "tiny")
+    with filelock.FileLock(root + ".lock"):
+        if os.path.isdir(root):
+            return root
+        src = os.path.join(data_root, DATASET_DIR)
+        tmp = tempfile.mkdtemp(prefix="tiny-", dir=os.path.dirname(root))
+        dst = os.path.join(tmp, DATASET_DIR)
+        for dirpath, dirnames, filenames in os.walk(src):
+            dirnames.sort()
+            out = os.path.join(dst, os.path.relpath(dirpath, src))
+            os.makedirs(out, exist_ok=True)
+            images = sorted(f for f in filenames if f.endswith(".png"))[:6]
+            others = [f for f in filenames if not f.endswith(".png")]  # the VERSION stamp
+            for f in images + others:
+                shutil.copy(os.path.join(dirpath, f), os.path.join(out, f))
+        os.rename(tmp, root)
     return root
 
 

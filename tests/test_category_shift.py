@@ -2,6 +2,7 @@
 numbers, and the exact reduction to the paper's losses when every domain holds every class."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -421,6 +422,38 @@ def test_a_category_shift_set_trains_on_each_engine_with_its_class_table(tmp_pat
     assert len(rec) == 1
     naive = _cs_trainer(engine, data, tmp_path / "naive")
     assert naive.algorithm.class_mask is None and naive.num_classes == 10
+
+
+def test_the_category_shift_set_is_built_once_when_asked_at_once(tmp_path, tiny_root, monkeypatch):
+    """Two callers at once (two benchmarks on one --root, the suite's two workers): they wait for the
+    kernel's lock, one builds, the other reads its copy. Without the lock both built into one
+    temporary name and the second removed the first's finished set under its readers."""
+    import shutil
+    import threading
+    import time
+
+    import filelock
+
+    from dael_plugin.data.embedded import DATASET_DIR
+    from dael_plugin.tools import category_shift
+
+    shutil.copytree(os.path.join(tiny_root, DATASET_DIR), tmp_path / DATASET_DIR)
+    linked = []
+    real = category_shift._link
+    monkeypatch.setattr(category_shift, "_link", lambda src, dst: (linked.append(dst), real(src, dst)))
+    made = []
+    callers = [threading.Thread(target=lambda: made.append(category_shift.build_set(str(tmp_path)))) for _ in "ab"]
+    with filelock.FileLock(str(tmp_path / ".embedded_digits_cs.lock")):
+        for t in callers:
+            t.start()
+        time.sleep(0.5)
+        assert not linked and sorted(os.listdir(tmp_path)) == [".embedded_digits_cs.lock", DATASET_DIR]  # both wait
+    for t in callers:
+        t.join(60)
+    out = str(tmp_path / "embedded_digits_cs")
+    assert made == [out, out]
+    files = [os.path.join(d, f) for d, _, fs in os.walk(out) for f in fs if f != "VERSION"]
+    assert sorted(linked) == sorted(p.replace(out, out + f".tmp.{os.getpid()}", 1) for p in files)  # built once
 
 
 def test_without_the_key_such_data_is_refused_in_one_line_that_names_it(tmp_path, tiny_root):

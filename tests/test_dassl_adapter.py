@@ -72,7 +72,7 @@ def test_importing_the_plugin_registers_with_dassl_in_any_order_and_silently(fir
     assert proc.returncode == 0 and proc.stdout == "", proc.stdout + proc.stderr
 
 
-def _reference_cfg(data_root, conf_thre, backbone="cnn_digit5_m3sda"):
+def _reference_cfg(data_root, conf_thre, out, backbone="cnn_digit5_m3sda"):
     from dassl.config import get_cfg_default
 
     from dael_plugin import add_dael_config
@@ -98,7 +98,7 @@ def _reference_cfg(data_root, conf_thre, backbone="cnn_digit5_m3sda"):
             "VERBOSE",
             False,
             "OUTPUT_DIR",
-            os.path.join(data_root, "eq"),
+            str(out),  # the test's own: the data root is shared by the suite's workers
             # Dassl's names only, so the reference can build the same strong view.
             "TRAINER.DAEL.STRONG_TRANSFORMS",
             ["random_crop", "randaugment2", "normalize"],
@@ -123,7 +123,7 @@ PARAM_ATOL = 1e-5
 
 
 @pytest.mark.parametrize("conf_thre,channels_last", [(0.0, False), (0.25, False), (0.0, True)])
-def test_losses_and_update_match_dassl_reference_dael(data_root, conf_thre, channels_last, dropout_cnn):
+def test_losses_and_update_match_dassl_reference_dael(data_root, tmp_path, conf_thre, channels_last, dropout_cnn):
     """The default execution (fused pass, fused optimiser) within PARAM_ATOL; with
     channels_last, the CPU channels_last batch-norm kernel's rounding (normalised
     outputs 2e-5 from float64, against 4e-7) grew to 1.2e-4 through one step at
@@ -138,7 +138,7 @@ def test_losses_and_update_match_dassl_reference_dael(data_root, conf_thre, chan
 
     from dael_plugin.dassl_adapter import DAELTrainer
 
-    cfg = _reference_cfg(data_root, conf_thre, backbone=dropout_cnn)
+    cfg = _reference_cfg(data_root, conf_thre, tmp_path / "eq", backbone=dropout_cnn)
     cfg.merge_from_list(["TRAINER.DAEL.CHANNELS_LAST", channels_last, *SMALL_BATCHES])
     param_atol = 3e-5 if channels_last else PARAM_ATOL
     torch.manual_seed(0)
@@ -246,7 +246,7 @@ def test_dael_dg_through_train_script(tmp_path, tiny_root):
 def test_daeldg_on_a_da_dataset_never_reads_target_training_data(tmp_path, tiny_root, monkeypatch):
     from dael_plugin.dassl_adapter import DAELTrainer
 
-    cfg = _reference_cfg(tiny_root, 0.95)
+    cfg = _reference_cfg(tiny_root, 0.95, tmp_path / "eq")
     cfg.defrost()
     cfg.TRAINER.NAME = "DAELDG"
     cfg.TRAINER.DAELDG = cfg.TRAINER.DAEL.clone()

@@ -140,7 +140,7 @@ def test_dassl_engine_divergence_exits_3_without_a_result(tmp_path, tiny_root):
     assert not (out / "results.json").exists() and (out / "failed.json").exists()
 
 
-def _ref_cfg(root, trainer="DAEL", out="eq", backbone="cnn_digit5_m3sda"):
+def _ref_cfg(root, out, trainer="DAEL", backbone="cnn_digit5_m3sda"):
     from dassl.config import get_cfg_default
 
     from dael_plugin import add_dael_config
@@ -167,7 +167,7 @@ def _ref_cfg(root, trainer="DAEL", out="eq", backbone="cnn_digit5_m3sda"):
             "VERBOSE",
             False,
             "OUTPUT_DIR",
-            os.path.join(root, out),
+            str(out),  # the test's own: the data root is shared by the suite's workers
             f"{node}.STRONG_TRANSFORMS",
             ["random_crop", "randaugment2", "normalize"],
             f"{node}.CONF_THRE",
@@ -180,7 +180,7 @@ def _ref_cfg(root, trainer="DAEL", out="eq", backbone="cnn_digit5_m3sda"):
 
 
 @pytest.mark.parametrize("trainer,channels_last", [("DAEL", False), ("DAELDG", False), ("DAEL", True)])
-def test_three_steps_match_dassls_own_trainer(data_root, trainer, channels_last, dropout_cnn):
+def test_three_steps_match_dassls_own_trainer(data_root, tmp_path, trainer, channels_last, dropout_cnn):
     """The same weights and batches, three SGD steps in a row: the losses and the
     parameters after each step agree with Dassl's DAEL / DAELDG.
 
@@ -210,7 +210,7 @@ def test_three_steps_match_dassls_own_trainer(data_root, trainer, channels_last,
 
     from dael_plugin.dassl_adapter import DAELTrainer
 
-    cfg = _ref_cfg(data_root, trainer, out=f"eq_{trainer}", backbone=dropout_cnn)
+    cfg = _ref_cfg(data_root, tmp_path / "eq", trainer, backbone=dropout_cnn)
     cfg.defrost()
     cfg.merge_from_list(["DATALOADER.TRAIN_X.BATCH_SIZE", 12, "DATALOADER.TRAIN_U.BATCH_SIZE", 8])
     cfg.OPTIM.LR = 1e-3
@@ -248,7 +248,7 @@ def test_a_checkpoint_of_dassls_dael_loads_with_the_experts_converted(data_root,
 
     from dael_plugin.dassl_adapter import DAELTrainer
 
-    cfg = _ref_cfg(data_root, out="conv")
+    cfg = _ref_cfg(data_root, tmp_path / "conv")
     torch.manual_seed(0)
     ref = RefDAEL(cfg)
     ref.save_model(0, str(tmp_path))  # Dassl's layout: F/model.pth.tar-1, E/model.pth.tar-1

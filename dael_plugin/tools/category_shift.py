@@ -161,30 +161,43 @@ def _link(src: str, dst: str) -> None:
 
 def build_set(root: str, split: int = 1) -> str:
     """``<root>/embedded_digits_cs`` (split 1) or ``embedded_digits_cs2`` (split 2), made once from
-    the embedded set under ``root``."""
+    the embedded set under ``root``. Safe when several processes ask at once (two benchmarks on one
+    --root, the suite's workers): one builds it under the kernel's lock on ``<root>/.<name>.lock``,
+    into a temporary folder renamed into place when whole; the others wait, then read it. A copy
+    that a run may be reading is never replaced, only one an older version made."""
+    import filelock
+
     from dael_plugin.data.embedded import DATASET_DIR, VERSION, ensure_embedded
 
     ensure_embedded(root)
     sources = SPLITS[split]
     out = os.path.join(root, SET_DIRS[split])
     stamp = f"{VERSION} category-shift {json.dumps(sources, sort_keys=True)}"
-    if os.path.isfile(os.path.join(out, "VERSION")) and open(os.path.join(out, "VERSION")).read() == stamp:
+
+    def made() -> bool:
+        path = os.path.join(out, "VERSION")
+        return os.path.isfile(path) and open(path).read() == stamp
+
+    if made():
         return out
-    src = os.path.join(root, DATASET_DIR)
-    tmp = f"{out}.tmp.{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    for domain in list(sources) + [TARGET]:
-        keep = sources.get(domain, "0123456789")
-        for split in ("train", "test"):
-            for digit in keep:
-                s, d = os.path.join(src, domain, split, digit), os.path.join(tmp, domain, split, digit)
-                os.makedirs(d)
-                for name in sorted(os.listdir(s)):
-                    _link(os.path.join(s, name), os.path.join(d, name))
-    with open(os.path.join(tmp, "VERSION"), "w") as f:
-        f.write(stamp)
-    shutil.rmtree(out, ignore_errors=True)
-    os.replace(tmp, out)
+    with filelock.FileLock(os.path.join(root, f".{SET_DIRS[split]}.lock")):
+        if made():  # another process made it while this one waited
+            return out
+        src = os.path.join(root, DATASET_DIR)
+        tmp = f"{out}.tmp.{os.getpid()}"
+        shutil.rmtree(tmp, ignore_errors=True)
+        for domain in list(sources) + [TARGET]:
+            keep = sources.get(domain, "0123456789")
+            for part in ("train", "test"):
+                for digit in keep:
+                    s, d = os.path.join(src, domain, part, digit), os.path.join(tmp, domain, part, digit)
+                    os.makedirs(d)
+                    for name in sorted(os.listdir(s)):
+                        _link(os.path.join(s, name), os.path.join(d, name))
+        with open(os.path.join(tmp, "VERSION"), "w") as f:
+            f.write(stamp)
+        shutil.rmtree(out, ignore_errors=True)  # an older version's copy
+        os.replace(tmp, out)
     return out
 
 

@@ -313,3 +313,95 @@ def test_a_batch_holds_the_random_states_once_and_draws_what_each_item_draws(tmp
     for name in ("img", "img2"):
         assert torch.equal(torch.cat([b[name] for b in batches]), torch.stack([o[name] for o in one_by_one]))
     assert not torch.equal(batches[0]["img"], batches[0]["img2"])  # the two views are drawn, not copied
+
+
+def test_a_view_that_draws_nothing_is_made_once_per_image(tmp_path, monkeypatch):
+    """Resize, centre crop, to-tensor and normalise give an image the same view every epoch: the
+    built-in loader keeps it (small images, within VIEW_CACHE_BYTES) and makes it once; a view
+    that draws, an unknown operation (Dassl's), a large image, an unreadable one and anything past
+    the byte budget are made each time."""
+    import torch
+    from PIL import Image
+    from torchvision import transforms as T
+
+    from dael_plugin.builtin import data as bdata
+    from dael_plugin.data.items import Item
+
+    items = []
+    for i, side in enumerate((12, 12, 12, 70)):  # the last is over the reader's 64x64 cache rule
+        path = tmp_path / f"{i}.png"
+        Image.fromarray(np.random.default_rng(i).integers(0, 255, (side, side, 3), dtype=np.uint8)).save(path)
+        items.append(Item(str(path), 0, 0, "c0"))
+    (tmp_path / "bad.png").write_bytes(b"not an image")
+    items.append(Item(str(tmp_path / "bad.png"), 0, 0, "c0"))
+    made = {"fixed": 0, "drawn": 0, "unknown": 0}
+
+    def counted(name):
+        def step(x):
+            made[name] += 1
+            return x
+
+        return step
+
+    class Counted(T.ToTensor):  # an operation the loader does not know: treated as drawing
+        def __call__(self, pic):
+            made["unknown"] += 1
+            return super().__call__(pic)
+
+    fixed = T.Compose([T.Resize((8, 8)), T.ToTensor(), T.Normalize([0.5] * 3, [0.5] * 3)])
+    real_fixed = fixed.transforms[1]
+    fixed.transforms[1] = type("Known", (T.ToTensor,), {})()  # a subclass is not a known step either
+    assert not bdata.draws_nothing(fixed)
+    fixed.transforms[1] = real_fixed
+    assert bdata.draws_nothing(fixed)
+    drawn = T.Compose([T.Resize((8, 8)), T.RandomHorizontalFlip(), T.ToTensor()])
+    unknown = T.Compose([T.Resize((8, 8)), Counted()])
+    calls = []
+    real_call = T.Normalize.forward
+    monkeypatch.setattr(T.Normalize, "forward", lambda self, x: calls.append(1) or real_call(self, x))
+    monkeypatch.setattr(T.RandomHorizontalFlip, "forward", lambda self, x: counted("drawn")(x))
+    ds = bdata.ImageList(items, [fixed, drawn, unknown], replace_bad=False)
+    first = [ds[i] for i in range(5)]
+    again = [ds[i] for i in range(5)]
+    assert len(calls) == 5 + 2  # four readable images and the placeholder; then the large one and the placeholder
+    assert made["drawn"] == made["unknown"] == 10
+    for a, b in zip(first, again):
+        assert torch.equal(a["img"], b["img"])
+    assert [k for k, _ in ds._views] == [0, 0, 0] and ds._view_bytes == 3 * 3 * 8 * 8 * 4
+    assert not first[4]["valid"]  # the unreadable image: its placeholder view is never kept
+
+    monkeypatch.setattr(bdata, "VIEW_CACHE_BYTES", 3 * 8 * 8 * 4)  # room for one view
+    calls.clear()
+    ds = bdata.ImageList(items[:3], fixed, replace_bad=False)
+    for _ in range(2):
+        [ds[i] for i in range(3)]
+    assert len(calls) == 3 + 2 and len(ds._views) == 1
+
+
+def test_kept_views_leave_a_run_unchanged_bit_for_bit(tmp_path, tiny_root, monkeypatch):
+    """SourceOnly (its weak view and the test view draw nothing) for two epochs with per-epoch
+    records: the same weights, records and accuracy with the views kept and with none kept."""
+    import json
+
+    import torch
+
+    from conftest import run_here
+    from dael_plugin.builtin import data as bdata
+    from test_hardening import args_for
+
+    so_cfg = os.path.join(os.path.dirname(__file__), "..", "configs/trainers/da/source_only/embedded_digits.yaml")
+    made = {}
+    for name, budget in (("kept", bdata.VIEW_CACHE_BYTES), ("none", 0)):
+        monkeypatch.setattr(bdata, "VIEW_CACHE_BYTES", budget)
+        out = tmp_path / name
+        args = args_for(tiny_root, out, epochs=2, trainer="SourceOnly", cfg=so_cfg, extra=["SELECTION.EVAL_FREQ", "1"])
+        proc = run_here(args)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        state = torch.load(out / "checkpoint.pth.tar", weights_only=True, map_location="cpu")
+        records = [json.loads(line) for line in open(out / "epochs.jsonl")]
+        made[name] = (state, records, json.loads((out / "results.json").read_text())["accuracy"])
+    (a, ra, acc_a), (b, rb, acc_b) = made["kept"], made["none"]
+    assert a["model"].keys() == b["model"].keys() and all(torch.equal(v, b["model"][k]) for k, v in a["model"].items())
+    assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])  # the model's stream: no view drew from it
+    assert len(ra) == 2 and ra == rb  # every accuracy and validator of both epochs
+    assert acc_a == acc_b

@@ -16,6 +16,7 @@ from typing import Callable, List, Optional, Sequence, Tuple, Union
 import torch
 from PIL import Image
 from torch.utils.data import DataLoader, Dataset
+from torchvision import transforms as T
 
 from dael_plugin.data.images import ReplacingReader
 from dael_plugin.data.items import Item
@@ -30,28 +31,64 @@ from dael_plugin.data.sampling import (
 Transform = Callable[[Image.Image], torch.Tensor]
 
 
+# Transforms that draw nothing: a pipeline of only these gives an image the same view every epoch.
+_FIXED_STEPS = (T.Resize, T.CenterCrop, T.ToTensor, T.PILToTensor, T.Normalize)
+# What one dataset object may keep of such views in one process (each loader worker holds its own):
+# the embedded set's 2,880 source images as normalised 32x32 floats take 35 MB.
+VIEW_CACHE_BYTES = 128 << 20
+
+
+def draws_nothing(transform: Callable) -> bool:
+    """Whether ``transform`` is a torchvision ``Compose`` of resizes, centre crops, to-tensor and
+    normalisation only (the weak view ``["normalize"]``, the test view, the uint8 image of
+    ``AUG_ON_DEVICE``). Anything else, Dassl's operations included, counts as drawing."""
+    return isinstance(transform, T.Compose) and all(type(t) in _FIXED_STEPS for t in transform.transforms)
+
+
 class ImageList(Dataset):
-    """Items as Dassl-style dicts: ``img``, ``img2``, ... (one per transform), ``label``, ``domain``."""
+    """Items as Dassl-style dicts: ``img``, ``img2``, ... (one per transform), ``label``, ``domain``.
+
+    A view whose transform draws nothing (:func:`draws_nothing`) is kept per image once made, for
+    images the reader keeps decoded (small ones), up to :data:`VIEW_CACHE_BYTES` per process: later
+    epochs and evaluations skip the resize and the conversion to a tensor. It is the same tensor
+    the transform makes, and such transforms draw no random number, so a run is unchanged bit for bit."""
 
     def __init__(self, items: Sequence[Item], transforms: Union[Transform, List[Transform]], replace_bad: bool) -> None:
         self.items = list(items)
         self.transforms = transforms if isinstance(transforms, (list, tuple)) else [transforms]
         self.replace_bad = replace_bad
         self.reader = ReplacingReader([i.impath for i in self.items], [i.domain for i in self.items])
+        self._fixed = [draws_nothing(t) for t in self.transforms]
+        self._views: dict = {}
+        self._view_bytes = 0
 
     def __len__(self) -> int:
         return len(self.items)
+
+    def _view(self, k: int, idx: int, img: Image.Image) -> torch.Tensor:
+        if not self._fixed[k]:
+            return self.transforms[k](img)
+        view = self._views.get((k, idx))
+        if view is None:
+            view = self.transforms[k](img)
+            size = view.numel() * view.element_size()
+            small = img.width * img.height <= self.reader.cache_pixels
+            if small and self._view_bytes + size <= VIEW_CACHE_BYTES:
+                self._views[(k, idx)] = view
+                self._view_bytes += size
+        return view
 
     def __getitem__(self, key: Union[int, Tuple[int, int]]) -> dict:
         idx, seed = key if isinstance(key, tuple) else (key, int(key))
         idx, img, bad_path = self.reader.read(int(idx), self.replace_bad, DrawPicker(int(seed)))
         item = self.items[idx]
         out = {"label": item.label, "domain": item.domain, "index": idx, "bad_path": bad_path, "valid": img is not None}
-        if img is None:  # evaluation: a placeholder the test loop leaves out
+        valid = img is not None
+        if not valid:  # evaluation: a placeholder the test loop leaves out
             img = Image.new("RGB", (8, 8))
         with seeded_draw(int(seed)):
             for k, tfm in enumerate(self.transforms):
-                out["img" if k == 0 else f"img{k + 1}"] = tfm(img)
+                out["img" if k == 0 else f"img{k + 1}"] = self._view(k, idx, img) if valid else tfm(img)
         return out
 
     def __getitems__(self, keys: Sequence) -> List[dict]:

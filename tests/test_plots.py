@@ -159,7 +159,10 @@ def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys, seen):
     assert ylabels == ["E[hand]", "E[blend]", "E[font]", "ensemble"]  # one row per expert, then the ensemble
     # A run named with --run is drawn, and the title says which.
     seen.clear()
-    assert plots.main([str(sweep), "--out", str(tmp_path / "figs2"), "--run", str(single)]) == 0
+    # (--run names the run of the two figures drawn from one run's model; the others are drawn above)
+    assert (
+        plots.main([str(sweep), "--out", str(tmp_path / "figs2"), "--run", str(single), "--only", "top3", "tsne"]) == 0
+    )
     assert [t for _, _, t in seen["tsne"]][1] == "DAEL (CLASSIFIER=single), target street, seed 3"
     assert [y for _, y, _ in seen["top3"] if y] == ["classifier"]  # one classifier: no expert rows
 

@@ -72,8 +72,7 @@ class ImageList(Dataset):
         if view is None:
             view = self.transforms[k](img)
             size = view.numel() * view.element_size()
-            small = img.width * img.height <= self.reader.cache_pixels
-            if small and self._view_bytes + size <= VIEW_CACHE_BYTES:
+            if self.reader.keeps(img) and self._view_bytes + size <= VIEW_CACHE_BYTES:
                 self._views[(k, idx)] = view
                 self._view_bytes += size
         return view
@@ -82,8 +81,8 @@ class ImageList(Dataset):
         idx, seed = key if isinstance(key, tuple) else (key, int(key))
         idx, img, bad_path = self.reader.read(int(idx), self.replace_bad, DrawPicker(int(seed)))
         item = self.items[idx]
-        out = {"label": item.label, "domain": item.domain, "index": idx, "bad_path": bad_path, "valid": img is not None}
         valid = img is not None
+        out = {"label": item.label, "domain": item.domain, "index": idx, "bad_path": bad_path, "valid": valid}
         if not valid:  # evaluation: a placeholder the test loop leaves out
             img = Image.new("RGB", (8, 8))
         with seeded_draw(int(seed)):

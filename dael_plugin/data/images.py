@@ -67,9 +67,13 @@ class ReplacingReader:
         img = self._cache.get(idx)
         if img is None:
             img = decode(self.impaths[idx])
-            if img.width * img.height <= self.cache_pixels:
+            if self.keeps(img):
                 self._cache[idx] = img
         return img
+
+    def keeps(self, img: Image.Image) -> bool:
+        """Whether an image this small stays decoded in this process (at most ``cache_pixels``)."""
+        return img.width * img.height <= self.cache_pixels
 
     def _same_domain(self, idx: int) -> np.ndarray:
         d = int(self.domains[idx])

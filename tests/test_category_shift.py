@@ -456,6 +456,29 @@ def test_the_category_shift_set_is_built_once_when_asked_at_once(tmp_path, tiny_
     assert sorted(linked) == sorted(p.replace(out, out + f".tmp.{os.getpid()}", 1) for p in files)  # built once
 
 
+def test_a_root_that_cannot_take_the_category_shift_set_is_one_line(tmp_path, tiny_root, monkeypatch, capsys):
+    """A full or read-only --root while the set is made: the benchmark says so in one line (exit 2),
+    and leaves no half-made set to be read as whole."""
+    import errno
+    import shutil
+
+    from dael_plugin.data.embedded import DATASET_DIR
+    from dael_plugin.tools import category_shift
+
+    shutil.copytree(os.path.join(tiny_root, DATASET_DIR), tmp_path / DATASET_DIR)
+
+    def full(src, dst):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), dst)
+
+    monkeypatch.setattr(category_shift, "_link", full)
+    argv = ["--root", str(tmp_path), "--output", str(tmp_path / "runs"), "--seeds", "1", "--only", "source_only"]
+    assert category_shift.main(argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and err[0].startswith("error: could not make the category-shift set"), err
+    assert "No space left on device" in err[0] and "--root you can write to" in err[0]
+    assert not os.path.exists(tmp_path / "embedded_digits_cs")
+
+
 def test_without_the_key_such_data_is_refused_in_one_line_that_names_it(tmp_path, tiny_root):
     from dael_plugin.data.folders import load_splits
     from dael_plugin.errors import DAELConfigError

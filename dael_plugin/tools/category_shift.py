@@ -180,24 +180,29 @@ def build_set(root: str, split: int = 1) -> str:
 
     if made():
         return out
-    with filelock.FileLock(os.path.join(root, f".{SET_DIRS[split]}.lock")):
-        if made():  # another process made it while this one waited
-            return out
-        src = os.path.join(root, DATASET_DIR)
-        tmp = f"{out}.tmp.{os.getpid()}"
-        shutil.rmtree(tmp, ignore_errors=True)
-        for domain in list(sources) + [TARGET]:
-            keep = sources.get(domain, "0123456789")
-            for part in ("train", "test"):
-                for digit in keep:
-                    s, d = os.path.join(src, domain, part, digit), os.path.join(tmp, domain, part, digit)
-                    os.makedirs(d)
-                    for name in sorted(os.listdir(s)):
-                        _link(os.path.join(s, name), os.path.join(d, name))
-        with open(os.path.join(tmp, "VERSION"), "w") as f:
-            f.write(stamp)
-        shutil.rmtree(out, ignore_errors=True)  # an older version's copy
-        os.replace(tmp, out)
+    try:
+        with filelock.FileLock(os.path.join(root, f".{SET_DIRS[split]}.lock")):
+            if made():  # another process made it while this one waited
+                return out
+            src = os.path.join(root, DATASET_DIR)
+            tmp = f"{out}.tmp.{os.getpid()}"
+            shutil.rmtree(tmp, ignore_errors=True)
+            for domain in list(sources) + [TARGET]:
+                keep = sources.get(domain, "0123456789")
+                for part in ("train", "test"):
+                    for digit in keep:
+                        s, d = os.path.join(src, domain, part, digit), os.path.join(tmp, domain, part, digit)
+                        os.makedirs(d)
+                        for name in sorted(os.listdir(s)):
+                            _link(os.path.join(s, name), os.path.join(d, name))
+            with open(os.path.join(tmp, "VERSION"), "w") as f:
+                f.write(stamp)
+            shutil.rmtree(out, ignore_errors=True)  # an older version's copy
+            os.replace(tmp, out)
+    except OSError as exc:  # a read-only or full --root: one line, not a traceback
+        raise DAELConfigError(
+            f"could not make the category-shift set {out} ({exc.strerror or exc}); pass a --root you can write to"
+        ) from exc
     return out
 
 

@@ -61,6 +61,9 @@ def test_auto_engine_without_dassl_runs_dael_da_and_writes_results(tmp_path, tin
     proc = run_train(base_args(tiny_root, out) + FAST, env_hide_dassl=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "engine = builtin (Dassl is not installed)" in proc.stdout
+    # Dassl's epoch under Dassl's name: 60 images a domain, 8 a chunk: 7 batches (the plugin's
+    # CyclingDomainSampler would give 8)
+    assert "Sampler: RandomDomainSampler: 7 batches per epoch (Dassl's RandomDomainSampler epoch" in proc.stdout
     assert "* accuracy:" in proc.stdout and "* expert accuracy: hand" in proc.stdout
     res = json.loads((out / "results.json").read_text())
     for key in (

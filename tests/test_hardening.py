@@ -555,7 +555,10 @@ def damaged_root(tiny_root, tmp_path):
 def test_unreadable_images_are_named_replaced_and_counted(damaged_root, tmp_path, capsys):
     root, bad = damaged_root
     out = tmp_path / "run"
-    code, stdout, err = cli(args_for(root, out, epochs=1), capsys)
+    # The plugin's CyclingDomainSampler reads every image of every source domain in one epoch
+    # (Dassl's RandomDomainSampler leaves each domain's last images short of a chunk unread).
+    cycling = ["DATALOADER.TRAIN_X.SAMPLER", "CyclingDomainSampler"]
+    code, stdout, err = cli(args_for(root, out, epochs=1, extra=cycling), capsys)
     assert code == 0, err
     for p in bad:
         assert f"cannot decode {p}; replaced by another image of the same domain" in stdout
@@ -600,10 +603,19 @@ def test_layout_errors_before_training(tiny_root, tmp_path, capsys, damage, mess
     assert (str(cls) in line) if damage == "empty_class" else (str(cls.parent) in line and "['7']" in line)
 
 
-def test_a_domain_smaller_than_its_batch_share_is_a_warning(tiny_root, tmp_path, capsys):
-    code, stdout, _ = cli(args_for(tiny_root, tmp_path / "out", extra=["DATALOADER.TRAIN_X.BATCH_SIZE", "192"]), capsys)
+def test_a_domain_smaller_than_its_batch_share_is_refused_by_dassls_sampler_and_cycled_by_the_plugins(
+    tiny_root, tmp_path, capsys
+):
+    big = ["DATALOADER.TRAIN_X.BATCH_SIZE", "192"]
+    code, _, err = cli(args_for(tiny_root, tmp_path / "dassl", extra=big), capsys)
+    line = one_error_line(err)
+    assert code == 2 and "source domain 0 has 60 training images, fewer than its per-batch share of 64" in line
+    assert "CyclingDomainSampler" in line
+    cycling = big + ["DATALOADER.TRAIN_X.SAMPLER", "CyclingDomainSampler"]
+    code, stdout, _ = cli(args_for(tiny_root, tmp_path / "cycling", extra=cycling), capsys)
     assert code == 0
     assert "warning: source domain 'hand' has 60 training images, fewer than its per-batch share of 64" in stdout
+    assert "CyclingDomainSampler: 1 batches per epoch (every image of the largest source domain once" in stdout
 
 
 @pytest.mark.parametrize("mode", ["I;16", "RGBA", "P", "L", "LA", "CMYK"])

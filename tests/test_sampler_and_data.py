@@ -294,7 +294,7 @@ def test_a_batch_holds_the_random_states_once_and_draws_what_each_item_draws(tmp
         return img.rotate(float(np.random.uniform(-30, 30)) + random.uniform(-5, 5))
 
     tfms = [T.Compose([T.RandAugment(), numpy_and_python, T.RandomHorizontalFlip(), T.PILToTensor()])] * 2
-    loader = train_loader(items, tfms, 3, 0, False, seed=7, domain_balanced=False)
+    loader = train_loader(items, tfms, 3, 0, False, seed=7, sampler="RandomSampler")
     torch.manual_seed(123), np.random.seed(5), random.seed(9)
     before = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
 
@@ -405,3 +405,41 @@ def test_kept_views_leave_a_run_unchanged_bit_for_bit(tmp_path, tiny_root, monke
     assert torch.equal(a["rng"]["torch"], b["rng"]["torch"])  # the model's stream: no view drew from it
     assert len(ra) == 2 and ra == rb  # every accuracy and validator of both epochs
     assert acc_a == acc_b
+
+
+def test_each_sampler_name_means_one_epoch_on_both_engines():
+    """DATALOADER.TRAIN_X.SAMPLER: Dassl's names give Dassl's epoch (until the smallest domain runs
+    short), the plugin's CyclingDomainSampler the largest domain's; both engines build their source
+    loader's sampler through source_batch_sampler."""
+    import inspect
+
+    from dael_plugin.builtin import data as bdata
+    from dael_plugin.dassl_adapter import trainer as adapter
+    from dael_plugin.data.sampling import source_batch_sampler
+
+    domains = [0] * 100 + [1] * 30 + [2] * 55
+    lengths = {name: len(source_batch_sampler(name, domains, 30, 0, seed=1)) for name in ("RandomDomainSampler",
+               "SeqDomainSampler", "CyclingDomainSampler", "RandomSampler")}  # fmt: skip
+    assert lengths == {"RandomDomainSampler": 3, "SeqDomainSampler": 3, "CyclingDomainSampler": 10, "RandomSampler": 6}
+    a, b = (indices(source_batch_sampler("RandomDomainSampler", domains, 30, 0, seed=1)) for _ in range(2))
+    assert a == b  # a function of (seed, epoch): the same plan in every process and engine
+    for module in (bdata, adapter):
+        assert "source_batch_sampler(" in inspect.getsource(module)
+    with pytest.raises(DAELConfigError, match="is not one of"):
+        source_batch_sampler("RandomClassSampler", domains, 30, 0, seed=1)
+
+
+@pytest.mark.dassl
+def test_dassls_own_trainers_refuse_the_plugins_sampler_in_one_line():
+    from dassl.config import get_cfg_default
+
+    import dael_plugin  # noqa: F401 (registers DAEL)
+    from dael_plugin.dassl_adapter.checks import check_trainer_cfg
+
+    cfg = get_cfg_default()
+    cfg.DATALOADER.TRAIN_X.SAMPLER = "CyclingDomainSampler"
+    cfg.TRAINER.NAME = "M3SDA"
+    with pytest.raises(DAELConfigError, match="the plugin's own; Dassl's M3SDA builds Dassl's samplers only"):
+        check_trainer_cfg(cfg)
+    cfg.TRAINER.NAME = "DAEL"
+    check_trainer_cfg(cfg)

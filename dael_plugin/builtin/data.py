@@ -21,11 +21,11 @@ from torchvision import transforms as T
 from dael_plugin.data.images import ReplacingReader
 from dael_plugin.data.items import Item
 from dael_plugin.data.sampling import (
-    DomainBalancedBatchSampler,
     DrawPicker,
     SeededRandomBatchSampler,
     held_rng,
     seeded_draw,
+    source_batch_sampler,
 )
 
 Transform = Callable[[Image.Image], torch.Tensor]
@@ -118,16 +118,18 @@ def train_loader(
     num_workers: int,
     pin: bool,
     seed: int,
-    domain_balanced: bool,
+    sampler: str = "",
     n_domain: int = 0,
-    stream: int = 0,
 ) -> DataLoader:
+    """A source loader by ``DATALOADER.TRAIN_X.SAMPLER`` ``sampler``
+    (:func:`~dael_plugin.data.sampling.source_batch_sampler`), or with ``sampler`` empty the
+    target loader (shuffled batches on stream 1)."""
     ds = ImageList(items, transforms, replace_bad=True)
-    if domain_balanced:
-        sampler = DomainBalancedBatchSampler([i.domain for i in items], batch_size, n_domain, seed)
+    if sampler:
+        batches = source_batch_sampler(sampler, [i.domain for i in items], batch_size, n_domain, seed)
     else:
-        sampler = SeededRandomBatchSampler(len(ds), batch_size, seed, stream=stream)
-    return _loader(ds, num_workers, pin, seed, batch_sampler=sampler)
+        batches = SeededRandomBatchSampler(len(ds), batch_size, seed, stream=1)
+    return _loader(ds, num_workers, pin, seed, batch_sampler=batches)
 
 
 def test_loader(

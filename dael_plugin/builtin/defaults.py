@@ -10,6 +10,7 @@ from __future__ import annotations
 from yacs.config import CfgNode as CN
 
 from dael_plugin.config import add_dael_config
+from dael_plugin.config.keys import SOURCE_SAMPLERS
 
 
 def get_builtin_cfg() -> CN:
@@ -131,7 +132,7 @@ def get_builtin_cfg() -> CN:
 
 # Values of supported keys that the built-in engine cannot honour.
 SUPPORTED_VALUES = {
-    "DATALOADER.TRAIN_X.SAMPLER": ("RandomSampler", "RandomDomainSampler", "SeqDomainSampler"),
+    "DATALOADER.TRAIN_X.SAMPLER": SOURCE_SAMPLERS,
     "DATALOADER.TRAIN_U.SAMPLER": ("RandomSampler",),
     "DATALOADER.TEST.SAMPLER": ("SequentialSampler",),
     "OPTIM.NAME": ("sgd", "adam", "adamw"),

@@ -130,7 +130,7 @@ class BuiltinTrainer:
     # -- to override ----------------------------------------------------
     def check_cfg(self) -> None:
         cfg, name = self.cfg, self.cfg.TRAINER.NAME
-        check_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS", dassl=False)
+        check_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS")
         if int(cfg.DATALOADER.K_TRANSFORMS) != self.k_transforms:
             raise DAELConfigError(
                 f"{name} takes DATALOADER.K_TRANSFORMS {self.k_transforms}, not {cfg.DATALOADER.K_TRANSFORMS} "
@@ -246,9 +246,7 @@ class BuiltinTrainer:
     def _u_loader(self, transforms):
         c = self.cfg.DATALOADER
         bs = c.TRAIN_X.BATCH_SIZE if c.TRAIN_U.SAME_AS_X else c.TRAIN_U.BATCH_SIZE
-        return bdata.train_loader(
-            self.splits["train_u"], transforms, bs, c.NUM_WORKERS, self.pin, self.seed, domain_balanced=False, stream=1
-        )
+        return bdata.train_loader(self.splits["train_u"], transforms, bs, c.NUM_WORKERS, self.pin, self.seed)
 
     def _warn_small_domains(self, loader) -> None:
         sampler = loader.batch_sampler

@@ -55,6 +55,7 @@ class M3SDABuiltin(DasslBaseline):
     def prepare_model(self) -> None:
         self.bn_layers = chunk_norm.convert(self.modules["F"])
         self.per_domain = self.train_loader_x.batch_sampler.per_domain
+        self.in_order = self.train_loader_x.batch_sampler.in_order
         self.all_domains = torch.arange(len(self.sources), device=self.device)
 
     @property
@@ -64,9 +65,10 @@ class M3SDABuiltin(DasslBaseline):
     def _chunks(self, batch_x: dict):
         per = self.per_domain
         n = len(batch_x["label"]) // per
-        if n == len(self.sources):  # every domain, in order (N_DOMAIN 0): no copy per step
+        if self.in_order:  # every domain, in order (SeqDomainSampler, CyclingDomainSampler): no copy
             return n, self.all_domains
-        # N_DOMAIN < K: the batch's domains, read from the host tensor the loader made (no sync)
+        # Dassl's RandomDomainSampler draws the batch's domains in random order (random.sample), as
+        # does N_DOMAIN < K: read from the host tensor the loader made (no sync)
         return n, batch_x["domain"].view(n, per)[:, 0].to(self.device, non_blocking=True)
 
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:

@@ -21,6 +21,7 @@ from dael_plugin.builtin import data as bdata
 from dael_plugin.builtin.loop import BuiltinTrainer, set_random_seed  # noqa: F401 (the CLI's)
 from dael_plugin.config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node
 from dael_plugin.core import DAEL, build_heads
+from dael_plugin.data.sampling import DOMAIN_SAMPLERS, sampler_summary
 from dael_plugin.engine import distributed
 from dael_plugin.engine.loop import local_share
 from dael_plugin.engine.step import make_step, prepare_model
@@ -35,14 +36,14 @@ class DAELBuiltin(BuiltinTrainer):
         super().check_cfg()
         check_dael_cfg(self.cfg)
         node = trainer_node(self.cfg)
-        check_names(node.STRONG_TRANSFORMS, f"TRAINER.{self.cfg.TRAINER.NAME.upper()}.STRONG_TRANSFORMS", dassl=False)
+        check_names(node.STRONG_TRANSFORMS, f"TRAINER.{self.cfg.TRAINER.NAME.upper()}.STRONG_TRANSFORMS")
         self.hparams = hparams_from_cfg(self.cfg)
         self.execution = execution_from_cfg(self.cfg)
 
     def build_loaders(self) -> None:
         cfg = self.cfg
         node = trainer_node(cfg)
-        views = build_train_views(cfg, node, self.hparams.num_views, False, self.execution.aug_on_device)
+        views = build_train_views(cfg, node, self.hparams.num_views, self.execution.aug_on_device)
         c = cfg.DATALOADER
         self.train_loader_x = bdata.train_loader(
             self.splits["train_x"],
@@ -51,17 +52,14 @@ class DAELBuiltin(BuiltinTrainer):
             c.NUM_WORKERS,
             self.pin,
             self.seed,
-            domain_balanced=True,
+            sampler=c.TRAIN_X.SAMPLER,
             n_domain=c.TRAIN_X.N_DOMAIN,
         )
         # Images per domain chunk in this process's share of a batch (all of it in one process).
         self.per_domain = local_share(self.train_loader_x.batch_sampler.per_domain)
         self.train_loader_u = self._u_loader(views) if self.is_da else None
         self.test_loader = self._test_loader(self.splits["test"])
-        print(
-            f"Sampler: {len(self.train_loader_x)} batches per epoch = every image of the largest source "
-            f"domain once; {self.per_domain} images per domain per batch"
-        )
+        print(f"Sampler: {sampler_summary(c.TRAIN_X.SAMPLER, len(self.train_loader_x), self.per_domain)}")
         self._warn_small_domains(self.train_loader_x)
 
     def build_model(self) -> Dict[str, nn.Module]:
@@ -124,7 +122,7 @@ class SingleClassifier(BuiltinTrainer):
         cfg = self.cfg
         c = cfg.DATALOADER
         weak = build_train_transform(cfg, cfg.INPUT.TRANSFORMS)
-        balanced = c.TRAIN_X.SAMPLER in ("RandomDomainSampler", "SeqDomainSampler")
+        balanced = c.TRAIN_X.SAMPLER in DOMAIN_SAMPLERS
         self.train_loader_x = bdata.train_loader(
             self.splits["train_x"],
             weak,
@@ -132,7 +130,7 @@ class SingleClassifier(BuiltinTrainer):
             c.NUM_WORKERS,
             self.pin,
             self.seed,
-            domain_balanced=balanced,
+            sampler=c.TRAIN_X.SAMPLER,
             n_domain=c.TRAIN_X.N_DOMAIN,
         )
         self.train_loader_u = self._u_loader(self.target_views(weak)) if self.uses_target and self.is_da else None

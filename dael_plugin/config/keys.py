@@ -26,6 +26,12 @@ from dael_plugin.config.table import (
 from dael_plugin.core.hparams import DAELHparams
 from dael_plugin.errors import DAELConfigError
 
+# DATALOADER.TRAIN_X.SAMPLER's names, one meaning each on both engines (data/sampling.py):
+# Dassl's two domain samplers, the plugin's own CyclingDomainSampler, and Dassl's RandomSampler.
+DASSL_DOMAIN_SAMPLERS = ("RandomDomainSampler", "SeqDomainSampler")
+DOMAIN_SAMPLERS = DASSL_DOMAIN_SAMPLERS + ("CyclingDomainSampler",)
+SOURCE_SAMPLERS = ("RandomSampler",) + DOMAIN_SAMPLERS
+
 # Names of the trainer nodes this plugin reads; Dassl already defines both.
 TRAINER_NODES = ("DAEL", "DAELDG")
 
@@ -335,10 +341,10 @@ def check_dael_cfg(cfg: CN) -> None:
             f"{prefix}.STRONG_TRANSFORMS \"['randaugment2', 'normalize']\""
         )
     sampler = cfg.DATALOADER.TRAIN_X.SAMPLER
-    if sampler not in ("RandomDomainSampler", "SeqDomainSampler"):
+    if sampler not in DOMAIN_SAMPLERS:
         raise DAELConfigError(
-            f"DATALOADER.TRAIN_X.SAMPLER={sampler!r} is not domain-balanced; DAEL needs "
-            "equal per-domain chunks: set DATALOADER.TRAIN_X.SAMPLER RandomDomainSampler"
+            f"DATALOADER.TRAIN_X.SAMPLER={sampler!r} is not domain-balanced; DAEL needs equal per-domain "
+            f"chunks: set DATALOADER.TRAIN_X.SAMPLER to one of {list(DOMAIN_SAMPLERS)} (RandomDomainSampler: Dassl's)"
         )
     n_domain = cfg.DATALOADER.TRAIN_X.N_DOMAIN
     if n_domain <= 0:

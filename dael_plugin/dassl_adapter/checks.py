@@ -34,6 +34,14 @@ def check_trainer_cfg(cfg: CN) -> None:
         close = difflib.get_close_matches(str(cfg.TRAINER.NAME), list(names), n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise DAELConfigError(f"unknown trainer {cfg.TRAINER.NAME!r}{hint}; Dassl has {sorted(names)}")
+    sampler = cfg.DATALOADER.TRAIN_X.SAMPLER
+    if sampler == "CyclingDomainSampler" and not TRAINER_REGISTRY.get(cfg.TRAINER.NAME).__module__.startswith(
+        "dael_plugin"
+    ):
+        raise DAELConfigError(
+            f"DATALOADER.TRAIN_X.SAMPLER {sampler} is the plugin's own; Dassl's {cfg.TRAINER.NAME} builds Dassl's "
+            "samplers only: use RandomDomainSampler, or --engine builtin"
+        )
 
 
 def check_backbone_cfg(cfg: CN) -> None:

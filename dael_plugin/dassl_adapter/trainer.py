@@ -45,7 +45,7 @@ from dael_plugin.dassl_adapter.records import build_selection, source_val_split
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
 from dael_plugin.data.classes import classes_by_domain, describe
 from dael_plugin.data.fingerprint import dataset_fingerprint
-from dael_plugin.data.sampling import DasslDomainBatchSampler, SeededRandomBatchSampler
+from dael_plugin.data.sampling import SeededRandomBatchSampler, source_batch_sampler
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, host
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
@@ -84,13 +84,13 @@ class DAELTrainer(TrainerXU):
         check_dataset_cfg(cfg)
         node = trainer_node(cfg)
         name = str(cfg.TRAINER.NAME).upper()
-        check_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS", dassl=True)
-        check_names(node.STRONG_TRANSFORMS, f"TRAINER.{name}.STRONG_TRANSFORMS", dassl=True)
+        check_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS")
+        check_names(node.STRONG_TRANSFORMS, f"TRAINER.{name}.STRONG_TRANSFORMS")
 
     def build_data_loader(self):
         cfg = self.cfg
         node = trainer_node(cfg)
-        views = build_train_views(cfg, node, self.hparams.num_views, True, self.execution.aug_on_device)
+        views = build_train_views(cfg, node, self.hparams.num_views, self.execution.aug_on_device)
         # Dassl's DataManager builds its own source loader, which this trainer replaces below; built
         # with Dassl's domain sampler it would stop a source domain smaller than its share of a batch
         # with "Sample larger than population" before the plugin's sampler can say so in one line.
@@ -155,12 +155,12 @@ class DAELTrainer(TrainerXU):
         run draws exactly what the uninterrupted one would have."""
         c = self.cfg.DATALOADER
         if domains:
-            sampler = DasslDomainBatchSampler(
+            sampler = source_batch_sampler(
+                c.TRAIN_X.SAMPLER,
                 [d.domain for d in data_source],
                 c.TRAIN_X.BATCH_SIZE,
                 c.TRAIN_X.N_DOMAIN,
                 self.data_seed,
-                sequential=c.TRAIN_X.SAMPLER == "SeqDomainSampler",
             )
         else:
             batch = c.TRAIN_X.BATCH_SIZE if c.TRAIN_U.SAME_AS_X else c.TRAIN_U.BATCH_SIZE

@@ -7,10 +7,15 @@ same batches whatever the number of loader workers, long-lived workers need
 no reseeding, and a resumed run's fresh workers reproduce exactly what an
 uninterrupted run's would have drawn.
 
-- :class:`DomainBalancedBatchSampler` (built-in engine);
-- :class:`DasslDomainBatchSampler` (Dassl engine): Dassl's
-  ``RandomDomainSampler`` epochs, drawn this way;
-- :class:`SeededRandomBatchSampler`: shuffled batches (target data, pooled sources).
+The source loader's sampler is named by ``DATALOADER.TRAIN_X.SAMPLER``, one meaning per name on
+both engines (:func:`source_batch_sampler`):
+
+- ``RandomDomainSampler`` / ``SeqDomainSampler``: :class:`DasslDomainBatchSampler`, Dassl's
+  epochs (they end when the *smallest* domain runs short of a chunk);
+- ``CyclingDomainSampler`` (the plugin's own): :class:`DomainBalancedBatchSampler`, an epoch
+  that covers the *largest* domain, cycling the smaller ones;
+- ``RandomSampler``: :class:`SeededRandomBatchSampler`, shuffled batches of the pooled sources
+  (also the target loader's).
 
 ``DomainBalancedBatchSampler`` avoids the traps of Dassl's RandomDomainSampler:
 
@@ -36,6 +41,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler, get_worker_info
 
+from dael_plugin.config.keys import DASSL_DOMAIN_SAMPLERS, DOMAIN_SAMPLERS, SOURCE_SAMPLERS  # noqa: F401
 from dael_plugin.errors import DAELConfigError
 
 Draw = Tuple[int, int]
@@ -104,6 +110,7 @@ class DomainBalancedBatchSampler(Shard, Sampler[List[Draw]]):
                 f"DATALOADER.TRAIN_X.BATCH_SIZE={batch_size} is not divisible by the {self.n_domain} domains per batch"
             )
         self.per_domain = batch_size // self.n_domain
+        self.in_order = self.n_domain == k  # every batch: each domain's chunk, in domain order
         self.members = [np.flatnonzero(self.domains == d) for d in self.domain_ids]
         largest = max(len(m) for m in self.members)
         self.num_batches = math.ceil(largest * k / (self.n_domain * self.per_domain))
@@ -187,6 +194,7 @@ class DasslDomainBatchSampler(Shard, Sampler[List[Draw]]):
                 f"DATALOADER.TRAIN_X.BATCH_SIZE={batch_size} does not split into {self.n_domain} of the {k} domains"
             )
         self.per_domain = batch_size // self.n_domain
+        self.in_order = sequential  # RandomDomainSampler: the batch's domains in random order, as Dassl's
         self.members = [np.flatnonzero(self.domains == d) for d in self.domain_ids]
         small = [(int(d), len(m)) for d, m in zip(self.domain_ids, self.members) if len(m) < self.per_domain]
         if small:
@@ -194,7 +202,7 @@ class DasslDomainBatchSampler(Shard, Sampler[List[Draw]]):
             raise DAELConfigError(
                 f"source domain {d} has {n} training images, fewer than its per-batch share of "
                 f"{self.per_domain}: Dassl's sampler cannot fill one batch; lower "
-                "DATALOADER.TRAIN_X.BATCH_SIZE"
+                "DATALOADER.TRAIN_X.BATCH_SIZE, or set DATALOADER.TRAIN_X.SAMPLER CyclingDomainSampler"
             )
         self.seed, self.epoch, self.passes = seed, 0, 0
         self._plan = None
@@ -271,6 +279,28 @@ class SeededRandomBatchSampler(Shard, Sampler[List[Draw]]):
         for b in range(len(self)):
             sl = slice(b * self.batch_size, (b + 1) * self.batch_size)
             yield self._take(list(zip(perm[sl].tolist(), seeds[sl].tolist())))
+
+
+def source_batch_sampler(name: str, domains: Sequence[int], batch_size: int, n_domain: int, seed: int) -> Shard:
+    """The source loader's batch sampler for ``DATALOADER.TRAIN_X.SAMPLER`` ``name``, the same on
+    both engines (module docstring)."""
+    if name in DASSL_DOMAIN_SAMPLERS:
+        return DasslDomainBatchSampler(domains, batch_size, n_domain, seed, sequential=name == "SeqDomainSampler")
+    if name == "CyclingDomainSampler":
+        return DomainBalancedBatchSampler(domains, batch_size, n_domain, seed)
+    if name == "RandomSampler":
+        return SeededRandomBatchSampler(len(domains), batch_size, seed, stream=0)
+    raise DAELConfigError(f"DATALOADER.TRAIN_X.SAMPLER={name!r} is not one of {list(SOURCE_SAMPLERS)}")
+
+
+def sampler_summary(name: str, batches: int, per_domain: int) -> str:
+    """The log's line on a domain sampler's epoch (the first epoch's length)."""
+    what = {
+        "RandomDomainSampler": "Dassl's RandomDomainSampler epoch, until a drawn source domain runs short of a chunk",
+        "SeqDomainSampler": "Dassl's SeqDomainSampler epoch, until a source domain runs short of a chunk",
+        "CyclingDomainSampler": "every image of the largest source domain once, the smaller ones cycled",
+    }[name]
+    return f"{name}: {batches} batches per epoch ({what}); {per_domain} images per domain per batch"
 
 
 class held_rng:

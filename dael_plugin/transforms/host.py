@@ -1,17 +1,9 @@
 """Weak and strong views a(.) and A(.) (paper Sec. 3), by Dassl's transform names.
 
-Dassl's ``build_transform`` accepts only its fixed ``AVAI_CHOICES``. This
-module adds torchvision's ``RandAugment`` (``tv_randaugment``),
-``TrivialAugmentWide`` (``tv_trivialaugment``) and ``AutoAugment``
-(``tv_autoaugment``), and builds every Dassl name too, so the same config
-works with or without Dassl:
-
-- with Dassl and only Dassl names, Dassl's own ``build_transform`` is used,
-  exactly as in the reference trainer;
-- with Dassl and extra names, Dassl's operations are used for Dassl's names;
-- without Dassl, each Dassl name maps to its torchvision counterpart (listed
-  in ``TORCHVISION_EQUIVALENTS``; ``randaugment2`` and ``cutout`` are close
-  approximations, not bit-identical).
+Every name Dassl's ``build_transform`` accepts builds Dassl's own operation, on both engines
+(:mod:`dael_plugin.transforms.dassl_pil`, tested bit for bit against Dassl's code), so one config
+gives the same views with or without Dassl. torchvision's policies keep names of their own:
+``tv_randaugment``, ``tv_trivialaugment``, ``tv_autoaugment``.
 
 The pipeline order is fixed (as in Dassl), whatever the order of the names.
 """
@@ -24,12 +16,12 @@ import torchvision.transforms as T
 from yacs.config import CfgNode as CN
 
 from dael_plugin.errors import DAELConfigError
+from dael_plugin.transforms.dassl_pil import InstanceNormalization
 from dael_plugin.transforms.registry import (
     BY_NAME,
     DASSL_NAMES,
     EXTRA_NAMES,
     INTERPOLATION,
-    TORCHVISION_EQUIVALENTS,
     TV_RANDAUGMENT_M,
     TV_RANDAUGMENT_N,
     Context,
@@ -41,7 +33,6 @@ __all__ = [
     "DASSL_NAMES",
     "EXTRA_NAMES",
     "INTERPOLATION",
-    "TORCHVISION_EQUIVALENTS",
     "TV_RANDAUGMENT_M",
     "TV_RANDAUGMENT_N",
     "build_loader_uint8",
@@ -54,31 +45,23 @@ __all__ = [
 ]
 
 
-def check_names(choices: Sequence[str], key: str, dassl: bool) -> None:
-    """One line for a name that is not in the registry, or that needs Dassl where it is absent."""
+def check_names(choices: Sequence[str], key: str) -> None:
+    """One line for a name that is not in the registry."""
     for name in choices:
         if name not in BY_NAME:
             raise DAELConfigError(f"{key} has unknown transform {name!r}; choose from {sorted(BY_NAME)}")
-        if not dassl and BY_NAME[name].dassl_only:
-            raise DAELConfigError(f"{key}: transform {name!r} needs Dassl; remove it or run with --engine dassl")
 
 
-def build_train_transform(
-    cfg: Any, choices: Sequence[str], dassl_node: Any = None, use_dassl: bool = False
-) -> Callable:
-    """A training transform from names, in Dassl's fixed order (:data:`~dael_plugin.transforms.registry.REGISTRY`).
+def build_train_transform(cfg: Any, choices: Sequence[str], dassl_node: Any = None) -> Callable:
+    """A training transform from names, in Dassl's fixed order (:data:`~dael_plugin.transforms.registry.REGISTRY`),
+    as Dassl's ``_build_transform_train`` composes it.
 
     Args:
         cfg: a config with Dassl's ``INPUT`` node.
         choices: transform names (Dassl's, plus ``EXTRA_NAMES``).
         dassl_node: the ``TRAINER.DAEL*`` node, for the torchvision knobs.
-        use_dassl: use Dassl's operations for Dassl's names.
     """
     choices = list(choices)
-    if use_dassl and all(c in DASSL_NAMES for c in choices):
-        from dassl.data.transforms import build_transform
-
-        return build_transform(cfg, is_train=True, choices=choices)
     ctx = Context(cfg.INPUT, dassl_node)
     tfm: List[Callable] = []
     if "random_crop" not in choices and "random_resized_crop" not in choices:
@@ -88,16 +71,15 @@ def build_train_transform(
         if t.after_to_tensor and not to_tensor:
             tfm.append(T.ToTensor())
             to_tensor = True
-        build = t.dassl if (use_dassl and t.dassl is not None) else t.host
-        if build is not None:
-            tfm.extend(build(ctx))
+        if t.host is not None:
+            tfm.extend(t.host(ctx))
     if not to_tensor:
         tfm.append(T.ToTensor())
     return T.Compose(tfm)
 
 
 def build_test_transform(cfg: CN) -> Callable:
-    """Dassl's test transform: resize the short side, centre crop, normalise."""
+    """Dassl's test transform: resize the short side, centre crop, normalise, instance-normalise."""
     inp = cfg.INPUT
     size = tuple(inp.SIZE)
     tfm = [
@@ -107,15 +89,15 @@ def build_test_transform(cfg: CN) -> Callable:
     ]
     if "normalize" in inp.TRANSFORMS:
         tfm.append(T.Normalize(mean=inp.PIXEL_MEAN, std=inp.PIXEL_STD))
+    if "instance_norm" in inp.TRANSFORMS:
+        tfm.append(InstanceNormalization())
     return T.Compose(tfm)
 
 
-def build_views(
-    cfg, strong_choices: Sequence[str], num_views: int, dassl_node=None, use_dassl: bool = False
-) -> List[Callable]:
+def build_views(cfg, strong_choices: Sequence[str], num_views: int, dassl_node=None) -> List[Callable]:
     """[weak, strong(, strong)] training transforms: weak is INPUT.TRANSFORMS."""
-    weak = build_train_transform(cfg, cfg.INPUT.TRANSFORMS, dassl_node, use_dassl)
-    strong = build_train_transform(cfg, strong_choices, dassl_node, use_dassl)
+    weak = build_train_transform(cfg, cfg.INPUT.TRANSFORMS, dassl_node)
+    strong = build_train_transform(cfg, strong_choices, dassl_node)
     return [weak] + [strong] * (num_views - 1)
 
 
@@ -127,9 +109,9 @@ def build_loader_uint8(cfg: CN) -> Callable:
     return T.Compose([T.Resize(tuple(inp.SIZE), interpolation=INTERPOLATION[inp.INTERPOLATION]), T.PILToTensor()])
 
 
-def build_train_views(cfg: CN, node, num_views: int, use_dassl: bool, on_device: bool) -> List[Callable]:
+def build_train_views(cfg: CN, node, num_views: int, on_device: bool) -> List[Callable]:
     """The loader's transforms for a DAEL training batch: every view, or with
     ``on_device`` one uint8 image the device turns into the views."""
     if on_device:
         return [build_loader_uint8(cfg)]
-    return build_views(cfg, node.STRONG_TRANSFORMS, num_views, node, use_dassl=use_dassl)
+    return build_views(cfg, node.STRONG_TRANSFORMS, num_views, node)

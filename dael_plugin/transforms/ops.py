@@ -377,6 +377,21 @@ class RandAugmentBatch:
         self._tables[key] = {k: v.to(device) for k, v in t.items()}
         geometry(h, w, device)
 
+    def _draw(self, t: Dict[str, torch.Tensor], b: int, dev) -> Tuple[torch.Tensor, torch.Tensor]:
+        """One slot's draws for ``b`` samples: the operation's index (-1 where the slot skips) and
+        its signed value, as Dassl's policies draw them per image."""
+        pick = torch.randint(len(self.ops), (b,), device=dev)
+        pick = torch.where(torch.rand(b, device=dev) < self.p, pick, -1)  # -1: this slot skips
+        u = torch.rand(b, device=dev)
+        sign = torch.where(torch.rand(b, device=dev) < 0.5, -1.0, 1.0)
+        offset, base, span = t["magnitude"].index_select(0, pick.clamp(min=0)).unbind(1)
+        return pick, offset + torch.where(t["signed"][pick.clamp(min=0)], sign, 1.0) * torch.addcmul(base, u, span)
+
+    def draws(self, b: int, h: int = 32, w: int = 32, device="cpu") -> Tuple[torch.Tensor, torch.Tensor]:
+        """The draws of one slot for ``b`` samples (what :meth:`__call__` draws per slot), for tests."""
+        self.prepare(h, w, device)
+        return self._draw(self._tables[(h, w, device_key(device))], b, device)
+
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
         b, _, h, w = x.shape
         dev = x.device
@@ -384,13 +399,8 @@ class RandAugmentBatch:
         t = self._tables[(h, w, device_key(dev))]
         geo = geometry(h, w, dev)
         for _ in range(self.n):
-            pick = torch.randint(len(self.ops), (b,), device=dev)
-            pick = torch.where(torch.rand(b, device=dev) < self.p, pick, -1)  # -1: this slot skips
-            u = torch.rand(b, device=dev)
-            sign = torch.where(torch.rand(b, device=dev) < 0.5, -1.0, 1.0)
+            pick, v = self._draw(t, b, dev)
             row = pick.clamp(min=0)
-            offset, base, span = t["magnitude"].index_select(0, row).unbind(1)
-            v = offset + torch.where(t["signed"][row], sign, 1.0) * torch.addcmul(base, u, span)
             # Every geometric draw of the slot in one warp.
             lin, cos_row, sin_row = t["basis"].index_select(0, row).view(b, 3, 6).unbind(1)
             angle = v * (math.pi / 180)

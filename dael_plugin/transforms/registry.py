@@ -4,12 +4,13 @@ Dassl's ``build_transform`` applies the names it is given in a fixed order,
 whatever their order in the config. That order is written once, here, as
 :data:`REGISTRY`; :func:`dael_plugin.transforms.host.build_train_transform`
 and :class:`dael_plugin.transforms.device.DeviceViews` both walk it. Each
-entry has up to three builders, all taking a :class:`Context`:
+entry has up to two builders, both taking a :class:`Context`:
 
-- ``host``: torchvision operations on PIL images (or tensors after
-  ``ToTensor``), used without Dassl;
-- ``dassl``: Dassl's own operation, used for that name when Dassl is installed
-  (names without one use ``host`` either way);
+- ``host``: the loader's operation on PIL images (or tensors after
+  ``ToTensor``), on both engines. For Dassl's names it is Dassl's own
+  operation, with Dassl's arguments and random streams: a class of
+  :mod:`dael_plugin.transforms.dassl_pil`, or the torchvision class Dassl
+  itself uses for that name. ``tv_*`` names are torchvision's policies;
 - ``device``: a batched operation on the training device
   (:mod:`dael_plugin.transforms.ops`), or :class:`~dael_plugin.transforms.ops.Leading`
   for the leading geometric operations, which the device makes one warp.
@@ -26,6 +27,7 @@ from typing import Any, Callable, Iterable, List, Optional, Tuple
 import torchvision.transforms as T
 from torchvision.transforms import InterpolationMode
 
+from dael_plugin.transforms import dassl_pil as D
 from dael_plugin.transforms import ops as O
 
 # torchvision RandAugment's defaults for ``tv_randaugment`` (the config table reads them from here).
@@ -68,60 +70,8 @@ Builder = Callable[[Context], List[Callable]]
 class Transform:
     name: str
     host: Optional[Builder] = None
-    dassl: Optional[Builder] = None
     device: Optional[Callable[[Context], Any]] = None
     after_to_tensor: bool = False
-    equivalent: str = ""  # what the name becomes without Dassl, where that is not the same operation
-    dassl_only: bool = False  # no torchvision counterpart: refused without Dassl
-
-
-def _dt():
-    from dassl.data.transforms import transforms as dt
-
-    return dt
-
-
-def _ra():
-    from dassl.data.transforms import randaugment as ra
-
-    return ra
-
-
-def _aa():
-    from dassl.data.transforms import autoaugment as aa
-
-    return aa
-
-
-class _GaussianNoise:
-    """Add N(mean, std) to a tensor image (torchvision has one from 0.19 on; this runs on any)."""
-
-    def __init__(self, mean: float, std: float) -> None:
-        self.mean, self.std = mean, std
-
-    def __call__(self, img):
-        import torch
-
-        return img + torch.randn(img.size()) * self.std + self.mean
-
-
-def _translation_tv(c: Context) -> List[Callable]:
-    big = tuple(int(round(s * 1.125)) for s in c.size)
-    return [T.RandomApply([T.Resize(big, interpolation=c.interp), T.RandomCrop(c.size)], p=0.5)]
-
-
-def _cutout_tv(c: Context) -> List[Callable]:
-    size, length = c.size, c.inp.CUTOUT_LEN
-    area = min(float(length * length) / float(size[0] * size[1]), 1.0)
-    return [T.RandomErasing(p=1.0, scale=(area, area), ratio=(1.0, 1.0), value=0) for _ in range(c.inp.CUTOUT_N)]
-
-
-def _policy(policy: T.AutoAugmentPolicy, dassl_class: str) -> dict:
-    return {
-        "host": lambda c: [T.AutoAugment(policy)],
-        "dassl": lambda c: [getattr(_aa(), dassl_class)()],
-        "equivalent": f"AutoAugment({policy.name})",
-    }
 
 
 def _tv_rand(c: Context) -> List[Callable]:
@@ -135,14 +85,14 @@ def _tv_rand_device(c: Context) -> O.RandAugmentBatch:
 
 
 # Dassl's order (dassl/data/transforms/transforms.py, _build_transform_train), with the
-# torchvision policies after Dassl's RandAugment family.
+# torchvision policies after Dassl's RandAugment family. Each Dassl name's host builder is
+# Dassl's own operation with Dassl's arguments: its class in dassl_pil, or the torchvision class
+# Dassl itself builds for that name.
 REGISTRY: Tuple[Transform, ...] = (
     Transform(
         "random_translation",
-        host=_translation_tv,
-        dassl=lambda c: [_dt().Random2DTranslation(c.size[0], c.size[1])],
+        host=lambda c: [D.Random2DTranslation(c.size[0], c.size[1])],
         device=lambda c: O.Leading(translation=True),
-        equivalent="RandomApply([Resize(1.125x), RandomCrop], p=0.5)",
     ),
     Transform(
         "random_crop",
@@ -154,31 +104,25 @@ REGISTRY: Tuple[Transform, ...] = (
         host=lambda c: [T.RandomResizedCrop(c.size, scale=tuple(c.inp.RRCROP_SCALE), interpolation=c.interp)],
     ),
     Transform("random_flip", host=lambda c: [T.RandomHorizontalFlip()], device=lambda c: O.Leading(flip=True)),
-    Transform("imagenet_policy", **_policy(T.AutoAugmentPolicy.IMAGENET, "ImageNetPolicy")),
-    Transform("cifar10_policy", **_policy(T.AutoAugmentPolicy.CIFAR10, "CIFAR10Policy")),
-    Transform("svhn_policy", **_policy(T.AutoAugmentPolicy.SVHN, "SVHNPolicy")),
+    Transform("imagenet_policy", host=lambda c: [D.ImageNetPolicy()]),
+    Transform("cifar10_policy", host=lambda c: [D.CIFAR10Policy()]),
+    Transform("svhn_policy", host=lambda c: [D.SVHNPolicy()]),
     Transform(
         "randaugment",
-        host=lambda c: [T.RandAugment(num_ops=c.inp.RANDAUGMENT_N, magnitude=c.inp.RANDAUGMENT_M)],
-        dassl=lambda c: [_ra().RandAugment(c.inp.RANDAUGMENT_N, c.inp.RANDAUGMENT_M)],
+        host=lambda c: [D.RandAugment(c.inp.RANDAUGMENT_N, c.inp.RANDAUGMENT_M)],
         device=lambda c: O.RandAugmentBatch(
             O.DASSL_LIST, int(c.inp.RANDAUGMENT_N), 1.0, O._dassl_fixed(int(c.inp.RANDAUGMENT_M))
         ),
-        equivalent="RandAugment(N, M)",
     ),
     Transform(
         "randaugment_fixmatch",
-        host=lambda c: [T.RandAugment(num_ops=c.inp.RANDAUGMENT_N)],
-        dassl=lambda c: [_ra().RandAugmentFixMatch(c.inp.RANDAUGMENT_N)],
+        host=lambda c: [D.RandAugmentFixMatch(c.inp.RANDAUGMENT_N)],
         device=lambda c: O.RandAugmentBatch(O.FIXMATCH, int(c.inp.RANDAUGMENT_N), 1.0, O._dassl_uniform),
-        equivalent="RandAugment(N)",
     ),
     Transform(
         "randaugment2",
-        host=lambda c: [T.RandAugment(num_ops=c.inp.RANDAUGMENT_N)],
-        dassl=lambda c: [_ra().RandAugment2(c.inp.RANDAUGMENT_N)],
+        host=lambda c: [D.RandAugment2(c.inp.RANDAUGMENT_N)],
         device=lambda c: O.RandAugmentBatch(O.DASSL_LIST2, int(c.inp.RANDAUGMENT_N), 0.6, O._dassl_uniform),
-        equivalent="RandAugment(N)",
     ),
     Transform("tv_randaugment", host=_tv_rand, device=_tv_rand_device),
     Transform("tv_trivialaugment", host=lambda c: [T.TrivialAugmentWide(interpolation=c.interp)]),
@@ -194,11 +138,9 @@ REGISTRY: Tuple[Transform, ...] = (
     # ---- ToTensor ----
     Transform(
         "cutout",
-        host=_cutout_tv,
-        dassl=lambda c: [_dt().Cutout(c.inp.CUTOUT_N, c.inp.CUTOUT_LEN)],
+        host=lambda c: [D.Cutout(c.inp.CUTOUT_N, c.inp.CUTOUT_LEN)],
         device=lambda c: lambda x, n=int(c.inp.CUTOUT_N), le=int(c.inp.CUTOUT_LEN): O._cutout(x, n, le),
         after_to_tensor=True,
-        equivalent="RandomErasing(square of CUTOUT_LEN, value=0) x CUTOUT_N",
     ),
     Transform(
         "normalize",
@@ -206,14 +148,8 @@ REGISTRY: Tuple[Transform, ...] = (
         device=lambda c: "normalize",
         after_to_tensor=True,
     ),
-    Transform(
-        "gaussian_noise",
-        host=lambda c: [T.RandomApply([_GaussianNoise(c.inp.GN_MEAN, c.inp.GN_STD)], p=0.5)],
-        dassl=lambda c: [_dt().GaussianNoise(c.inp.GN_MEAN, c.inp.GN_STD)],
-        after_to_tensor=True,
-        equivalent="GaussianNoise (Dassl's rule: with p 0.5, add N(GN_MEAN, GN_STD) to the tensor)",
-    ),
-    Transform("instance_norm", dassl=lambda c: [_dt().InstanceNormalization()], after_to_tensor=True, dassl_only=True),
+    Transform("gaussian_noise", host=lambda c: [D.GaussianNoise(c.inp.GN_MEAN, c.inp.GN_STD)], after_to_tensor=True),
+    Transform("instance_norm", host=lambda c: [D.InstanceNormalization()], after_to_tensor=True),
     Transform("center_crop"),  # Dassl's test-time name; nothing in a training pipeline
 )
 
@@ -221,7 +157,6 @@ BY_NAME = {t.name: t for t in REGISTRY}
 EXTRA_NAMES = ("tv_randaugment", "tv_trivialaugment", "tv_autoaugment")
 DASSL_NAMES = tuple(t.name for t in REGISTRY if t.name not in EXTRA_NAMES)
 DEVICE_NAMES = tuple(t.name for t in REGISTRY if t.device is not None)
-TORCHVISION_EQUIVALENTS = {t.name: t.equivalent for t in REGISTRY if t.equivalent}
 
 
 def selected(choices: Iterable[str]) -> List[Transform]:

@@ -411,10 +411,7 @@ def test_each_sampler_name_means_one_epoch_on_both_engines():
     """DATALOADER.TRAIN_X.SAMPLER: Dassl's names give Dassl's epoch (until the smallest domain runs
     short), the plugin's CyclingDomainSampler the largest domain's; both engines build their source
     loader's sampler through source_batch_sampler."""
-    import inspect
-
-    from dael_plugin.builtin import data as bdata
-    from dael_plugin.dassl_adapter import trainer as adapter
+    import dael_plugin
     from dael_plugin.data.sampling import source_batch_sampler
 
     domains = [0] * 100 + [1] * 30 + [2] * 55
@@ -423,8 +420,9 @@ def test_each_sampler_name_means_one_epoch_on_both_engines():
     assert lengths == {"RandomDomainSampler": 3, "SeqDomainSampler": 3, "CyclingDomainSampler": 10, "RandomSampler": 6}
     a, b = (indices(source_batch_sampler("RandomDomainSampler", domains, 30, 0, seed=1)) for _ in range(2))
     assert a == b  # a function of (seed, epoch): the same plan in every process and engine
-    for module in (bdata, adapter):
-        assert "source_batch_sampler(" in inspect.getsource(module)
+    pkg = os.path.dirname(dael_plugin.__file__)
+    for module in ("builtin/data.py", "dassl_adapter/trainer.py"):  # the adapter's source: it imports Dassl
+        assert "source_batch_sampler(" in open(os.path.join(pkg, module)).read()
     with pytest.raises(DAELConfigError, match="is not one of"):
         source_batch_sampler("RandomClassSampler", domains, 30, 0, seed=1)
 

@@ -20,8 +20,9 @@ from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin import data as bdata
 from dael_plugin.builtin.loop import BuiltinTrainer, set_random_seed  # noqa: F401 (the CLI's)
 from dael_plugin.config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node
+from dael_plugin.config.keys import DOMAIN_SAMPLERS
 from dael_plugin.core import DAEL, build_heads
-from dael_plugin.data.sampling import DOMAIN_SAMPLERS, sampler_summary
+from dael_plugin.data.sampling import sampler_summary
 from dael_plugin.engine import distributed
 from dael_plugin.engine.loop import local_share
 from dael_plugin.engine.step import make_step, prepare_model

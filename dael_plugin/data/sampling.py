@@ -41,7 +41,7 @@ import numpy as np
 import torch
 from torch.utils.data import Sampler, get_worker_info
 
-from dael_plugin.config.keys import DASSL_DOMAIN_SAMPLERS, DOMAIN_SAMPLERS, SOURCE_SAMPLERS  # noqa: F401
+from dael_plugin.config.keys import DASSL_DOMAIN_SAMPLERS, SOURCE_SAMPLERS
 from dael_plugin.errors import DAELConfigError
 
 Draw = Tuple[int, int]

@@ -153,6 +153,39 @@ def test_ddaig_generators_perturb_by_lmda_and_start_as_dassls():
         assert torch.equal(ref(x, lmda=0.3), ours(x, 0.3)), name
 
 
+def test_ddaig_stn_generators_train_their_localisation_net_as_dassls():
+    """The ``_stn`` forms' warp stays in the graph (Dassl's ``theta[:, :, :2] = x``), so a loss
+    through the generator reaches ``fc_loc``. With Dassl, every parameter's gradient equals that of
+    Dassl's own generator from the same seed and input, for both ``_stn`` forms (Dassl's image
+    sizes: 32 and 224)."""
+    from dael_plugin.backbones.ddaig_fcn import build_generator
+
+    def grads(net, x):
+        net.zero_grad()
+        out = net(x, lmda=0.3) if net.__class__.__module__.startswith("dassl") else net(x, 0.3)
+        (out * torch.linspace(-1, 1, out.numel()).view_as(out)).sum().backward()
+        return {n: p.grad for n, p in net.named_parameters()}
+
+    torch.manual_seed(0)
+    x = torch.rand(2, 3, 32, 32)
+    g = grads(build_generator("fcn_3x32_gctx_stn"), x)
+    assert g["locnet.fc_loc.weight"] is not None and g["locnet.fc_loc.weight"].abs().sum() > 0
+    try:
+        from dassl.modeling import build_network
+    except ImportError:
+        return
+    for name, size in (("fcn_3x32_gctx_stn", 32), ("fcn_3x64_gctx_stn", 224)):
+        x = torch.rand(2, 3, size, size)
+        torch.manual_seed(1)
+        ref = build_network(name, verbose=False)
+        torch.manual_seed(1)
+        ours = build_generator(name)
+        theirs, mine = grads(ref, x), grads(ours, x)
+        assert theirs["locnet.fc_loc.weight"].abs().sum() > 0
+        for n, v in theirs.items():
+            torch.testing.assert_close(mine[n], v, atol=1e-6, rtol=1e-5, msg=f"{name} {n}")
+
+
 def test_pair_heads_equal_one_linear_per_domain():
     torch.manual_seed(0)
     heads = PairHeads(4, 3, 2)
@@ -523,12 +556,15 @@ def _dg_cli(trainer, root, out, *opts):
 
 
 @pytest.mark.dassl
-@pytest.mark.parametrize("trainer", ["CrossGrad", "DomainMix", "DDAIG"])
-def test_dg_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, data_root, trainer):
+@pytest.mark.parametrize(
+    "trainer,g_arch", [("CrossGrad", ""), ("DomainMix", ""), ("DDAIG", ""), ("DDAIG", "fcn_3x32_gctx_stn")]
+)
+def test_dg_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, data_root, trainer, g_arch):
     """CrossGrad, DomainMix and DDAIG (Dassl's DG trainers) from the same weights and the same three
     batches of the domain sampler: losses, weights and batch-norm statistics equal Dassl's after
     each step. DomainMix draws its mixing weight and partners with Dassl's calls in Dassl's order,
-    so the same seed gives the same mixes. Tolerance 1e-6 (bitwise when measured, AMD EPYC,
+    so the same seed gives the same mixes. DDAIG also with a spatial-transformer generator, whose
+    localisation net Dassl's ``optim_G`` steps. Tolerance 1e-6 (bitwise when measured, AMD EPYC,
     2026-11-29), the accuracy 1e-4 (Dassl's rounding)."""
     from dassl.engine import TRAINER_REGISTRY
 
@@ -536,8 +572,12 @@ def test_dg_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, data_ro
 
     tol = 1e-6
     opts = ["OPTIM.LR", "1e-4", "MODEL.BACKBONE.NAME", BACKBONE, *(str(v) for v in SMALL_BATCHES)]
+    cfg = _dassl_cfg(trainer, data_root, tmp_path / "ref", BACKBONE)
+    if g_arch:
+        opts += ["TRAINER.DDAIG.G_ARCH", g_arch]
+        cfg.merge_from_list(["TRAINER.DDAIG.G_ARCH", g_arch])
     torch.manual_seed(0)
-    ref = TRAINER_REGISTRY.get(trainer)(_dassl_cfg(trainer, data_root, tmp_path / "ref", BACKBONE))
+    ref = TRAINER_REGISTRY.get(trainer)(cfg)
     ours = _builtin(trainer, data_root, tmp_path / "ours", *opts)
     if trainer in ("CrossGrad", "DDAIG"):
         pairs = {"F": ref.F.backbone, "C": ref.F.classifier, "D.0": ref.D.backbone, "D.1": ref.D.classifier}

@@ -7,8 +7,9 @@ parameters, ``n_blocks`` residual blocks), a global-context fusion (the feature 
 with its spatial mean, a 1x1 convolution), and a 1x1 convolution with tanh: the perturbation
 ``p``. The output is ``x + lmda * p``. The ``_stn`` forms first warp the image with a spatial
 transformer (a small localisation net whose last layer Dassl initialises to weights 0 and bias
-(1, 0, 0, 1), which after its tanh is a zoom by tanh(1) = 0.76, not the identity; and which, as
-Dassl builds the warp from ``.data``, no gradient ever reaches: both kept). Initialisation as Dassl's:
+(1, 0, 0, 1), which after its tanh is a zoom by tanh(1) = 0.76, not the identity: kept). The
+localisation net trains with the generator: Dassl allocates ``theta`` from ``x.data`` but then
+assigns ``theta[:, :, :2] = x``, which puts ``theta`` back in the graph. Initialisation as Dassl's:
 PyTorch's defaults, then every convolution and linear weight from N(0, 0.02), biases 0, batch-norm
 scales 1 (in that order of modules, so the same seed gives Dassl's weights)."""
 
@@ -82,9 +83,8 @@ class LocNet(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = torch.tanh(self.fc_loc(self.backbone(x).flatten(1))).view(-1, 2, 2)
-        # theta (B, 2, 3), its translation column 0. Dassl builds it from ``x.data``: no gradient
-        # reaches the localisation net, which so stays the identity warp; kept
-        return F.pad(x.detach(), (0, 1))
+        # theta (B, 2, 3), its translation column 0; in the graph, as Dassl's slice assignment is
+        return F.pad(x, (0, 1))
 
 
 class FCN(nn.Module):

@@ -227,7 +227,7 @@ def command(path: str, seed: int, args, cfgs: dict, out: str) -> list:
     if path == "plugin-builtin-tv-cycling":
         opts += ["TRAINER.DAEL.STRONG_TRANSFORMS", "['tv_randaugment', 'normalize']"]
         opts += ["TRAINER.DAEL.TV_RANDAUGMENT_N", "2", "TRAINER.DAEL.TV_RANDAUGMENT_M", "9"]
-    return [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--engine", engine, *common, *opts]
+    return [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--engine", engine, *common, *opts, *args.opts]
 
 
 def accuracy(path: str, out: str) -> float:
@@ -254,6 +254,7 @@ def main() -> int:
     p.add_argument("--seeds", nargs="+", type=int, default=[1, 2, 3, 4, 5])
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--jobs", type=int, default=2)
+    p.add_argument("opts", nargs="*", help="KEY VALUE options for the plugin's runs (an execution option, say)")
     args = p.parse_args()
     if "dassl" in args.paths and not args.dassl_tools:
         p.error("the 'dassl' path needs --dassl-tools (Dassl's tools/ folder)")

@@ -424,6 +424,32 @@ def test_a_category_shift_set_trains_on_each_engine_with_its_class_table(tmp_pat
     assert naive.algorithm.class_mask is None and naive.num_classes == 10
 
 
+@pytest.mark.parametrize("engine", ENGINES)
+def test_agree_reads_the_class_table_without_class_masks(tmp_path, tiny_root, engine):
+    """``PSEUDO_LABEL agree`` with ``CLASS_MASKS ()``: the trainer hands the class table over, so
+    the rule asks only the experts that know a class (``corroborate`` needs part ``other``, so it
+    always has the table). Heads set by hand: hand's expert is sure of 1 (hand's alone), street's
+    of 4 (which hand knows too), font's of 6 (which street knows too). Only 1 is agreed, on every
+    target image: mask_u 1 through the trainer's own step. Without the table every expert would
+    have to be sure of one class, and nothing is kept (mask_u 0: L_u silently zero)."""
+    from dael_plugin.tools.category_shift import build_set
+
+    data = build_set(tiny_root)
+    tr = _cs_trainer(engine, data, tmp_path / "agree", "TRAINER.DAEL.PSEUDO_LABEL", "agree")
+    want = torch.tensor([[str(c) in HELD[d] for c in range(10)] for d in ("hand", "street", "font")])
+    assert torch.equal(tr.algorithm.class_mask.cpu(), want)
+    heads = tr.algorithm.heads
+    with torch.no_grad():
+        heads.weight.zero_()
+        heads.bias.fill_(-10.0)
+        for k, c in enumerate((1, 4, 6)):
+            heads.bias[k, c] = 10.0
+    batch_x = next(iter(tr.train_loader_x))
+    batch_u = next(iter(tr.train_loader_u))
+    out = tr.forward_backward(batch_x, batch_u)
+    assert float(out["mask_u"]) == 1.0, out
+
+
 def test_the_category_shift_set_is_built_once_when_asked_at_once(tmp_path, tiny_root, monkeypatch):
     """Two callers at once (two benchmarks on one --root, the suite's two workers): they wait for the
     kernel's lock, one builds, the other reads its copy. Without the lock both built into one

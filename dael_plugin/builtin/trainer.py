@@ -68,7 +68,7 @@ class DAELBuiltin(BuiltinTrainer):
         backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
         heads = build_heads(backbone.out_features, self.num_classes, len(self.sources), self.hparams)
         e = self.execution
-        mask = torch.tensor(self.classes_held, device=self.device) if self.hparams.class_masks else None
+        mask = torch.tensor(self.classes_held, device=self.device) if self.hparams.reads_class_table else None
         self.algorithm = DAEL(
             backbone, heads, self.hparams, fuse_chunks=e.fuse_chunks, chunk_bn=e.chunk_bn, class_mask=mask
         )

@@ -42,7 +42,7 @@ class DAEL:
             or ``grouped`` (:mod:`.chunk_norm`).
         class_mask: ``(K, C)`` bool under category shift (:mod:`.category_shift`): which classes
             each source domain holds; read by the parts of the design ``hparams.class_masks`` turns
-            on (none: the paper, and the table is not kept).
+            on and by the ``agree`` / ``corroborate`` rules (none: the paper, and the table is not kept).
     """
 
     def __init__(
@@ -57,9 +57,12 @@ class DAEL:
         self.featurizer = featurizer
         self.heads = heads
         self.hparams = hparams
-        if hparams.class_masks and class_mask is None:
-            raise ValueError(f"CLASS_MASKS {list(hparams.class_masks)} needs the (K, C) table of each domain's classes")
-        self.class_mask = class_mask if hparams.class_masks else None
+        if hparams.reads_class_table and class_mask is None:
+            raise ValueError(
+                f"CLASS_MASKS {list(hparams.class_masks)} / PSEUDO_LABEL {hparams.pseudo_label} needs the (K, C) "
+                "table of each domain's classes"
+            )
+        self.class_mask = class_mask if hparams.reads_class_table else None
         self.fuse_chunks = fuse_chunks
         resolve_impl(chunk_bn, "cpu")  # a bad name fails here, not in the first step
         self.chunk_bn = chunk_bn

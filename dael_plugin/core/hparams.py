@@ -110,6 +110,12 @@ class DAELHparams:
                 "CLASS_MASKS 'cr' compares an expert with the others' per-class mean: it needs CR_MODE collaborative"
             )
 
+    @property
+    def reads_class_table(self) -> bool:
+        """Whether the run needs each source's classes: a part of ``CLASS_MASKS`` is on, or the
+        pseudo-label rule asks the experts that know a class (``agree``, ``corroborate``)."""
+        return bool(self.class_masks) or self.pseudo_label in AGREEING
+
     def masks(self, part: str) -> bool:
         """Whether this part of the category-shift design (:data:`CLASS_MASK_PARTS`) is on."""
         assert part in CLASS_MASK_PARTS, part

@@ -210,7 +210,7 @@ class DAELTrainer(TrainerXU):
         self.sched_E = build_lr_scheduler(self.optim_E, cfg.OPTIM)
         self.register_model("E", self.E, self.optim_E, self.sched_E)
         e = self.execution
-        mask = torch.tensor(self.classes_held, device=self.device) if self.hparams.class_masks else None
+        mask = torch.tensor(self.classes_held, device=self.device) if self.hparams.reads_class_table else None
         self.algorithm = DAEL(
             self.F, self.E, self.hparams, fuse_chunks=e.fuse_chunks, chunk_bn=e.chunk_bn, class_mask=mask
         )

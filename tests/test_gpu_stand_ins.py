@@ -480,6 +480,88 @@ def test_the_first_step_check_sees_one_layer_off(monkeypatch, capsys, prec, fact
     assert f"layer {name} alone: {what}" in line
 
 
+class _OutOfOrderNet(torch.nn.Module):
+    """Batch norms registered in another order than they are called (bn_b, 16 channels, before bn_a,
+    8), and one of them (bn_b) called twice."""
+
+    def __init__(self):
+        super().__init__()
+        self.bn_b, self.bn_a = torch.nn.BatchNorm2d(16), torch.nn.BatchNorm2d(8)
+        self.conv_a, self.conv_b = torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.Conv2d(8, 16, 3, padding=1)
+        self.conv_c = torch.nn.Conv2d(16, 16, 3, padding=1)
+        self.out_features = 16
+
+    def forward(self, x):
+        x = torch.relu(self.bn_b(self.conv_b(torch.relu(self.bn_a(self.conv_a(x))))))
+        return torch.relu(self.bn_b(self.conv_c(x))).mean((2, 3))
+
+
+def test_the_first_step_check_keys_each_input_by_its_layer(monkeypatch):
+    """Each batch-norm input is checked at the layer it was captured at: a backbone whose batch
+    norms are registered out of call order (it crashed the check at the first step with
+    "running_mean should contain 8 elements not 16"), with a layer called twice (checked once a
+    call). A defect planted on bn_a is found at bn_a."""
+    from dael_plugin.core import DAEL, DAELHparams, build_heads
+    from dael_plugin.engine.execution import autocast
+    from dael_plugin.engine.fastpath import FastPathCheck
+
+    torch.manual_seed(0)
+    x = torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(0))
+    results = {}
+    for planted in (False, True):
+        net = _OutOfOrderNet()
+        if planted:
+            _plant_on_one_layer(monkeypatch, net.bn_a, 1.1)
+        heads = build_heads(16, 5, 3, DAELHparams(conf_thre=0.0))
+        algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="grouped")
+        check = FastPathCheck("fp32")
+        check(algo, x, [4, 4, 4, 4], lambda: autocast("fp32", torch.device("cpu")))
+        results[planted] = check.result
+    clean, bad = results[False], results[True]
+    assert not clean["fell_back"] and clean["layers_checked"] == 3
+    assert bad["fell_back"]
+    assert {(b["layer"], b["quantity"]) for b in bad["layer_failures"]} == {("bn_a", "weight_grad")}
+
+
+@pytest.mark.parametrize("losses", ["ce", "ce_cr", "ce_cr_u"])
+@pytest.mark.parametrize("views", ["weak_strong", "strong_weak", "strong_strong"])
+def test_the_first_step_check_checks_the_steps_own_layout(monkeypatch, losses, views):
+    """The check runs on the chunks the step fuses, for every LOSSES and VIEWS: with ``ce`` the
+    source chunks of one view (3), with ``ce_cr`` of two (6), with L_u the target batch too (7),
+    each view the step uses (it checked all views and the weak target view whatever the step used)."""
+    from dael_plugin.core import DAEL, DAELHparams
+    from dael_plugin.engine import fastpath
+    from dael_plugin.engine.step import DAELStep
+
+    seen = {}
+
+    def record(self, algorithm, x, chunk_sizes, autocast):
+        seen["check"] = (x.clone(), list(chunk_sizes))
+        self.result = {"fell_back": False}
+
+    monkeypatch.setattr(fastpath.FastPathCheck, "__call__", record)
+    torch.manual_seed(0)
+    net, heads = _model()
+    hp = DAELHparams(conf_thre=0.0, losses=losses, views=views)
+    algo = DAEL(net, heads, hp, fuse_chunks=True, chunk_bn="grouped")
+    encode = algo.encode
+
+    def fused_call(x, chunk_sizes):
+        seen.setdefault("step", (x.clone(), list(chunk_sizes)))
+        return encode(x, chunk_sizes)
+
+    algo.encode = fused_call
+    opt = torch.optim.SGD(list(net.parameters()) + list(heads.parameters()), lr=0.1)
+    step = DAELStep(algo, [opt], torch.device("cpu"), 3, 4, True, check_first_step=True)
+    x, u = _batches()
+    g = torch.Generator().manual_seed(1)
+    x["img3"], u["img3"] = torch.randn(x["img"].shape, generator=g), torch.randn(u["img"].shape, generator=g)
+    step(x, u)
+    (checked, checked_sizes), (fused, fused_sizes) = seen["check"], seen["step"]
+    assert checked_sizes == fused_sizes == [4] * 3 * (1 if losses == "ce" else 2) + ([4] if losses == "ce_cr_u" else [])
+    assert torch.equal(checked, fused)
+
+
 def test_the_first_step_check_of_a_compiled_step_checks_the_compiled_branch(monkeypatch):
     """A defect in the compiled branch alone (x1.1 on one layer's weight gradient when compiling): the
     check of a compiled step compiles the fused pass and sees it in that layer; the eager check, which

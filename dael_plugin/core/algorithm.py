@@ -8,7 +8,7 @@ the backward pass and optimiser step itself.
 
 from __future__ import annotations
 
-from typing import Callable, Dict, Optional, Sequence, Tuple
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -91,6 +91,24 @@ class DAEL:
             return fused_forward(self.featurizer, x, chunk_sizes, self.chunk_bn, self._bns)
         return torch.cat([self.featurizer(c) for c in torch.split(x, list(chunk_sizes))], 0)
 
+    def gradient_parts(
+        self,
+        x_views: Sequence[torch.Tensor],
+        chunk_sizes: Sequence[int],
+        u_views: Optional[Sequence[torch.Tensor]] = None,
+    ) -> Tuple[List[torch.Tensor], List[List[int]]]:
+        """The views that take a gradient, in the order the step's one fused call takes them, and
+        each one's domain chunks: the source chunks of the target view, those of the prediction
+        view (with L_cr), and the target batch's prediction view (with L_u). The first-step check
+        of the fused pass (engine/fastpath.py) checks this very layout."""
+        hp = self.hparams
+        t, p = hp.view_indices
+        use_u = hp.use_u and u_views is not None
+        source_views = [x_views[t], x_views[p]] if hp.use_cr else [x_views[t]]
+        parts = source_views + ([u_views[p]] if use_u else [])
+        part_chunks = [list(chunk_sizes)] * len(source_views) + ([[u_views[p].shape[0]]] if use_u else [])
+        return parts, part_chunks
+
     def losses(
         self,
         x_views: Sequence[torch.Tensor],
@@ -126,9 +144,7 @@ class DAEL:
         if use_u:
             with torch.no_grad():
                 logits_u_t = self.heads(self.featurizer(u_views[t]))
-        source_views = [x_views[t], x_views[p]] if hp.use_cr else [x_views[t]]
-        parts = source_views + ([u_views[p]] if use_u else [])
-        part_chunks = [list(chunk_sizes)] * len(source_views) + ([[u_views[p].shape[0]]] if use_u else [])
+        parts, part_chunks = self.gradient_parts(x_views, chunk_sizes, u_views)
         if self.fuse_chunks and all(v.shape[1:] == parts[0].shape[1:] for v in parts):
             feats = self.encode(torch.cat(parts), [c for cs in part_chunks for c in cs])
         else:

@@ -4,17 +4,19 @@
 Three passes run on copies of the backbone (the model, its running statistics and every random
 stream are left as they were): per-chunk batch norm (``split``: each chunk through torch's own
 kernel) in float64, the reference; the same in the step's precision; and the fused pass in the
-step's precision. Each is one forward pass of the batch's source and target views with their
-domain chunks and one backward pass of a fixed random projection of the features, with full fp32
-products where the step uses TF32. The outputs, and all parameters' gradients together, are
+step's precision. Each is one forward pass of the chunks the step's own fused call takes
+(``DAEL.gradient_parts``: the views that take a gradient, for its LOSSES and VIEWS) and one
+backward pass of a fixed random projection of the features, with full fp32 products where the
+step uses TF32. The outputs, and all parameters' gradients together, are
 compared with the reference by the norm of their difference relative to the reference's.
 
 What is compared, each against the float64 reference:
 
 - the features (all outputs together), and all parameters' gradients together;
 - **each batch-norm layer alone** (:func:`compare_kernels`): on the input it had in the step's pass
-  (captured), with a fixed upstream gradient, its output, its input's gradient, its weight and bias
-  gradients and its running statistics. Upstream rounding is out of it, so a correct kernel is
+  (captured at that layer, once per call, whatever order the layers were registered in), with a
+  fixed upstream gradient, its output, its input's gradient, its weight and bias gradients and its
+  running statistics. Upstream rounding is out of it, so a correct kernel is
   within 2e-7 of float64 in fp32 and within the output's rounding in bf16, and a defect confined to
   one layer (its weight gradient 10% off) is a 10% error there, where in the whole gradient it is a
   fraction of a per-mille.
@@ -56,7 +58,7 @@ from __future__ import annotations
 import contextlib
 import copy
 import math
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 from torch.nn.modules.batchnorm import _BatchNorm
@@ -123,7 +125,8 @@ def compare_fused_pass(
     eager). ``compile_backend``: the whole fused pass runs compiled with that backend (the step's
     compiled branch)."""
     passes: Dict[str, tuple] = {}
-    inputs: List[torch.Tensor] = []  # each batch-norm layer's input in the step's precision (split pass)
+    # (layer name, input) of each batch-norm call in the step's precision (split pass), in call order
+    inputs: List[Tuple[str, torch.Tensor]] = []
     devices = [x.device] if x.device.type == "cuda" else []
     tf32 = torch.backends.cudnn.allow_tf32, torch.backends.cuda.matmul.allow_tf32
     # Full fp32 convolutions and matmuls while checking: TF32 rounds every product to 10 bits and
@@ -207,9 +210,9 @@ def _one_pass(
     if compile_backend is not None:  # the compiled branch, as the step's compiled forward runs it
         forward = torch.compile(forward, backend=compile_backend, fullgraph=True, dynamic=False)
     hooks = []
-    if capture is not None:  # each batch-norm layer's input, for the kernel check
-        for _, m in _norms(net):
-            hooks.append(m.register_forward_pre_hook(lambda _m, args: capture.append(args[0].detach())))
+    if capture is not None:  # each batch-norm call's input, keyed by its layer, for the kernel check
+        for name, m in _norms(net):
+            hooks.append(m.register_forward_pre_hook(lambda _m, args, n=name: capture.append((n, args[0].detach()))))
     try:
         feats = forward(x.double() if exact else x)
     finally:
@@ -246,18 +249,31 @@ def _kernel_pass(
 
 
 def compare_kernels(
-    featurizer: torch.nn.Module, inputs: Sequence[torch.Tensor], chunk_sizes: Sequence[int], impl: str, autocast
+    featurizer: torch.nn.Module,
+    inputs: Sequence[Tuple[str, torch.Tensor]],
+    chunk_sizes: Sequence[int],
+    impl: str,
+    autocast,
 ) -> List[Dict[str, object]]:
-    """Each batch-norm layer in isolation, on the input it had in the step's pass: the fused ``impl``
-    kernel and per-chunk batch norm in the step's precision, each against float64 on the same input.
-    Upstream rounding is out of it, so the error is the kernel's own (fp32 about 1e-6, bf16 the
-    output's rounding), and a defect in one kernel is its own size (x1.1 is 0.1)."""
+    """Each batch-norm call in isolation, on the input it had in the step's pass (``inputs``: the
+    layer's name and that input, in call order): the fused ``impl`` kernel and per-chunk batch norm
+    in the step's precision, each against float64 on the same input. Each input goes to the layer
+    it was captured at, whatever order the layers were registered in; a layer called twice is
+    checked once per call (``"name (call 2)"``), and one never called is not checked. Upstream
+    rounding is out of it, so the error is the kernel's own (fp32 about 1e-6, bf16 the output's
+    rounding), and a defect in one kernel is its own size (x1.1 is 0.1)."""
+    layers = dict(_norms(featurizer))
+    calls = {name: sum(n == name for n, _ in inputs) for name in layers}
+    seen: Dict[str, int] = {}
     out = []
-    for (name, bn), x in zip(_norms(featurizer), inputs):
+    for name, x in inputs:
+        seen[name] = seen.get(name, 0) + 1
+        bn = layers[name]
         exact = _kernel_pass(bn, x, chunk_sizes, "split", autocast, True)
         split = _kernel_pass(bn, x, chunk_sizes, "split", autocast, False)
         fused = _kernel_pass(bn, x, chunk_sizes, impl, autocast, False)
-        out.append({"layer": name, **_errors(fused, split, exact)})
+        label = name if calls[name] == 1 else f"{name} (call {seen[name]})"
+        out.append({"layer": label, **_errors(fused, split, exact)})
     return out
 
 

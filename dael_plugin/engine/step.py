@@ -177,9 +177,9 @@ class DAELStep:
         """Once: the fused pass on this batch's views against per-chunk batch norm (a fallback to
         ``split`` on a mismatch; under torchrun, where the synchronised form shares the kernels, a stop)."""
         check, self._first_step_check = self._first_step_check, None
-        views = list(x_views) + ([u_views[0]] if u_views is not None else [])
-        sizes = list(chunk_sizes) * len(x_views) + ([u_views[0].shape[0]] if u_views is not None else [])
-        check(self.algorithm, torch.cat(views), sizes, lambda: ex.autocast(self.prec, self.device))
+        parts, part_chunks = self.algorithm.gradient_parts(x_views, chunk_sizes, u_views)  # the step's own layout
+        sizes = [c for cs in part_chunks for c in cs]
+        check(self.algorithm, torch.cat(parts), sizes, lambda: ex.autocast(self.prec, self.device))
         self.fast_path_check = check.result
         if check.result["fell_back"] and world().distributed:
             raise DAELConfigError(

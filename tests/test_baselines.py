@@ -293,6 +293,30 @@ def test_m3sda_refuses_dassls_unmet_preconditions(tmp_path, tiny_root):
     assert proc.returncode == 2 and "RandomDomainSampler" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.parametrize(
+    "trainer,key,value,said",
+    [
+        ("DomainMix", "TRAINER.DOMAINMIX.ALPHA", "0.0", "TRAINER.DOMAINMIX.ALPHA=0.0 is invalid"),
+        ("DomainMix", "TRAINER.DOMAINMIX.ALPHA", "-1.0", "Beta(ALPHA, BETA)'s first parameter"),
+        ("DomainMix", "TRAINER.DOMAINMIX.BETA", "0.0", "TRAINER.DOMAINMIX.BETA=0.0 is invalid"),
+        ("M3SDA", "TRAINER.M3SDA.LMDA", "-1.0", "the moment-distance weight must be a number >= 0.0"),
+        ("MCD", "TRAINER.MCD.N_STEP_F", "0", "must be an integer >= 1"),
+        ("SE", "TRAINER.SE.EMA_ALPHA", "1.5", "<= 1.0"),
+        ("DDAIG", "TRAINER.DDAIG.ALPHA", "2.0", "<= 1.0"),
+    ],
+)
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+def test_a_baseline_key_out_of_its_range_is_one_line(tmp_path, tiny_root, capsys, trainer, key, value, said, engine):
+    """Each baseline key within its valid range, on both engines (Dassl's own DomainMix raises
+    torch's ValueError for Beta(0, 1); M3SDA at LMDA -1 trained to one class): exit 2, one line."""
+    cli = _dg_cli if trainer in DG_CFG else _cli
+    args = cli(trainer, tiny_root, tmp_path / "o", key, value)
+    args[args.index("builtin")] = engine
+    proc = run_here(args)
+    assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert said in proc.stderr and "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
+
+
 def test_source_model_preconditions_are_one_line_each(tmp_path, tiny_root, source_run):
     """ADDA and AdaBN without a source model; a file that is not one (DAEL's checkpoint has no
     single classifier; a source run of other classes); SE without two views; a trainer that

@@ -121,7 +121,7 @@ def get_builtin_cfg() -> CN:
     _C.TRAINER.DDAIG.ALPHA = 0.5  # weight of the generated images in the label net's loss
     _C.TRAINER.DOMAINMIX = CN()
     _C.TRAINER.DOMAINMIX.TYPE = "crossdomain"  # partners from the other domains ("random": any)
-    _C.TRAINER.DOMAINMIX.ALPHA = 1.0  # Beta(ALPHA, BETA) of the mixing weight (ALPHA 0: no mixing)
+    _C.TRAINER.DOMAINMIX.ALPHA = 1.0  # Beta(ALPHA, BETA) of the mixing weight (both > 0, as Dassl's)
     _C.TRAINER.DOMAINMIX.BETA = 1.0
     _C.TRAINER.SE = CN()
     _C.TRAINER.SE.EMA_ALPHA = 0.999  # the teacher's EMA rate (at most; 1 - 1/(step+1) before)

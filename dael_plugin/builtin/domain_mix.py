@@ -53,14 +53,14 @@ class DomainMixBuiltin(DasslBaseline):
         self.mix_type, self.alpha, self.beta = str(node.TYPE), float(node.ALPHA), float(node.BETA)
         if self.mix_type not in ("random", "crossdomain"):
             raise DAELConfigError(f"TRAINER.DOMAINMIX.TYPE is 'random' or 'crossdomain', not {self.mix_type!r}")
-        self.dist_beta = torch.distributions.Beta(self.alpha, self.beta) if self.alpha > 0 else None
+        self.dist_beta = torch.distributions.Beta(self.alpha, self.beta)  # ALPHA, BETA > 0: check_run_values
 
     def build_optimizers(self):
         return {"model": self._build_optim(self.modules.parameters())}  # Dassl's one SimpleNet optimiser
 
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         dev = self.device
-        lam = self.dist_beta.rsample((1,)) if self.dist_beta is not None else torch.tensor(1)
+        lam = self.dist_beta.rsample((1,))
         perm = domain_mix_partners(batch_x["domain"], self.mix_type)
         x = batch_x["img"].to(dev, non_blocking=True)
         y = batch_x["label"].to(dev, non_blocking=True)

@@ -13,6 +13,7 @@ from typing import Optional
 
 from yacs.config import CfgNode as CN
 
+from dael_plugin.config.ranges import check_baseline_values
 from dael_plugin.config.table import (
     BY_NAME,
     DATASET_KEYS,
@@ -180,6 +181,7 @@ def check_run_values(cfg: CN) -> None:
             raise DAELConfigError(f"{key}={value!r} is invalid: {what} must be an integer from {low} to {high}")
     if not float(cfg.OPTIM.LR) > 0:
         raise DAELConfigError(f"OPTIM.LR={cfg.OPTIM.LR!r} is invalid: the learning rate must be > 0")
+    check_baseline_values(cfg)
     check_input_size(cfg)
     check_selection(cfg)
 

@@ -305,3 +305,32 @@ def test_a_folder_of_both_engines_gives_a_row_per_engine(tmp_path):
     assert cells["DAEL [engine=dassl]"]["t"].values == [71.0, 72.0]
     per = _cell(root, "source_val", per_setting=True)
     assert sorted(per) == ["Set/DAEL/lam=1 [engine=builtin]", "Set/DAEL/lam=1 [engine=dassl]"]
+
+
+def test_validators_with_every_record_refused_name_the_runs_and_lines(tmp_path, capsys):
+    """Every run's records numbered past the run's epochs: ``--validators`` names the refused runs
+    and the reason, not the setting (SELECTION.EVAL_FREQ) the user already has; runs without any
+    records are sent to that setting; and a folder of DG runs alone says so."""
+    from dael_plugin.tools import collect
+
+    root = str(tmp_path / "past")
+    for seed in (1, 2):
+        d = _run(root, "base", "t", seed, [_ep(1, 40, im=0.1), _ep(2, 50, im=0.2), _ep(3, 45, im=0.3)])
+        rec = json.load(open(os.path.join(d, "results.json")))
+        rec["epochs"] = 2  # the records go to epoch 3
+        json.dump(rec, open(os.path.join(d, "results.json"), "w"))
+    assert collect.main([root, "--validators"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()[-1]
+    assert "epoch records of 2 of its 2 DA run(s) were refused" in err and "seed1" in err
+    assert "epoch 3 is past the run's 2" in err and "EVAL_FREQ" not in err
+
+    bare = str(tmp_path / "bare")
+    d = _run(bare, "base", "t", 1, [_ep(3, 45)])
+    os.remove(os.path.join(d, "epochs.jsonl"))
+    assert collect.main([bare, "--validators"]) == 2
+    assert "has epoch records: train with SELECTION.EVAL_FREQ" in capsys.readouterr().err
+
+    dg = str(tmp_path / "dg")
+    _run(dg, "base", "t", 1, [_ep(1, 40, im=0.1), _ep(2, 50, im=0.2)], table_setting="DG")
+    assert collect.main([dg, "--validators"]) == 2
+    assert f"no DA run under {dg}" in capsys.readouterr().err

@@ -394,12 +394,32 @@ def rank_validators(root: str, warn: Callable[[str], None] = print):
     """For each DA table and target: every validator's Spearman and weighted Spearman correlation
     with target test accuracy over all evaluated checkpoints (every epoch of every run), and its
     regret: the best test accuracy minus that of the checkpoint it scores highest, mean over seeds."""
+    problems: List[str] = []
+    walked = read_sweep(root, lambda line: (problems.append(line), warn(line)))
     runs = [
         (*_table_key(rec), rec.target, rec.data.get("seed"), epochs)
-        for rec, epochs, _ in read_sweep(root, warn)
+        for rec, epochs, _ in walked
         if epochs is not None  # damaged: named by read_sweep
     ]
-    return rank_runs(runs)
+    ranked = rank_runs(runs)
+    if not ranked:  # say why, naming the runs and lines refused (not a setting the user has)
+        da = [(rec, epochs) for rec, epochs, _ in walked if _table_key(rec)[1] == "DA"]
+        refused = [rec.dir for rec, epochs in da if epochs is None]
+        if refused:
+            first = next((p for p in problems if "warning: " in p), "")
+            raise SelectError(
+                f"no DA run under {root} can be ranked: the epoch records of {len(refused)} of its {len(da)} DA "
+                f"run(s) were refused ({refused[0]}{' and others' if len(refused) > 1 else ''}; "
+                f"{first.removeprefix('warning: ').split('; the run is left out')[0] or 'named above'})"
+            )
+        if not da:
+            raise SelectError(f"no DA run under {root} (validators rank target-free scores of DA runs)")
+        if not any(epochs for _, epochs in da):
+            raise SelectError(f"no DA run under {root} has epoch records: train with SELECTION.EVAL_FREQ 1 (or N)")
+        raise SelectError(
+            f"the DA runs under {root} have too few evaluated checkpoints to rank validators (3 per target at least)"
+        )
+    return ranked
 
 
 def rank_runs(runs: Sequence[Tuple[str, str, str, object, List[dict]]]):

@@ -344,6 +344,43 @@ def test_source_model_preconditions_are_one_line_each(tmp_path, tiny_root, sourc
         assert proc.returncode == 2 and words in line and "Traceback" not in proc.stderr, (trainer, proc.stderr[-800:])
 
 
+def _with_domains(args, sources, target):
+    i, j = args.index("--source-domains"), args.index("--target-domains")
+    return args[: i + 1] + list(sources) + ["--target-domains", target] + args[j + 2 :]
+
+
+def test_a_source_model_that_saw_the_target_or_other_images_is_refused(tmp_path, tiny_root, source_run):
+    """The source model's record (its domains, its data fingerprint) against the run's: AdaBN for
+    target blend from a SourceOnly run that had blend as a source (it scored 50.0 against 41.7 from
+    an honest one), from one of other sources, and from one whose source images differ (a copy of
+    the root with one image fewer) are each one line; the honest one loads."""
+    import shutil
+
+    leaked = tmp_path / "leaked"
+    args = _with_domains(_cli("SourceOnly", tiny_root, leaked, "OPTIM.MAX_EPOCH", "1", "SELECTION.EVAL_FREQ", "0"),
+                         ("hand", "blend", "font"), "street")  # fmt: skip
+    assert run_here(args).returncode == 0
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_root, copy)
+    hand = copy / "embedded_digits" / "hand" / "train" / "0"
+    os.remove(hand / sorted(os.listdir(hand))[0])
+    cases = [
+        (str(leaked / "model.pth.tar-1"), tiny_root, "trained on this run's target 'blend' as a source"),
+        (source_run, str(copy), "trained on other images of source 'hand'"),
+    ]
+    for init, root, words in cases:
+        proc = run_here(_cli("AdaBN", root, tmp_path / "adabn", "MODEL.INIT_WEIGHTS", init, "SELECTION.EVAL_FREQ", "0"))
+        line = proc.stderr.strip().splitlines()[-1] if proc.stderr.strip() else ""
+        assert proc.returncode == 2 and words in line and "Traceback" not in proc.stderr, proc.stderr[-800:]
+    other = _with_domains(_cli("AdaBN", tiny_root, tmp_path / "other", "MODEL.INIT_WEIGHTS", source_run),
+                          ("hand", "street"), "blend")  # fmt: skip
+    proc = run_here(other)
+    assert proc.returncode == 2 and "trained on sources ['hand', 'street', 'font']" in proc.stderr
+    honest = run_here(_cli("AdaBN", tiny_root, tmp_path / "honest", "MODEL.INIT_WEIGHTS", source_run,
+                           "OPTIM.MAX_EPOCH", "1", "SELECTION.EVAL_FREQ", "0"))  # fmt: skip
+    assert honest.returncode == 0 and "Loaded the source model" in honest.stdout
+
+
 @pytest.mark.parametrize(
     "trainer", ["M3SDA", "MME", "MCD", "DANN", "SE", "ADDA", "AdaBN", "CrossGrad", "DomainMix", "DDAIG"]
 )

@@ -3,8 +3,11 @@ trainers that start from one (ADDA, AdaBN) or may (SourceOnly, DANN, SE: Dassl's
 
 from __future__ import annotations
 
+import json
 import os
+from typing import Optional, Sequence
 
+import yaml
 from torch import nn
 
 from dael_plugin.engine import checkpoint as ckpt
@@ -13,7 +16,84 @@ from dael_plugin.errors import DAELConfigError
 INIT_WEIGHTS_FIX = "give the checkpoint of a finished SourceOnly run (either engine) with this backbone and dataset"
 
 
-def load_source_model(path: str, backbone: nn.Module, classifier: nn.Module, classnames=None) -> None:
+def source_record(path: str, state: dict) -> Optional[dict]:
+    """What a source model trained on: ``{"dataset", "sources", "targets", "fingerprint"}``, from the
+    built-in checkpoint's own config and data fingerprint, or from the ``results.json`` of the Dassl
+    engine's run folder (``<run>/model/model.pth.tar-N``); None where neither says (Dassl's own
+    ``tools/train.py`` writes no record)."""
+    if isinstance(state.get("config"), str):
+        try:
+            cfg = yaml.safe_load(state["config"]) or {}
+        except yaml.YAMLError:
+            cfg = {}
+        ds = cfg.get("DATASET", {}) if isinstance(cfg, dict) else {}
+        if ds:
+            return {
+                "dataset": ds.get("NAME"),
+                "sources": list(ds.get("SOURCE_DOMAINS") or ()),
+                "targets": list(ds.get("TARGET_DOMAINS") or ()),
+                "fingerprint": state.get("data_fingerprint"),
+            }
+    for up in (os.path.dirname(os.path.dirname(os.path.abspath(path))), os.path.dirname(os.path.abspath(path))):
+        results = os.path.join(up, "results.json")
+        try:
+            with open(results) as f:
+                rec = json.load(f)
+        except (OSError, ValueError):
+            continue
+        if isinstance(rec, dict) and "source_domains" in rec:
+            return {
+                "dataset": rec.get("dataset"),
+                "sources": list(rec.get("source_domains") or ()),
+                "targets": list(rec.get("target_domains") or ()),
+                "fingerprint": rec.get("data"),
+            }
+    return None
+
+
+def check_source_record(
+    path: str, record: Optional[dict], dataset: str, sources: Sequence[str], targets: Sequence[str], fingerprint
+) -> None:
+    """A source model must have trained on this run's sources alone, on the same images: one that
+    saw a target domain's labels (a source model of another target) would score what looks like an
+    adaptation result. One line each; a model without a record is said and left unchecked."""
+    if record is None:
+        print(
+            f"Warning: MODEL.INIT_WEIGHTS {path} records no domains (Dassl's own tools/train.py writes none): "
+            "that it never trained on this run's target is not checked"
+        )
+        return
+    fix = "give the SourceOnly run of this target, seed and data (sweep.py --init-weights-from SWEEP_DIR picks it)"
+    seen = [t for t in targets if t in record["sources"]]
+    if seen:
+        raise DAELConfigError(
+            f"MODEL.INIT_WEIGHTS {path} trained on this run's target {seen[0]!r} as a source (its sources: "
+            f"{record['sources']}): an adapted model would have seen the target's labels; {fix}"
+        )
+    if record.get("dataset") and str(record["dataset"]) != str(dataset):
+        raise DAELConfigError(f"MODEL.INIT_WEIGHTS {path} trained on dataset {record['dataset']}, not {dataset}; {fix}")
+    if sorted(record["sources"]) != sorted(sources):
+        raise DAELConfigError(
+            f"MODEL.INIT_WEIGHTS {path} trained on sources {record['sources']}, this run's are {list(sources)}; {fix}"
+        )
+    theirs = (record.get("fingerprint") or {}).get("train_x") or {}
+    ours = (fingerprint or {}).get("train_x") or {}
+    for domain in sources:
+        a, b = theirs.get(domain), ours.get(domain)
+        if isinstance(a, dict) and isinstance(b, dict) and a.get("sha256") != b.get("sha256"):
+            raise DAELConfigError(
+                f"MODEL.INIT_WEIGHTS {path} trained on other images of source {domain!r} ({a.get('images')} "
+                f"against this run's {b.get('images')}; another root, copy or seed's subsample); {fix}"
+            )
+
+
+def load_source_model(
+    path: str,
+    backbone: nn.Module,
+    classifier: nn.Module,
+    classnames=None,
+    run: Optional[dict] = None,
+) -> None:
     """A source model into ``backbone`` and ``classifier``, from either engine's SourceOnly
     checkpoint: the built-in engine's (``model``: ``F.*``, ``C.*``) or Dassl's (``state_dict``:
     ``backbone.*``, ``classifier.*``, ``module.`` prefixes dropped).
@@ -21,7 +101,9 @@ def load_source_model(path: str, backbone: nn.Module, classifier: nn.Module, cla
     Stricter than Dassl's ``load_pretrained_weights``, which loads the keys that fit and warns
     about the rest: a file whose backbone or classifier does not fit key for key (another
     trainer's, backbone's or dataset's) would leave part of the model at its random start and
-    train on as if it were the source model. Here it is one line naming the file."""
+    train on as if it were the source model. Here it is one line naming the file. ``run``
+    (``dataset``, ``sources``, ``targets``, ``fingerprint``): the run's, compared with what the
+    model trained on (:func:`check_source_record`)."""
     if not os.path.isfile(path):
         raise DAELConfigError(f"MODEL.INIT_WEIGHTS {path}: no such file; {INIT_WEIGHTS_FIX}")
     state = ckpt.load_checkpoint(path, fix=INIT_WEIGHTS_FIX)
@@ -55,4 +137,6 @@ def load_source_model(path: str, backbone: nn.Module, classifier: nn.Module, cla
                 f"MODEL.INIT_WEIGHTS {path} does not fit this model ({what}); {INIT_WEIGHTS_FIX}"
             )
         module.load_state_dict(sub)
+    if run is not None:  # a source model, then: of this run's sources and images alone?
+        check_source_record(path, source_record(path, state), **run)
     print(f"Loaded the source model from {path}{what} (MODEL.INIT_WEIGHTS)")

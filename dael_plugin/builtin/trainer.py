@@ -152,7 +152,10 @@ class SingleClassifier(BuiltinTrainer):
         if self.cfg.MODEL.INIT_WEIGHTS:
             from dael_plugin.builtin.source_model import load_source_model
 
-            load_source_model(self.cfg.MODEL.INIT_WEIGHTS, modules["F"], modules["C"], self.classnames)
+            ds = self.cfg.DATASET
+            run = {"dataset": ds.NAME, "sources": self.sources, "targets": list(ds.TARGET_DOMAINS)}
+            run["fingerprint"] = self.data_fingerprint
+            load_source_model(self.cfg.MODEL.INIT_WEIGHTS, modules["F"], modules["C"], self.classnames, run)
         return modules
 
     def build_step(self) -> None:

@@ -139,6 +139,30 @@ def test_local_sweep_skips_done_runs_and_resumes_an_interrupted_one(tmp_path, ti
     assert "will resume training from epoch 2" in (run / "sweep_log.txt").read_text()
 
 
+def test_init_weights_from_gives_each_target_and_seed_its_own_source_model(tmp_path, tiny_root, capsys):
+    """``--init-weights-from SWEEP_DIR``: ADDA and AdaBN each start from the finished SourceOnly
+    run of their own target and seed (a single MODEL.INIT_WEIGHTS for every target ran target
+    street from a model trained on street's labels); a target without one is refused before any
+    run, and the run's folder records which file it started from."""
+    src = tmp_path / "src"
+    code, out, _ = sweep(base(tiny_root, src, "--trainers", "SourceOnly", "--targets", "street", *FAST), capsys)
+    assert code == 0, out
+    ada = tmp_path / "ada"
+    argv = base(tiny_root, ada, "--trainers", "AdaBN", "--targets", "street", "--init-weights-from", str(src), *FAST)
+    code, out, err = sweep(argv, capsys)
+    assert code == 0, out + err
+    model = src / "EmbeddedDigits" / "SourceOnly" / "street" / "seed1" / "model.pth.tar-1"
+    log = (ada / "EmbeddedDigits" / "AdaBN" / "street" / "seed1" / "sweep_log.txt").read_text()
+    assert f"Loaded the source model from {model}" in log
+    ident = json.load(open(ada / "EmbeddedDigits" / "AdaBN" / "street" / "seed1" / "sweep_run.json"))
+    assert ident["init weights"].startswith(str(model))
+    argv = base(tiny_root, tmp_path / "b", "--trainers", "AdaBN", "--targets", "street", "blend",
+                "--init-weights-from", str(src), *FAST)  # fmt: skip
+    code, _, err = sweep(argv, capsys)
+    assert code == 2 and "no finished SourceOnly run for target blend seed 1" in err
+    assert not (tmp_path / "b").exists()
+
+
 def test_submitit_local_sweep_and_a_failed_run(tmp_path, tiny_root, capsys):
     """One submitit-local sweep, two jobs side by side: a grid over the rate, one of
     which (-1) the run refuses. The good run finishes, the bad one is reported with its

@@ -102,6 +102,13 @@ def build_parser() -> argparse.ArgumentParser:
         help="the method config of a trainer (default: <tree>/trainers/<da|dg>/<trainer>/<dataset>.yaml, beside the "
         "dataset config's <tree>/datasets/)",
     )
+    p.add_argument(
+        "--init-weights-from",
+        default=None,
+        metavar="SWEEP_DIR",
+        help="ADDA and AdaBN: MODEL.INIT_WEIGHTS of each run from the finished SourceOnly run of the same "
+        "target, sources and seed in this sweep folder (a missing one is refused before any run)",
+    )
     p.add_argument("--engine", default="auto", choices=ENGINES, help="as train.py's --engine")
     p.add_argument(
         "--launcher",

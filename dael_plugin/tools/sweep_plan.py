@@ -224,6 +224,9 @@ def plan(args: argparse.Namespace) -> List[Run]:
             ]
             for k, v in setting_kv:
                 argv += [k, str(v)]
+            init = source_model_for(args, dataset, trainer, target, sources, seed)
+            if init:
+                argv += ["MODEL.INIT_WEIGHTS", init]
             identity = {
                 "trainer": trainer,
                 "target": target,
@@ -235,6 +238,8 @@ def plan(args: argparse.Namespace) -> List[Run]:
                 "method config": f"{cfg_file} (sha256 {_sha256(cfg_file)[:12]})",
                 "dataset config": f"{args.dataset_config_file} (sha256 {dataset_sha[:12]})",
             }
+            if init:
+                identity["init weights"] = f"{init} (sha256 {_sha256(init)[:12]})"
             if per_run > 1:  # a run resumes only on as many processes as it started with
                 identity["processes"] = str(per_run)
             runs.append(
@@ -251,6 +256,60 @@ def plan(args: argparse.Namespace) -> List[Run]:
                 )
             )
     return runs
+
+
+# The trainers that adapt a source model (MODEL.INIT_WEIGHTS): --init-weights-from gives them one.
+ADAPTS_A_SOURCE_MODEL = ("ADDA", "AdaBN")
+
+
+def source_model_for(args, dataset: str, trainer: str, target: str, sources, seed: int) -> str:
+    """``--init-weights-from``: the last checkpoint of the finished SourceOnly run of this target,
+    sources and seed under that sweep folder ("" for a trainer that adapts none, or without the flag).
+    One line where it is missing, unfinished, of other sources, or not one run."""
+    root = getattr(args, "init_weights_from", None)
+    if not root or trainer not in ADAPTS_A_SOURCE_MODEL:
+        return ""
+    if any(k == "MODEL.INIT_WEIGHTS" for k in args.opts[::2]):
+        raise DAELConfigError("--init-weights-from and MODEL.INIT_WEIGHTS both name the source model: give one")
+    root = os.path.abspath(os.path.expanduser(root))
+    base = os.path.join(root, dataset, "SourceOnly")
+    found = []
+    for dirpath, _dirs, files in os.walk(base):
+        if "results.json" in files and os.path.basename(dirpath) == f"seed{seed}":
+            if os.path.basename(os.path.dirname(dirpath)) == _slug(target):
+                found.append(dirpath)
+    where = f"{base}/.../{_slug(target)}/seed{seed}/results.json"
+    if not found:
+        raise DAELConfigError(
+            f"--init-weights-from {root}: no finished SourceOnly run for target {target} seed {seed} ({where}); "
+            "run the SourceOnly sweep into it first"
+        )
+    if len(found) > 1:
+        raise DAELConfigError(
+            f"--init-weights-from {root}: {len(found)} SourceOnly runs for target {target} seed {seed} "
+            f"({found[0]}, {found[1]}): keep one grid setting of SourceOnly in that folder"
+        )
+    try:
+        rec = read_json_dict(os.path.join(found[0], "results.json")) or {}
+    except ValueError as exc:
+        raise DAELConfigError(f"--init-weights-from {root}: {exc}") from None
+    if sorted(rec.get("source_domains") or ()) != sorted(sources) or not rec.get("finished"):
+        raise DAELConfigError(
+            f"--init-weights-from {root}: the SourceOnly run {found[0]} is "
+            + (
+                "unfinished"
+                if not rec.get("finished")
+                else f"of sources {rec.get('source_domains')}, not {list(sources)}"
+            )
+        )
+    epochs = rec.get("epochs")
+    for path in (
+        os.path.join(found[0], f"model.pth.tar-{epochs}"),
+        os.path.join(found[0], "model", f"model.pth.tar-{epochs}"),
+    ):
+        if os.path.isfile(path):
+            return path
+    raise DAELConfigError(f"--init-weights-from {root}: the SourceOnly run {found[0]} has no model.pth.tar-{epochs}")
 
 
 def _sha256(path: str) -> str:

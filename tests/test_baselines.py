@@ -381,6 +381,47 @@ def test_a_source_model_that_saw_the_target_or_other_images_is_refused(tmp_path,
     assert honest.returncode == 0 and "Loaded the source model" in honest.stdout
 
 
+@pytest.mark.dassl
+def test_dassls_adda_loads_a_built_in_source_model_whole_or_refuses_it(tmp_path, tiny_root, source_run):
+    """Dassl's own ADDA on the Dassl engine: the built-in engine's SourceOnly checkpoint is converted
+    and loaded key for key (Dassl's loader matched no key and started from random weights, with a
+    UserWarning alone: 11.25% against 35.0%); DAEL's checkpoint, which has no single classifier,
+    is one line naming the keys; a source model trained on this run's target is refused."""
+    from dassl.engine.trainer import SimpleTrainer
+
+    loaded = {}
+    real = SimpleTrainer.build_model
+
+    def spy(self):
+        real(self)
+        loaded.update({k: v.clone() for k, v in self.model.state_dict().items()})
+
+    def dassl(*opts):
+        args = _cli("ADDA", tiny_root, tmp_path / f"run{len(os.listdir(tmp_path))}", "OPTIM.MAX_EPOCH", "1",
+                    "SELECTION.EVAL_FREQ", "0", *opts)  # fmt: skip
+        args[args.index("builtin")] = "dassl"
+        return run_here(args)
+
+    import unittest.mock
+
+    with unittest.mock.patch.object(SimpleTrainer, "build_model", spy):
+        proc = dassl("MODEL.INIT_WEIGHTS", source_run)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert "every key (MODEL.INIT_WEIGHTS)" in proc.stdout and "Cannot load" not in proc.stderr
+    start = torch.load(source_run, weights_only=True)["model"]
+    assert torch.equal(loaded["classifier.weight"], start["C.weight"])
+    assert all(torch.equal(loaded["backbone." + k[2:]], v) for k, v in start.items() if k.startswith("F."))
+    dael = os.path.join(ROOT, "tests/fixtures/dael_builtin_2026-11-28/checkpoint.pth.tar")
+    proc = dassl("MODEL.INIT_WEIGHTS", dael)
+    assert proc.returncode == 2 and "does not load whole" in proc.stderr and "Traceback" not in proc.stderr
+    leaked = tmp_path / "leaked"
+    args = _with_domains(_cli("SourceOnly", tiny_root, leaked, "OPTIM.MAX_EPOCH", "1", "SELECTION.EVAL_FREQ", "0"),
+                         ("hand", "blend", "font"), "street")  # fmt: skip
+    assert run_here(args).returncode == 0
+    proc = dassl("MODEL.INIT_WEIGHTS", str(leaked / "model.pth.tar-1"))
+    assert proc.returncode == 2 and "trained on this run's target 'blend' as a source" in proc.stderr
+
+
 @pytest.mark.parametrize(
     "trainer", ["M3SDA", "MME", "MCD", "DANN", "SE", "ADDA", "AdaBN", "CrossGrad", "DomainMix", "DDAIG"]
 )

@@ -87,6 +87,12 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     cuda_settings(cfg)  # every trainer, Dassl's baselines too
     say_config(cfg, "** System info **\n{}\n".format(system_info()))
     prepare_cfg(cfg)  # done by check_names already; kept for callers of run_dassl alone
+    from dael_plugin.dassl_adapter import checkpoints as dassl_checkpoints
+
+    ds = cfg.DATASET  # MODEL.INIT_WEIGHTS is compared with these (its images: the built-in engine alone)
+    dassl_checkpoints.INIT_WEIGHTS_RUN.update(
+        dataset=ds.NAME, sources=list(ds.SOURCE_DOMAINS), targets=list(ds.TARGET_DOMAINS), fingerprint=None
+    )
     if args.eval_only or eval_freq(cfg) == 0:
         trainer = build_trainer(cfg)
     else:  # Dassl's baselines write the same per-epoch records as DAEL (dassl_adapter/records.py)

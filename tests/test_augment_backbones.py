@@ -115,6 +115,49 @@ def test_timm_pretrained_from_local_file(tmp_path):
     assert not torch.equal(random_b.model.conv1.weight, src.conv1.weight)
 
 
+def test_a_weights_file_is_read_whenever_given_and_strictly(tmp_path, capsys):
+    """MODEL.BACKBONE.WEIGHTS is read with PRETRAINED False too (most shipped configs: the file was
+    ignored and the record named it), for timm's backbones and the plugin's own; a file with a
+    known prefix (a DAEL checkpoint's ``F.``, ``backbone.``) loads with the prefix named; another
+    model's weights (resnet34's into resnet18, where timm loaded the keys that fit) and a file that
+    fills part of the backbone are one line each."""
+    import timm
+
+    from dael_plugin.backbones.weights import weights_record
+
+    torch.manual_seed(1)
+    src = timm.create_model("resnet18", pretrained=False, num_classes=10)
+    plain = tmp_path / "r18.pth"
+    torch.save(src.state_dict(), plain)
+    b = build_backbone("timm_resnet18", pretrained=False, weights_file=str(plain))
+    torch.testing.assert_close(b.model.conv1.weight, src.conv1.weight)
+    assert "left out (its classifier" in capsys.readouterr().out  # fc.* of the file, num_classes=0
+    prefixed = tmp_path / "prefixed.pth"
+    torch.save({"model": {"F.model." + k: v for k, v in src.state_dict().items()} | {"E.weight": torch.zeros(3)}},
+               prefixed)  # fmt: skip
+    b = build_backbone("timm_resnet18", pretrained=False, weights_file=str(prefixed))
+    torch.testing.assert_close(b.model.layer4[1].bn2.running_var, src.layer4[1].bn2.running_var)
+    assert "prefix 'F.model.' stripped" in capsys.readouterr().out
+    small = build_backbone("dael_small_cnn")
+    own = tmp_path / "own.pth"
+    torch.save({"backbone." + k: v for k, v in small.state_dict().items()}, own)
+    loaded = build_backbone("dael_small_cnn", weights_file=str(own))
+    assert all(torch.equal(v, small.state_dict()[k]) for k, v in loaded.state_dict().items())
+    r34 = tmp_path / "r34.pth"
+    torch.save(timm.create_model("resnet34", pretrained=False).state_dict(), r34)
+    with pytest.raises(DAELConfigError, match="keys this backbone lacks .*another model's weights") as err:
+        build_backbone("timm_resnet18", weights_file=str(r34))
+    assert "\n" not in str(err.value)
+    part = tmp_path / "part.pth"
+    torch.save({k: v for k, v in src.state_dict().items() if not k.startswith("layer4")}, part)
+    with pytest.raises(DAELConfigError, match=r"fills \d+ of the backbone's \d+ keys: layer4"):
+        build_backbone("timm_resnet18", weights_file=str(part))
+    rec = weights_record("timm_resnet18", False, str(plain))
+    assert rec["file"] == str(plain) and len(rec["sha256"]) == 64
+    assert weights_record("timm_resnet18", False, "")["read"] is None
+    assert weights_record("resnet18", True, "") == {"timm": "resnet18.tv_in1k"}
+
+
 def test_unknown_backbones_are_one_line_errors():
     with pytest.raises(DAELConfigError, match="timm has no model 'resnet181'.*did you mean timm_resnet18"):
         build_backbone("timm_resnet181")

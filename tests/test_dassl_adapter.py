@@ -334,6 +334,29 @@ def test_timm_backbone_under_dassl(tmp_path, tiny_root):
     assert state["models"]["E"]["weight"].shape == (3, 10, 64)  # 3 experts read its 64 features
 
 
+def test_backbone_weights_on_the_dassl_engine_are_read_or_refused(tmp_path, tiny_root):
+    """MODEL.BACKBONE.WEIGHTS on the Dassl engine: the plugin's own backbone reads the file (its
+    first convolution is the file's at the start: the one-epoch run's record names the file and its
+    sha256); Dassl's own backbone, which would ignore it, is one line."""
+    from dael_plugin.backbones import build_backbone
+
+    torch.manual_seed(5)
+    start = build_backbone("dael_small_cnn")
+    path = tmp_path / "start.pth"
+    torch.save(start.state_dict(), path)
+    res, proc = _train(tmp_path, tiny_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml",
+                       extra=["MODEL.BACKBONE.WEIGHTS", str(path)])  # fmt: skip
+    assert f"Loaded the backbone's weights from {path}" in proc.stdout
+    assert res["backbone_weights"]["file"] == str(path) and len(res["backbone_weights"]["sha256"]) == 64
+    args = ["--engine", "dassl", "--trainer", "SourceOnly", "--root", tiny_root, "--dataset-config-file", DS_DA,
+            "--config-file", os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.yaml"),
+            "--source-domains", "hand", "blend", "font", "--target-domains", "street",
+            "--output-dir", str(tmp_path / "so"), *FAST, "MODEL.BACKBONE.NAME", "cnn_digit5_m3sda",
+            "MODEL.BACKBONE.WEIGHTS", str(path)]  # fmt: skip
+    proc = run_here(args)
+    assert proc.returncode == 2 and "would be ignored by Dassl's own cnn_digit5_m3sda" in proc.stderr
+
+
 def test_eval_only_reloads_the_last_checkpoint(tmp_path, tiny_root):
     res, _ = _train(tmp_path, tiny_root, "DAEL", "configs/trainers/da/dael/embedded_digits.yaml")
     out = str(tmp_path / "DAEL")

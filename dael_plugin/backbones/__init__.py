@@ -28,10 +28,13 @@ TIMM_ALIASES = {f"resnet{d}": f"resnet{d}.tv_in1k" for d in (18, 34, 50, 101, 15
 
 def build_backbone(name: str, pretrained: bool = False, weights_file: str = "") -> nn.Module:
     """Build a backbone by name without Dassl; it exposes ``out_features``."""
-    if name in OWN_BACKBONES:
-        return OWN_BACKBONES[name]()
-    if name in DASSL_CNNS:
-        return DASSL_CNNS[name]()
+    if name in OWN_BACKBONES or name in DASSL_CNNS:
+        net = (OWN_BACKBONES.get(name) or DASSL_CNNS[name])()
+        if weights_file:  # read whenever given, strictly (backbones/weights.py)
+            from dael_plugin.backbones.weights import load_backbone_weights
+
+            load_backbone_weights(net, weights_file)
+        return net
     if name.startswith(TIMM_PREFIX):
         return TimmBackbone(timm_model_name(name), pretrained=pretrained, weights_file=weights_file)
     if name in TIMM_ALIASES:

@@ -100,9 +100,9 @@ class TimmBackbone(nn.Module):
     """Wraps ``timm.create_model(name, num_classes=0)``: pooled features only.
 
     ``out_features`` is read from the model (``head_hidden_size``, else
-    ``num_features``), never hard-coded. Weights: ``pretrained=False`` builds a random model;
-    ``pretrained=True`` loads ``weights_file`` if given (a local state dict,
-    through timm's ``pretrained_cfg_overlay``), otherwise timm's own cache.
+    ``num_features``), never hard-coded. Weights: ``weights_file``, whenever given, is read
+    strictly (``backbones.weights``: every key filled, known prefixes stripped); otherwise
+    ``pretrained=True`` loads timm's own cache, and ``pretrained=False`` builds a random model.
     """
 
     def __init__(self, model_name: str, pretrained: bool = False, weights_file: str = "", **kwargs) -> None:
@@ -112,13 +112,13 @@ class TimmBackbone(nn.Module):
         check_timm_model(model_name)
         if weights_file and not os.path.isfile(weights_file):
             raise DAELConfigError(f"MODEL.BACKBONE.WEIGHTS={weights_file!r} is not a file")
-        overlay = {"file": os.path.abspath(weights_file)} if (pretrained and weights_file) else None
-        if pretrained and not weights_file:
+        # A file is read whenever it is given, strictly, by backbones/weights.py (timm's overlay
+        # loads non-strictly with num_classes=0: another model's keys where they fit, or none)
+        from_hub = pretrained and not weights_file
+        if from_hub:
             check_pretrained_reachable(model_name)
         try:
-            self.model = timm.create_model(
-                model_name, pretrained=pretrained, num_classes=0, pretrained_cfg_overlay=overlay, **kwargs
-            )
+            self.model = timm.create_model(model_name, pretrained=from_hub, num_classes=0, **kwargs)
         except Exception as exc:  # timm raises many kinds when it cannot reach weights
             if not pretrained:
                 raise
@@ -127,6 +127,10 @@ class TimmBackbone(nn.Module):
                 "give a local file with MODEL.BACKBONE.WEIGHTS /path/to/weights.pth, "
                 "or set MODEL.BACKBONE.PRETRAINED False"
             ) from None
+        if weights_file:
+            from dael_plugin.backbones.weights import load_backbone_weights
+
+            load_backbone_weights(self.model, weights_file)
         self.model_name = model_name
         # With num_classes=0 the model returns its pre-logits features: for most
         # models that is num_features, but models with a head conv (MobileNetV3,

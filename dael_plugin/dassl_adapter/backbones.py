@@ -31,20 +31,29 @@ def timm_factory(name: str, weights_file: str):
     return factory
 
 
-def _own_factory(cls, name: str):
+def _own_factory(cls, name: str, weights_file: str = ""):
     def factory(pretrained=False, **kwargs):
-        return cls()
+        net = cls()
+        if weights_file:  # MODEL.BACKBONE.WEIGHTS, read strictly (backbones/weights.py)
+            from dael_plugin.backbones.weights import load_backbone_weights
+
+            load_backbone_weights(net, weights_file)
+        return net
 
     factory.__name__ = name
     return factory
 
 
 def register_timm_backbone(name: str, weights_file: str = "") -> None:
-    """Make ``timm_<model>`` buildable by Dassl's ``build_backbone``.
+    """Make ``timm_<model>`` buildable by Dassl's ``build_backbone`` (and the plugin's own
+    backbones read ``weights_file``).
 
     Dassl passes only ``pretrained`` to a factory, so the timm model name and
     the local weights file are carried by the registered closure.
     """
+    if name in OWN_BACKBONES:  # the plugin's own, with this run's weights file (or none)
+        BACKBONE_REGISTRY.register(_own_factory(OWN_BACKBONES[name], name, weights_file), force=True)
+        return
     if not name.startswith(TIMM_PREFIX):
         return
     BACKBONE_REGISTRY.register(timm_factory(name, weights_file), force=True)  # keyed by name

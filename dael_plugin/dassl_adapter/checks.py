@@ -61,6 +61,20 @@ def check_backbone_cfg(cfg: CN) -> None:
         )
 
 
+def check_backbone_weights(cfg: CN) -> None:
+    """``MODEL.BACKBONE.WEIGHTS`` is read on this engine for timm backbones and the plugin's own;
+    Dassl's own backbones load Dassl's pretrained weights (``PRETRAINED``) and would ignore it."""
+    from dael_plugin.backbones import OWN_BACKBONES, TIMM_PREFIX
+
+    name, weights = str(cfg.MODEL.BACKBONE.NAME), str(cfg.MODEL.BACKBONE.get("WEIGHTS", "") or "")
+    if weights and not name.startswith(TIMM_PREFIX) and name not in OWN_BACKBONES:
+        raise DAELConfigError(
+            f"MODEL.BACKBONE.WEIGHTS {weights} would be ignored by Dassl's own {name} (it reads its own pretrained "
+            f"weights, MODEL.BACKBONE.PRETRAINED); run it with --engine builtin, which reads the file, or name "
+            f"timm_{name}"
+        )
+
+
 def check_dassl_data(cfg: CN) -> None:
     """Dassl's own readers of the datasets the plugin also reads (Digit5, DomainNet, PACS, ...)
     fail on missing or partial data with a traceback, or, for a class folder missing from one
@@ -104,4 +118,5 @@ def check_run_names(cfg: CN) -> None:
     check_trainer_cfg(cfg)
     check_dataset_cfg(cfg)
     check_backbone_cfg(cfg)
+    check_backbone_weights(cfg)
     check_dassl_data(cfg)

@@ -91,6 +91,13 @@ def provenance(cfg: CN) -> Dict[str, object]:
     }
 
 
+def _weights_record(cfg: CN, engine: str) -> Optional[dict]:
+    from dael_plugin.backbones.weights import weights_record
+
+    b = cfg.MODEL.BACKBONE
+    return weights_record(str(b.NAME), bool(b.get("PRETRAINED", False)), str(b.get("WEIGHTS", "") or ""), engine)
+
+
 def results_record(
     cfg: CN,
     engine: str,
@@ -120,6 +127,7 @@ def results_record(
         "target_domains": list(cfg.DATASET.TARGET_DOMAINS),
         "seed": int(cfg.SEED),
         "backbone": cfg.MODEL.BACKBONE.NAME,
+        "backbone_weights": _weights_record(cfg, engine),
         "accuracy": None if accuracy is None else round(float(accuracy), 4),
         "expert_accuracy": {n: round(float(a), 4) for n, a in zip(names, expert_accuracy)},
         # class name -> % for the ensemble; the same per expert under per_class_expert_accuracy

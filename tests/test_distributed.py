@@ -44,13 +44,14 @@ def _env():
     return env
 
 
-def torchrun(args, nproc=2, timeout=300, **popen):
+def torchrun(args, nproc=2, timeout=300, env=None, **popen):
     cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] + list(args)
+    env = dict(_env(), **{k: v for k, v in (env or {}).items() if k not in _env()})
     if popen:
         return subprocess.Popen(
-            cmd, cwd=ROOT, env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
+            cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, **popen
         )
-    return subprocess.run(cmd, cwd=ROOT, env=_env(), capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
 
 
 class _Here:
@@ -250,6 +251,46 @@ def test_dassls_own_trainers_under_torchrun_are_refused_in_one_line(tmp_path, ti
     assert proc.returncode != 0 and len(lines) == 1, proc.stderr[-2000:]  # rank 0's, once
     assert "runs on one process only" in lines[0] and "--engine builtin" in lines[0]
     assert not os.path.exists(tmp_path / "run")  # refused before the output folder is made
+
+
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+def test_the_ranks_of_one_job_run_one_run_or_stop(tmp_path, tiny_root, engine):
+    """Rank 1 launched with another OPTIM.LR, then with a root of one image fewer (two nodes' own
+    commands): every rank stops in one line naming rank 1 and what differs, before training. (Two
+    `--nnodes 2` launches trained to the end so, with rank 0's settings in results.json.) The same
+    root at another path on one node is the same data and runs."""
+    import shutil
+
+    wrapper = tmp_path / "per_rank.py"
+    wrapper.write_text(
+        "import os, sys\n"
+        "from dael_plugin.tools.train import main\n"
+        "argv = sys.argv[1:]\n"
+        "extra = os.environ['RANK1_ARGS'].split('|') if os.environ['RANK'] == '1' else []\n"
+        "if extra and extra[0] == '--root':\n"
+        "    argv[argv.index('--root') + 1] = extra[1]; extra = []\n"
+        "sys.exit(main(argv + extra))\n"
+    )
+    short = tmp_path / "short"
+    shutil.copytree(tiny_root, short)
+    hand = short / "embedded_digits" / "hand" / "train" / "0"
+    os.remove(hand / sorted(os.listdir(hand))[0])
+    same = tmp_path / "same"
+    shutil.copytree(tiny_root, same)
+    cases = [
+        ("OPTIM.LR|0.5", "rank 1 runs another run than rank 0: OPTIM.LR is 0.5 there, 0.001 on rank 0"),
+        (f"--root|{short}", "rank 1 reads other data than rank 0: train_x of hand has"),
+        (f"--root|{same}", None),
+    ]
+    for i, (extra, said) in enumerate(cases):
+        env = dict(os.environ, RANK1_ARGS=extra)
+        proc = torchrun([str(wrapper)] + _args(tiny_root, tmp_path / f"run{i}", engine), env=env)
+        if said is None:
+            assert proc.returncode == 0, proc.stderr[-2000:]
+            continue
+        lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+        assert proc.returncode != 0 and lines and said in lines[0], proc.stderr[-2000:]
+        assert os.path.join("dael_plugin", "") not in proc.stderr  # no stack of ours (torchrun's own follows)
 
 
 def _category_shift(args, tiny_root):

@@ -87,6 +87,7 @@ class BuiltinTrainer:
         self.data_fingerprint = data_fingerprint(
             self.splits, self.sources, ds.TARGET_DOMAINS, ds.ROOT, seeded_domains(ds.NAME)
         )
+        distributed.check_same_run(cfg, self.data_fingerprint)  # every rank: rank 0's settings and data
         self.classnames: List[str] = self.splits["classnames"]
         self.num_classes = len(self.classnames)
         # which classes each source holds (DATASET.CATEGORY_SHIFT: they may differ; else all of them)

@@ -99,6 +99,7 @@ class DAELTrainer(TrainerXU):
         dm_cfg.DATALOADER.TRAIN_X.SAMPLER = "RandomSampler"
         dm = DataManager(dm_cfg, custom_tfm_train=views, dataset_wrapper=RobustDatasetWrapper)
         self.data_fingerprint = dataset_fingerprint(cfg, dm.dataset)  # before the held-out split, as builtin
+        distributed.check_same_run(cfg, self.data_fingerprint)  # every rank: rank 0's settings and data
         self._source_val_split(dm.dataset)
         # Training loaders with Dassl's epochs but per-draw seeding and long-lived workers.
         has_target = dm.train_loader_u is not None

@@ -269,6 +269,53 @@ def gather_objects(obj: Any) -> List[Any]:
     return out
 
 
+# Keys that may differ between the nodes of one job: where each node mounts the data and the output
+# folder (the data's own fingerprint is compared instead, over paths relative to the root).
+NODE_LOCAL_KEYS = ("DATASET.ROOT", "OUTPUT_DIR")
+
+
+def _flat(node: Any, prefix: str = "") -> dict:
+    out = {}
+    for k, v in node.items():
+        key = f"{prefix}{k}"
+        if isinstance(v, dict):
+            out.update(_flat(v, key + "."))
+        elif key not in NODE_LOCAL_KEYS:
+            out[key] = v
+    return out
+
+
+def check_same_run(cfg: Any, fingerprint: Optional[dict]) -> None:
+    """Every process of a torchrun job runs one run: each compares its settings (every config key
+    but :data:`NODE_LOCAL_KEYS`, the seed among them) and its data fingerprint with rank 0's, over
+    the host group. Two ``--nnodes 2`` launches with another ``OPTIM.LR``, ``--seed`` or ``--root``
+    (one image fewer) trained to the end with rank 0's settings in ``results.json``; now every rank
+    stops in the same line, naming the rank and the first differing key."""
+    if not _WORLD.distributed:
+        return
+    from dael_plugin.errors import DAELConfigError
+
+    mine = {"config": _flat(cfg), "data": fingerprint or {}}
+    every = gather_objects(mine)
+    ref = every[0]
+    for rank, other in enumerate(every[1:], 1):
+        for key in sorted(set(ref["config"]) | set(other["config"])):
+            if ref["config"].get(key) != other["config"].get(key):
+                raise DAELConfigError(
+                    f"rank {rank} runs another run than rank 0: {key} is {other['config'].get(key)!r} there, "
+                    f"{ref['config'].get(key)!r} on rank 0; launch every node with the same command"
+                )
+        for split in sorted(set(ref["data"]) | set(other["data"])):
+            a, b = ref["data"].get(split) or {}, other["data"].get(split) or {}
+            for domain in sorted(set(a) | set(b)):
+                if a.get(domain) != b.get(domain):
+                    n0, n1 = (a.get(domain) or {}).get("images"), (b.get(domain) or {}).get("images")
+                    raise DAELConfigError(
+                        f"rank {rank} reads other data than rank 0: {split} of {domain} has {n1} images there "
+                        f"against {n0} on rank 0, or other files (data fingerprint); give every node the same data"
+                    )
+
+
 def from_main(obj: Any) -> Any:
     """Rank 0's ``obj`` on every process (``obj`` off torchrun)."""
     if not _WORLD.distributed:

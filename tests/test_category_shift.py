@@ -842,3 +842,19 @@ def test_the_benchmarks_choice_among_rules_reads_source_validation_not_the_targe
     oracle = rule_choice({"a": [a], "b": [b]}, [1], "oracle")
     assert "seed 1: b epoch 2 (55.00)" in oracle and "upper bound" in oracle
     assert chosen_text([a, b], "source_val") == " 47.50 ± 10.61"  # each run its own epoch: 40 and 55
+
+
+def test_a_one_class_source_is_warned_of():
+    from dael_plugin.data.classes import one_class_warning
+
+    held = [[True, True, False], [False, False, True]]
+    said = one_class_warning(held, ["a", "b"], ["x", "y", "z"])
+    assert said.startswith("Warning: source b holds one class (z)") and "\n" not in said
+    assert one_class_warning([[True, True, False], [False, True, True]], ["a", "b"], ["x", "y", "z"]) == ""
+
+
+def test_u_balance_without_l_u_is_refused():
+    from dael_plugin.core import DAELHparams
+
+    with pytest.raises(ValueError, match="U_BALANCE True balances L_u, which LOSSES ce_cr leaves out"):
+        DAELHparams(losses="ce_cr", u_balance=True)

@@ -474,3 +474,23 @@ def test_the_plugins_dael_is_the_same_run_bit_for_bit_on_both_engines(tmp_path, 
     ours, theirs = weights["builtin"], weights["dassl"]
     assert set(ours) == set(theirs)
     assert all(torch.equal(ours[k], theirs[k]) for k in ours), [k for k in ours if not torch.equal(ours[k], theirs[k])]
+
+
+def test_seed_minus_one_draws_one_seed_uses_it_everywhere_and_records_it(tmp_path, tiny_root):
+    """``--seed -1``: one seed is drawn, said, and recorded in results.json; the run it names is
+    the one ``--seed N`` gives (torch's weights, the batches and views: before, torch was left
+    unseeded and the data drawn from seed 0). CLASSIFIER single names no expert after a source."""
+    single = ["TRAINER.DAEL.CLASSIFIER", "single"]
+    args = base_args(tiny_root, tmp_path / "drawn")
+    args[args.index("--seed") + 1] = "-1"
+    proc = run_here(["--engine", "builtin"] + args + FAST + single)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    seed = json.load(open(tmp_path / "drawn" / "results.json"))["seed"]
+    assert seed >= 0 and f"SEED -1: drew seed {seed}" in proc.stdout
+    assert "* expert accuracy: hand" not in proc.stdout
+    args = base_args(tiny_root, tmp_path / "again")
+    args[args.index("--seed") + 1] = str(seed)
+    assert run_here(["--engine", "builtin"] + args + FAST + single).returncode == 0
+    a = torch.load(tmp_path / "drawn" / "model.pth.tar-1", weights_only=True)["model"]
+    b = torch.load(tmp_path / "again" / "model.pth.tar-1", weights_only=True)["model"]
+    assert all(torch.equal(v, b[k]) for k, v in a.items())

@@ -29,7 +29,7 @@ from yacs.config import CfgNode as CN
 
 from dael_plugin.builtin import data as bdata
 from dael_plugin.config import uses_target_data
-from dael_plugin.data.classes import classes_by_domain, describe
+from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
 from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
 from dael_plugin.engine import checkpoint as ckpt
@@ -94,6 +94,9 @@ class BuiltinTrainer:
         self.classes_held = classes_by_domain(self.splits["train_x"], len(self.sources), self.num_classes)
         if self.category_shift and self.world.is_main:
             print("Category shift: " + "; ".join(describe(self.classes_held, self.sources, self.classnames)))
+            said = one_class_warning(self.classes_held, self.sources, self.classnames)
+            if said:
+                print(said)
         self.has_target_train = self.splits["train_u"] is not None
         self.is_da = self.has_target_train and uses_target_data(cfg)
         self.bad_images: Set[str] = set()

@@ -104,7 +104,7 @@ class DAELBuiltin(BuiltinTrainer):
 
     @property
     def num_experts(self) -> int:
-        return len(self.sources)
+        return self.algorithm.heads.num_experts  # 1 with CLASSIFIER single (no expert named after a source)
 
     def features_and_experts(self, x: torch.Tensor):
         return self.algorithm.features_and_experts(x)

@@ -105,6 +105,10 @@ class DAELHparams:
             )
         if not isinstance(self.u_balance, bool):
             raise ValueError(f"U_BALANCE must be True or False, got {self.u_balance!r}")
+        if self.u_balance and self.losses != "ce_cr_u":
+            raise ValueError(
+                f"U_BALANCE True balances L_u, which LOSSES {self.losses} leaves out: use ce_cr_u or drop it"
+            )
         if "cr" in self.class_masks and self.cr_mode != "collaborative":
             raise ValueError(
                 "CLASS_MASKS 'cr' compares an expert with the others' per-class mean: it needs CR_MODE collaborative"

@@ -43,7 +43,7 @@ from dael_plugin.core import DAEL, build_heads
 from dael_plugin.dassl_adapter.checks import check_dataset_cfg
 from dael_plugin.dassl_adapter.records import build_selection, source_val_split
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
-from dael_plugin.data.classes import classes_by_domain, describe
+from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
 from dael_plugin.data.fingerprint import dataset_fingerprint
 from dael_plugin.data.sampling import SeededRandomBatchSampler, source_batch_sampler
 from dael_plugin.engine import checkpoint as ckpt
@@ -124,6 +124,9 @@ class DAELTrainer(TrainerXU):
             names = [dm.lab2cname.get(i, str(i)) for i in range(self.num_classes)]
             if distributed.world().is_main:
                 print("Category shift: " + "; ".join(describe(self.classes_held, cfg.DATASET.SOURCE_DOMAINS, names)))
+                said = one_class_warning(self.classes_held, cfg.DATASET.SOURCE_DOMAINS, names)
+                if said:
+                    print(said)
         self.lab2cname = dm.lab2cname
         self.dm = dm
         print(f"DAEL setting: {'domain adaptation (L_u on)' if self.is_da else 'domain generalisation (no L_u)'}")

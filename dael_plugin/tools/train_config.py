@@ -117,6 +117,25 @@ def coerce_opts(cfg: CN, opts: List[str]) -> List[str]:
     return out
 
 
+def draw_seed(cfg: CN) -> None:
+    """``SEED -1`` ("a random one"): one seed drawn here and used for everything (torch's weights,
+    the batches, the views), set in the config so that results.json and the checkpoint record it
+    and the run can be repeated. Before, torch was left unseeded while every batch and view was
+    drawn from seed 0. Under torchrun every rank draws the same one (from the job's run id)."""
+    import hashlib
+    import os
+
+    if int(cfg.SEED) >= 0:
+        return
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID")
+    if run_id:
+        seed = int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "big") % 2**31
+    else:
+        seed = int.from_bytes(os.urandom(4), "big") % 2**31
+    cfg.SEED = seed
+    print(f"SEED -1: drew seed {seed} (recorded in results.json; pass --seed {seed} to repeat this run)")
+
+
 def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     if engine == "dassl":
         from dassl.config import clean_cfg, get_cfg_default
@@ -160,6 +179,7 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
             "is generated there on first use). Nothing is written into the current directory"
         )
     check_run_values(cfg)
+    draw_seed(cfg)
     fresh = get_cfg_default() if engine == "dassl" else get_builtin_cfg()
     check_other_node(cfg, add_dael_config(fresh))
     if str(cfg.TRAINER.NAME).upper() in TRAINER_NODES:

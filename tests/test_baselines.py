@@ -243,7 +243,8 @@ def test_a_baseline_trains_on_the_builtin_engine_and_resumes(tmp_path, tiny_root
     """Through the CLI: a run stopped (Ctrl-C) right after epoch 1's checkpoint and run again
     ends with the weights of an uninterrupted two-epoch run, bit for bit: every optimiser's and
     scheduler's state, SE's teacher, ADDA's frozen source backbone and AdaBN's re-estimated
-    statistics are in the checkpoint, and DANN's and SE's step count goes on from the epoch."""
+    statistics are in the checkpoint, and DANN's and SE's step count goes on from the epoch. ADDA
+    and AdaBN resume with their MODEL.INIT_WEIGHTS file gone (it was refused so)."""
     from dael_plugin.builtin.loop import BuiltinTrainer
 
     # 16x16 views: a quarter of the work a step (DDAIG's generator runs at full resolution); what this
@@ -254,6 +255,11 @@ def test_a_baseline_trains_on_the_builtin_engine_and_resumes(tmp_path, tiny_root
     cli = _dg_cli if trainer in DG_CFG else _cli
     whole = run_here(cli(trainer, tiny_root, tmp_path / "a", *opts))
     assert whole.returncode == 0, whole.stderr[-3000:]
+    if trainer in ("ADDA", "AdaBN"):  # the interrupted run reads a copy, gone before it resumes
+        import shutil
+
+        shutil.copy(source_run, tmp_path / "source.pth.tar")
+        opts[opts.index(source_run)] = str(tmp_path / "source.pth.tar")
     real_save = BuiltinTrainer.save
 
     def save_then_stop(self, epoch):
@@ -263,6 +269,8 @@ def test_a_baseline_trains_on_the_builtin_engine_and_resumes(tmp_path, tiny_root
     monkeypatch.setattr(BuiltinTrainer, "save", save_then_stop)
     assert run_here(cli(trainer, tiny_root, tmp_path / "c", *opts)).returncode == 130
     monkeypatch.setattr(BuiltinTrainer, "save", real_save)
+    if trainer in ("ADDA", "AdaBN"):  # the source file gone: the checkpoint holds the source model
+        os.remove(tmp_path / "source.pth.tar")
     again = run_here(cli(trainer, tiny_root, tmp_path / "c", *opts))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "will resume training from epoch 2" in again.stdout

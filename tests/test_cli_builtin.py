@@ -494,3 +494,17 @@ def test_seed_minus_one_draws_one_seed_uses_it_everywhere_and_records_it(tmp_pat
     a = torch.load(tmp_path / "drawn" / "model.pth.tar-1", weights_only=True)["model"]
     b = torch.load(tmp_path / "again" / "model.pth.tar-1", weights_only=True)["model"]
     assert all(torch.equal(v, b[k]) for k, v in a.items())
+
+
+def test_another_trainer_into_a_finished_runs_folder_is_named_in_one_line(tmp_path, tiny_root):
+    """``--trainer MME`` into a finished DAEL folder: one line saying whose run the folder holds,
+    that it finished, and what to pass (it listed 25 key differences and "cannot resume")."""
+    out = tmp_path / "run"
+    assert run_here(["--engine", "builtin"] + base_args(tiny_root, out) + FAST).returncode == 0
+    mme = base_args(
+        tiny_root, out, trainer="MME", cfg=os.path.join(ROOT, "configs/trainers/da/mme/embedded_digits.yaml")
+    )
+    proc = run_here(["--engine", "builtin"] + mme + FAST)
+    line = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 2 and "is a DAEL run that finished (1 epochs), not MME" in line, proc.stderr[-1500:]
+    assert "--output-dir" in line and "differs" not in line

@@ -9,6 +9,7 @@ evaluation and checkpoints from ``dael_plugin.builtin.loop``.
 
 from __future__ import annotations
 
+import os
 from typing import Dict, Optional
 
 import torch
@@ -18,7 +19,7 @@ from yacs.config import CfgNode as CN
 
 from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin import data as bdata
-from dael_plugin.builtin.loop import BuiltinTrainer, set_random_seed  # noqa: F401 (the CLI's)
+from dael_plugin.builtin.loop import CKPT, BuiltinTrainer, set_random_seed  # noqa: F401 (the CLI's)
 from dael_plugin.config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node
 from dael_plugin.config.keys import DOMAIN_SAMPLERS
 from dael_plugin.core import DAEL, build_heads
@@ -143,13 +144,22 @@ class SingleClassifier(BuiltinTrainer):
         """The target loader's transforms: the weak view (``img``); a list gives ``img``, ``img2``, ..."""
         return weak
 
+    def resuming(self) -> bool:
+        """The output folder holds this run's last checkpoint: its modules (ADDA's frozen source
+        copy, AdaBN's source model) come from there, not from MODEL.INIT_WEIGHTS, which may be gone."""
+        return os.path.isfile(os.path.join(self.cfg.OUTPUT_DIR, CKPT))
+
     def build_model(self) -> Dict[str, nn.Module]:
         """``F`` and ``C`` (Dassl's ``SimpleNet``), from ``MODEL.INIT_WEIGHTS`` where it is set,
         as Dassl's ``build_model`` loads it (``source_model.load_source_model``, strict)."""
         b = self.cfg.MODEL.BACKBONE
         backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
         modules = {"F": backbone, "C": nn.Linear(backbone.out_features, self.num_classes)}
-        if self.cfg.MODEL.INIT_WEIGHTS:
+        if self.cfg.MODEL.INIT_WEIGHTS and self.resuming():
+            print(
+                f"Resuming: the source model comes from {self.cfg.OUTPUT_DIR}'s checkpoint (MODEL.INIT_WEIGHTS unread)"
+            )
+        elif self.cfg.MODEL.INIT_WEIGHTS:
             from dael_plugin.builtin.source_model import load_source_model
 
             ds = self.cfg.DATASET

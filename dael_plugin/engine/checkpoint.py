@@ -268,6 +268,13 @@ def check_resume_config(state: dict, cfg: CN, path: str) -> None:
     if not isinstance(saved, str):
         return
     diff = config_diff(saved, cfg)
+    was = state.get("trainer")
+    if was and str(was) != str(cfg.TRAINER.NAME):  # another method into this folder: say that first
+        done = isinstance(state.get("epoch"), int) and state["epoch"] >= int(cfg.OPTIM.MAX_EPOCH)
+        raise CheckpointError(
+            f"{path} is a {was} run{' that finished' if done else ''} ({state.get('epoch', '?')} epochs), not "
+            f"{cfg.TRAINER.NAME}: pass another --output-dir for the {cfg.TRAINER.NAME} run"
+        )
     if diff:
         shown = "; ".join(f"{k}: {a!r} -> {b!r}" for k, a, b in diff[:8])
         more = f" (and {len(diff) - 8} more)" if len(diff) > 8 else ""

@@ -258,7 +258,7 @@ def test_the_ranks_of_one_job_run_one_run_or_stop(tmp_path, tiny_root, engine):
     """Rank 1 launched with another OPTIM.LR, then with a root of one image fewer (two nodes' own
     commands): every rank stops in one line naming rank 1 and what differs, before training. (Two
     `--nnodes 2` launches trained to the end so, with rank 0's settings in results.json.) The same
-    root at another path on one node is the same data and runs."""
+    root at another path on one node is the same data and runs, without torch's FutureWarning."""
     import shutil
 
     wrapper = tmp_path / "per_rank.py"
@@ -287,6 +287,7 @@ def test_the_ranks_of_one_job_run_one_run_or_stop(tmp_path, tiny_root, engine):
         proc = torchrun([str(wrapper)] + _args(tiny_root, tmp_path / f"run{i}", engine), env=env)
         if said is None:
             assert proc.returncode == 0, proc.stderr[-2000:]
+            assert "FutureWarning" not in proc.stderr  # torch's all_gather_into_tensor notice, per rank and run
             continue
         lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
         assert proc.returncode != 0 and lines and said in lines[0], proc.stderr[-2000:]
@@ -494,6 +495,9 @@ def test_a_lost_peer_is_one_line():
             and "(Connection closed by peer" in line
             and "DAEL_DIST_TIMEOUT" in line
         )
+        long = RuntimeError("[/gloo/x.cc:81] Connection reset by peer " + "while sending the gradients " * 8)
+        assert "(Connection reset by peer while sending" in d.lost_peer_line(long)
+        assert " ...):" in d.lost_peer_line(long) and "gradien):" not in d.lost_peer_line(long)  # cut at a word
         assert d.lost_peer(RuntimeError("[/gloo/x.cc:81] Timed out waiting 60000ms for recv operation to complete"))
         assert not d.lost_peer(RuntimeError("DataLoader timed out after 5 seconds"))
         assert not d.lost_peer(RuntimeError("mat1 and mat2 shapes cannot be multiplied"))

@@ -34,6 +34,7 @@ import os
 import re
 import signal
 import sys
+import warnings
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
@@ -124,7 +125,9 @@ def lost_peer(exc: BaseException) -> bool:
 def lost_peer_line(exc: BaseException) -> str:
     """The one line a surviving rank prints for :func:`lost_peer`."""
     first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), type(exc).__name__)
-    first = re.sub(r"^\[[^\]]*\]\s*", "", first)[:160]  # gloo's "[../gloo/transport/tcp/pair.cc:534]" prefix
+    first = re.sub(r"^\[[^\]]*\]\s*", "", first)  # gloo's "[../gloo/transport/tcp/pair.cc:534]" prefix
+    if len(first) > 160:  # cut at a word, never inside one
+        first = first[:160].rsplit(" ", 1)[0] + " ..."
     timeout = os.environ.get(TIMEOUT_ENV, "300")
     return (
         f"rank {world().rank} lost contact with another process of this torchrun job ({first}): a rank died, "
@@ -142,6 +145,10 @@ def init(use_cuda: bool) -> World:
         return w
     if w.launched:
         die_with_launcher()
+    # The synchronised batch norm gathers with all_gather_into_tensor, which torch >= 2.14 marks
+    # deprecated (for all_gather_single, which older torch lacks) on every call of every run: said
+    # once here instead of a FutureWarning per rank and run.
+    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*deprecated", category=FutureWarning)
     cuda = use_cuda and torch.cuda.is_available()
     if cuda:
         if torch.cuda.device_count() <= w.local_rank:

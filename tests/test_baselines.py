@@ -274,6 +274,11 @@ def test_a_baseline_trains_on_the_builtin_engine_and_resumes(tmp_path, tiny_root
     again = run_here(cli(trainer, tiny_root, tmp_path / "c", *opts))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "will resume training from epoch 2" in again.stdout
+    if trainer in ("ADDA", "AdaBN"):  # --eval-only reads the checkpoint: no MODEL.INIT_WEIGHTS asked for
+        ev = cli(trainer, tiny_root, tmp_path / "e", "INPUT.SIZE", "(16, 16)", "SELECTION.EVAL_FREQ", "0")
+        ev[ev.index("--") : ev.index("--")] = ["--eval-only", "--model-dir", str(tmp_path / "c")]
+        done = run_here(ev)
+        assert done.returncode == 0 and "* accuracy:" in done.stdout, done.stderr[-2000:]
     a = torch.load(tmp_path / "a" / "model.pth.tar-2", weights_only=True)
     c = torch.load(tmp_path / "c" / "model.pth.tar-2", weights_only=True)
     if trainer == "DomainMix":  # Dassl's one optimiser over its SimpleNet

@@ -28,7 +28,7 @@ class DasslBaseline(SingleClassifier):
         super().check_cfg()
         name = self.cfg.TRAINER.NAME
         self.refuse_under_torchrun(name)
-        if self.needs_init_weights and not self.cfg.MODEL.INIT_WEIGHTS and not self.resuming():
+        if self.needs_init_weights and not self.cfg.MODEL.INIT_WEIGHTS and not (self.resuming() or self.eval_only):
             raise DAELConfigError(
                 f"{name} adapts a source model: set MODEL.INIT_WEIGHTS to the checkpoint of a finished "
                 "SourceOnly run (either engine)"

@@ -60,9 +60,10 @@ def show_progress() -> bool:
 class BuiltinTrainer:
     """Epoch loop, evaluation, checkpoints and logs shared by the built-in trainers."""
 
-    def __init__(self, cfg: CN, eval_each_epoch: bool = False) -> None:
+    def __init__(self, cfg: CN, eval_each_epoch: bool = False, eval_only: bool = False) -> None:
         self.cfg = cfg
         self.eval_each_epoch = eval_each_epoch
+        self.eval_only = eval_only  # --eval-only: the weights come from a checkpoint (no source model read)
         # The eta's pace: wall time and batches since training started (train() restarts both;
         # set here too, so that run_epoch() alone, as the bench calls it, works).
         self._run_start, self._batches_run = time.time(), 0

@@ -155,7 +155,9 @@ class SingleClassifier(BuiltinTrainer):
         b = self.cfg.MODEL.BACKBONE
         backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
         modules = {"F": backbone, "C": nn.Linear(backbone.out_features, self.num_classes)}
-        if self.cfg.MODEL.INIT_WEIGHTS and self.resuming():
+        if self.cfg.MODEL.INIT_WEIGHTS and self.eval_only:
+            print("--eval-only: the weights come from the checkpoint (MODEL.INIT_WEIGHTS unread)")
+        elif self.cfg.MODEL.INIT_WEIGHTS and self.resuming():
             print(
                 f"Resuming: the source model comes from {self.cfg.OUTPUT_DIR}'s checkpoint (MODEL.INIT_WEIGHTS unread)"
             )
@@ -255,5 +257,5 @@ def trainer_class(name: str) -> type:
     return TRAINERS[name]
 
 
-def build_builtin_trainer(cfg: CN, eval_each_epoch: bool = False) -> BuiltinTrainer:
-    return trainer_class(cfg.TRAINER.NAME)(cfg, eval_each_epoch=eval_each_epoch)
+def build_builtin_trainer(cfg: CN, eval_each_epoch: bool = False, eval_only: bool = False) -> BuiltinTrainer:
+    return trainer_class(cfg.TRAINER.NAME)(cfg, eval_each_epoch=eval_each_epoch, eval_only=eval_only)

@@ -211,7 +211,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
             setup_logger(cfg.OUTPUT_DIR)
         say_threads()
         say_config(cfg)
-        trainer = build_builtin_trainer(cfg, eval_each_epoch=args.eval_each_epoch)
+        trainer = build_builtin_trainer(cfg, eval_each_epoch=args.eval_each_epoch, eval_only=args.eval_only)
         recorded = {}
     state["trainer"] = trainer
     distributed.seed_ranks(cfg.SEED)

@@ -361,7 +361,7 @@ def test_class_masks_on_the_command_line_and_in_old_checkpoints(tmp_path):
 
     def cfg(*opts):
         argv = ["--engine", "builtin", "--trainer", "DAEL", "--root", str(tmp_path), "--config-file", CFG]
-        argv += ["--dataset-config-file", f"{ROOT}/configs/datasets/da/embedded_digits_cs.yaml", *opts]
+        argv += ["--dataset-config-file", f"{ROOT}/configs/datasets/da/embedded_digits_cs.yaml", "--seed", "1", *opts]
         return setup_cfg(build_parser().parse_args(argv), "builtin")
 
     every = cfg("TRAINER.DAEL.CLASS_MASKS", "all", "SELECTION.KEEP_BEST", "im,oracle")

@@ -488,6 +488,9 @@ def test_seed_minus_one_draws_one_seed_uses_it_everywhere_and_records_it(tmp_pat
     seed = json.load(open(tmp_path / "drawn" / "results.json"))["seed"]
     assert seed >= 0 and f"SEED -1: drew seed {seed}" in proc.stdout
     assert "* expert accuracy: hand" not in proc.stdout
+    (tmp_path / "drawn" / "results.json").unlink()  # as if killed after its last checkpoint: resumes its seed
+    proc = run_here(["--engine", "builtin"] + args + FAST + single)
+    assert proc.returncode == 0 and f"SEED -1: the seed {seed} this run drew" in proc.stdout, proc.stderr[-2000:]
     args = base_args(tiny_root, tmp_path / "again")
     args[args.index("--seed") + 1] = str(seed)
     assert run_here(["--engine", "builtin"] + args + FAST + single).returncode == 0

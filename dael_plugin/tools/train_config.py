@@ -127,6 +127,20 @@ def draw_seed(cfg: CN) -> None:
 
     if int(cfg.SEED) >= 0:
         return
+    last = os.path.join(str(cfg.OUTPUT_DIR), "checkpoint.pth.tar")
+    if os.path.isfile(last):  # a resume: the seed the run drew (the same command, run again)
+        import yaml
+
+        from dael_plugin.engine.checkpoint import load_checkpoint
+
+        try:
+            saved = (yaml.safe_load(load_checkpoint(last).get("config") or "") or {}).get("SEED")
+        except Exception:  # noqa: BLE001 (a damaged checkpoint is said by the resume itself)
+            saved = None
+        if isinstance(saved, int) and saved >= 0:
+            cfg.SEED = saved
+            print(f"SEED -1: the seed {saved} this run drew, from {last}")
+            return
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id:
         seed = int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "big") % 2**31

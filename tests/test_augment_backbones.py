@@ -123,7 +123,7 @@ def test_a_weights_file_is_read_whenever_given_and_strictly(tmp_path, capsys):
     fills part of the backbone are one line each."""
     import timm
 
-    from dael_plugin.backbones.weights import weights_record
+    from dael_plugin.engine.results import weights_record
 
     torch.manual_seed(1)
     src = timm.create_model("resnet18", pretrained=False, num_classes=10)

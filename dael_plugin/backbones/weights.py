@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from typing import Dict, Optional, Sequence, Tuple
+from typing import Dict, Sequence, Tuple
 
 import torch
 from torch import nn
@@ -104,22 +104,3 @@ def load_backbone_weights(module: nn.Module, path: str, allowed_extra: Sequence[
         + (f"; {left} other keys of the file left out (its classifier, other modules)" if left else "")
     )
     return {"file": os.path.abspath(path), "sha256": sha256_of(path), "prefix": prefix, "keys": len(own)}
-
-
-def weights_record(name: str, pretrained: bool, weights_file: str, engine: str = "builtin") -> Optional[dict]:
-    """What ``results.json`` says the backbone started from: the file (with its sha256) when
-    ``MODEL.BACKBONE.WEIGHTS`` is given, timm's pretrained model name, Dassl's own pretrained
-    backbone (the Dassl engine), or that no weights were read (a random start)."""
-    if weights_file:
-        return {"file": os.path.abspath(weights_file), "sha256": sha256_of(weights_file)}
-    from dael_plugin.backbones import TIMM_ALIASES, TIMM_PREFIX
-
-    if engine == "dassl" and not name.startswith(TIMM_PREFIX):
-        return {"dassl": name, "pretrained": bool(pretrained)}
-    timm_name = name[len(TIMM_PREFIX) :] if name.startswith(TIMM_PREFIX) else TIMM_ALIASES.get(name)
-    if pretrained and timm_name:
-        return {"timm": timm_name}
-    return {
-        "read": None,
-        "why": "MODEL.BACKBONE.PRETRAINED False" if not pretrained else f"{name} has no pretrained weights here",
-    }

@@ -91,9 +91,28 @@ def provenance(cfg: CN) -> Dict[str, object]:
     }
 
 
-def _weights_record(cfg: CN, engine: str) -> Optional[dict]:
-    from dael_plugin.backbones.weights import weights_record
+def weights_record(name: str, pretrained: bool, weights_file: str, engine: str = "builtin") -> Optional[dict]:
+    """What ``results.json`` says the backbone started from: the file (with its sha256) when
+    ``MODEL.BACKBONE.WEIGHTS`` is given, timm's pretrained model name, Dassl's own pretrained
+    backbone (the Dassl engine), or that no weights were read (a random start)."""
+    from dael_plugin.backbones import TIMM_ALIASES, TIMM_PREFIX
+    from dael_plugin.backbones.weights import sha256_of
 
+    if weights_file:
+        return {"file": os.path.abspath(weights_file), "sha256": sha256_of(weights_file)}
+
+    if engine == "dassl" and not name.startswith(TIMM_PREFIX):
+        return {"dassl": name, "pretrained": bool(pretrained)}
+    timm_name = name[len(TIMM_PREFIX) :] if name.startswith(TIMM_PREFIX) else TIMM_ALIASES.get(name)
+    if pretrained and timm_name:
+        return {"timm": timm_name}
+    return {
+        "read": None,
+        "why": "MODEL.BACKBONE.PRETRAINED False" if not pretrained else f"{name} has no pretrained weights here",
+    }
+
+
+def _weights_record(cfg: CN, engine: str) -> Optional[dict]:
     b = cfg.MODEL.BACKBONE
     return weights_record(str(b.NAME), bool(b.get("PRETRAINED", False)), str(b.get("WEIGHTS", "") or ""), engine)
 

@@ -274,6 +274,23 @@ def test_a_baseline_trains_on_the_builtin_engine_and_resumes(tmp_path, tiny_root
     again = run_here(cli(trainer, tiny_root, tmp_path / "c", *opts))
     assert again.returncode == 0, again.stderr[-3000:]
     assert "will resume training from epoch 2" in again.stdout
+    if trainer in ("ADDA", "AdaBN"):  # the source file at another path resumes; another file does not
+        from yacs.config import CfgNode
+
+        from dael_plugin.engine import checkpoint as ckpt
+
+        last = str(tmp_path / "c" / "checkpoint.pth.tar")
+        state = ckpt.load_checkpoint(last)
+        moved = tmp_path / "moved.pth.tar"
+        shutil.copy(source_run, moved)
+        cfg = CfgNode.load_cfg(state["config"])
+        cfg.MODEL.INIT_WEIGHTS = str(moved)
+        ckpt.check_resume_config(state, cfg, last)
+        other = torch.load(source_run, weights_only=True)
+        other["epoch"] = 99
+        torch.save(other, moved)
+        with pytest.raises(ckpt.CheckpointError, match="MODEL.INIT_WEIGHTS"):
+            ckpt.check_resume_config(state, cfg, last)
     if trainer in ("ADDA", "AdaBN"):  # --eval-only reads the checkpoint: no MODEL.INIT_WEIGHTS asked for
         ev = cli(trainer, tiny_root, tmp_path / "e", "INPUT.SIZE", "(16, 16)", "SELECTION.EVAL_FREQ", "0")
         ev[ev.index("--") : ev.index("--")] = ["--eval-only", "--model-dir", str(tmp_path / "c")]

@@ -24,6 +24,7 @@ from dael_plugin.config import check_dael_cfg, execution_from_cfg, hparams_from_
 from dael_plugin.config.keys import DOMAIN_SAMPLERS
 from dael_plugin.core import DAEL, build_heads
 from dael_plugin.data.sampling import sampler_summary
+from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed
 from dael_plugin.engine.loop import local_share
 from dael_plugin.engine.step import make_step, prepare_model
@@ -144,6 +145,14 @@ class SingleClassifier(BuiltinTrainer):
         """The target loader's transforms: the weak view (``img``); a list gives ``img``, ``img2``, ..."""
         return weak
 
+    source_model_record: Optional[dict] = None  # the sha256 of the MODEL.INIT_WEIGHTS file read
+
+    def _state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
+        state = super()._state(epochs_done, rng_ranks)
+        if self.source_model_record is not None:  # a resume may find the same file at another path
+            state["source_model"] = dict(self.source_model_record)
+        return state
+
     def resuming(self) -> bool:
         """The output folder holds this run's last checkpoint: its modules (ADDA's frozen source
         copy, AdaBN's source model) come from there, not from MODEL.INIT_WEIGHTS, which may be gone."""
@@ -161,6 +170,8 @@ class SingleClassifier(BuiltinTrainer):
             print(
                 f"Resuming: the source model comes from {self.cfg.OUTPUT_DIR}'s checkpoint (MODEL.INIT_WEIGHTS unread)"
             )
+            last = ckpt.load_checkpoint(os.path.join(self.cfg.OUTPUT_DIR, CKPT))
+            self.source_model_record = last.get("source_model")  # carried on into later checkpoints
         elif self.cfg.MODEL.INIT_WEIGHTS:
             from dael_plugin.builtin.source_model import load_source_model
 
@@ -168,6 +179,7 @@ class SingleClassifier(BuiltinTrainer):
             run = {"dataset": ds.NAME, "sources": self.sources, "targets": list(ds.TARGET_DOMAINS)}
             run["fingerprint"] = self.data_fingerprint
             load_source_model(self.cfg.MODEL.INIT_WEIGHTS, modules["F"], modules["C"], self.classnames, run)
+            self.source_model_record = {"sha256": ckpt.file_sha256(self.cfg.MODEL.INIT_WEIGHTS)}
         return modules
 
     def build_step(self) -> None:

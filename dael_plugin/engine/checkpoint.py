@@ -19,6 +19,7 @@ name the same file in the same words on both engines.
 from __future__ import annotations
 
 import collections
+import hashlib
 import os
 import pickle
 import random
@@ -262,12 +263,25 @@ def config_diff(saved_yaml: str, cfg: CN, free: Iterable[str] = RESUME_FREE_KEYS
     return out
 
 
+def file_sha256(path: str) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
 def check_resume_config(state: dict, cfg: CN, path: str) -> None:
     """Refuse a resume whose config changes training; the message lists the keys."""
     saved = state.get("config")
     if not isinstance(saved, str):
         return
     diff = config_diff(saved, cfg)
+    moved = state.get("source_model") or {}
+    if any(k == "MODEL.INIT_WEIGHTS" for k, _, _ in diff) and moved.get("sha256"):
+        now = str(cfg.MODEL.INIT_WEIGHTS)
+        if now and os.path.isfile(now) and file_sha256(now) == moved["sha256"]:  # the same file, moved
+            diff = [d for d in diff if d[0] != "MODEL.INIT_WEIGHTS"]
     was = state.get("trainer")
     if was and str(was) != str(cfg.TRAINER.NAME):  # another method into this folder: say that first
         done = isinstance(state.get("epoch"), int) and state["epoch"] >= int(cfg.OPTIM.MAX_EPOCH)

@@ -75,6 +75,12 @@ SLOW = (
     "relaunch_with_other_settings",
     "timm_backbone_under_dassl",
     "views_on_the_device_and_a_log",
+    "dassls_own_dael_step_by_step",
+    "saw_the_target_or_other_images",
+    "loads_a_built_in_source_model",
+    "seed_minus_one",
+    "backbone_weights_on_the_dassl_engine",
+    "another_trainer_into_a_finished",
 )
 
 

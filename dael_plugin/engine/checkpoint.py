@@ -19,7 +19,6 @@ name the same file in the same words on both engines.
 from __future__ import annotations
 
 import collections
-import hashlib
 import os
 import pickle
 import random
@@ -30,6 +29,7 @@ import torch
 import yaml
 from yacs.config import CfgNode as CN
 
+from dael_plugin.backbones.weights import sha256_of as file_sha256
 from dael_plugin.config.keys import TRAINER_NODES
 from dael_plugin.config.table import DATASET_KEYS, IN_EVERY_CHECKPOINT, KEYS, SELECTION_KEYS, TOP_KEYS
 from dael_plugin.core.hparams import ALL_CLASS_MASK_PARTS, CLASS_MASK_PARTS
@@ -261,14 +261,6 @@ def config_diff(saved_yaml: str, cfg: CN, free: Iterable[str] = RESUME_FREE_KEYS
         if saved.get(key, "<absent>") != now.get(key, "<absent>"):
             out.append((key, saved.get(key, "<absent>"), now.get(key, "<absent>")))
     return out
-
-
-def file_sha256(path: str) -> str:
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
 
 
 def check_resume_config(state: dict, cfg: CN, path: str) -> None:

@@ -416,7 +416,8 @@ def test_dassls_adda_loads_a_built_in_source_model_whole_or_refuses_it(tmp_path,
     """Dassl's own ADDA on the Dassl engine: the built-in engine's SourceOnly checkpoint is converted
     and loaded key for key (Dassl's loader matched no key and started from random weights, with a
     UserWarning alone: 11.25% against 35.0%); DAEL's checkpoint, which has no single classifier,
-    is one line naming the keys; a source model trained on this run's target is refused."""
+    is one line naming the keys; a source model trained on this run's target, or on other images of
+    a source (a copy of the root with one image fewer), is refused."""
     from dassl.engine.trainer import SimpleTrainer
 
     loaded = {}
@@ -450,6 +451,17 @@ def test_dassls_adda_loads_a_built_in_source_model_whole_or_refuses_it(tmp_path,
     assert run_here(args).returncode == 0
     proc = dassl("MODEL.INIT_WEIGHTS", str(leaked / "model.pth.tar-1"))
     assert proc.returncode == 2 and "trained on this run's target 'blend' as a source" in proc.stderr
+    import shutil
+
+    copy = tmp_path / "copy"
+    shutil.copytree(tiny_root, copy)
+    hand = copy / "embedded_digits" / "hand" / "train" / "0"
+    os.remove(hand / sorted(os.listdir(hand))[0])
+    args = _cli("ADDA", str(copy), tmp_path / "fewer", "OPTIM.MAX_EPOCH", "1", "SELECTION.EVAL_FREQ", "0",
+                "MODEL.INIT_WEIGHTS", source_run)  # fmt: skip
+    args[args.index("builtin")] = "dassl"
+    proc = run_here(args)
+    assert proc.returncode == 2 and "trained on other images of source 'hand'" in proc.stderr, proc.stderr[-1500:]
 
 
 @pytest.mark.parametrize(

@@ -100,6 +100,17 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
 
         print(f"Loading trainer: {cfg.TRAINER.NAME}")
         trainer = with_records(TRAINER_REGISTRY.get(cfg.TRAINER.NAME))(cfg)
+    if cfg.MODEL.INIT_WEIGHTS and not args.eval_only and getattr(trainer, "dm", None) is not None:
+        # The source model's images against this run's (its domains were compared as Dassl loaded it)
+        from dael_plugin.builtin.source_model import check_source_record, source_record
+        from dael_plugin.dassl_adapter.checkpoints import load_dassl_checkpoint
+        from dael_plugin.data.fingerprint import dataset_fingerprint
+
+        path = str(cfg.MODEL.INIT_WEIGHTS)
+        run = dict(dassl_checkpoints.INIT_WEIGHTS_RUN, fingerprint=dataset_fingerprint(cfg, trainer.dm.dataset))
+        record = source_record(path, load_dassl_checkpoint(path))
+        if record is not None:
+            check_source_record(path, record, **run)
     if cfg.TEST.FINAL_MODEL == "best_val" and getattr(trainer, "val_loader", None) is None:
         raise DAELConfigError(_BEST_VAL_WITHOUT_VAL.format(dataset=cfg.DATASET.NAME))
     if bool(cfg.DATASET.get("CATEGORY_SHIFT", False)) and not hasattr(trainer, "classes_held"):

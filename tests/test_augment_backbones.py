@@ -102,19 +102,6 @@ def test_backbones_report_out_features(name, size):
             torch.testing.assert_close(b(x), ref(x), atol=1e-5, rtol=1e-4)
 
 
-def test_timm_pretrained_from_local_file(tmp_path):
-    import timm
-
-    torch.manual_seed(1)
-    src = timm.create_model("resnet18", pretrained=False, num_classes=10)
-    path = tmp_path / "w.pth"
-    torch.save(src.state_dict(), path)
-    b = build_backbone("timm_resnet18", pretrained=True, weights_file=str(path))
-    torch.testing.assert_close(b.model.conv1.weight, src.conv1.weight)
-    random_b = build_backbone("timm_resnet18", pretrained=False)
-    assert not torch.equal(random_b.model.conv1.weight, src.conv1.weight)
-
-
 def test_a_weights_file_is_read_whenever_given_and_strictly(tmp_path, capsys):
     """MODEL.BACKBONE.WEIGHTS is read with PRETRAINED False too (most shipped configs: the file was
     ignored and the record named it), for timm's backbones and the plugin's own; a file with a
@@ -129,9 +116,11 @@ def test_a_weights_file_is_read_whenever_given_and_strictly(tmp_path, capsys):
     src = timm.create_model("resnet18", pretrained=False, num_classes=10)
     plain = tmp_path / "r18.pth"
     torch.save(src.state_dict(), plain)
-    b = build_backbone("timm_resnet18", pretrained=False, weights_file=str(plain))
-    torch.testing.assert_close(b.model.conv1.weight, src.conv1.weight)
+    for pretrained in (True, False):
+        b = build_backbone("timm_resnet18", pretrained=pretrained, weights_file=str(plain))
+        torch.testing.assert_close(b.model.conv1.weight, src.conv1.weight)
     assert "left out (its classifier" in capsys.readouterr().out  # fc.* of the file, num_classes=0
+    assert not torch.equal(build_backbone("timm_resnet18").model.conv1.weight, src.conv1.weight)
     prefixed = tmp_path / "prefixed.pth"
     torch.save({"model": {"F.model." + k: v for k, v in src.state_dict().items()} | {"E.weight": torch.zeros(3)}},
                prefixed)  # fmt: skip

@@ -28,7 +28,6 @@ from tqdm import tqdm
 from yacs.config import CfgNode as CN
 
 from dael_plugin.builtin import data as bdata
-from dael_plugin.config import uses_target_data
 from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
 from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
@@ -99,7 +98,7 @@ class BuiltinTrainer:
             if said:
                 print(said)
         self.has_target_train = self.splits["train_u"] is not None
-        self.is_da = self.has_target_train and uses_target_data(cfg)
+        self.is_da = self.has_target_train and self.uses_target  # the one truth: the method's
         self.bad_images: Set[str] = set()
         self._source_val_split()
         self.build_loaders()
@@ -131,6 +130,9 @@ class BuiltinTrainer:
     k_transforms = 1  # DATALOADER.K_TRANSFORMS (SE: 2 views of each target image)
     reads_init_weights = False  # MODEL.INIT_WEIGHTS (Dassl's SimpleNet trainers load it)
     optimises = True  # False: no optimiser steps, so no scheduler does either (AdaBN, as Dassl's)
+    # A DA method: its run is DA where the data has a target train split (the log, results.json's
+    # "setting", the records' validators, collect's table); False: DG, target data never read.
+    uses_target = False
 
     # -- to override ----------------------------------------------------
     def check_cfg(self) -> None:

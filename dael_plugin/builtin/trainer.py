@@ -25,7 +25,7 @@ from dael_plugin.config.keys import DOMAIN_SAMPLERS
 from dael_plugin.core import DAEL, build_heads
 from dael_plugin.data.sampling import sampler_summary
 from dael_plugin.engine import checkpoint as ckpt
-from dael_plugin.engine import distributed
+from dael_plugin.engine.ddp_modules import wrap_each
 from dael_plugin.engine.loop import local_share
 from dael_plugin.engine.step import make_step, prepare_model
 from dael_plugin.errors import DAELConfigError
@@ -34,6 +34,8 @@ from dael_plugin.transforms.host import build_train_transform, build_train_views
 
 class DAELBuiltin(BuiltinTrainer):
     """DAEL on the built-in engine: DA with target train data (``--trainer DAEL``), DG otherwise."""
+
+    uses_target = True
 
     def check_cfg(self) -> None:
         super().check_cfg()
@@ -112,13 +114,21 @@ class DAELBuiltin(BuiltinTrainer):
         return self.algorithm.features_and_experts(x)
 
 
+class DAELDGBuiltin(DAELBuiltin):
+    """DAELDG: DAEL's step without L_u; it never reads target data (Dassl's DAELDG is a ``TrainerX``)."""
+
+    uses_target = False
+
+
 class SingleClassifier(BuiltinTrainer):
     """A backbone ``F`` and one linear classifier ``C`` (under torchrun, DDP averages their
     gradients through ``self.net``), fed by the source loader (Dassl's ``TRAIN_X.SAMPLER``) and,
     where ``uses_target`` and the run is DA, an unlabeled target loader of the same weak view.
-    A trainer built on it supplies :meth:`update` alone; docs/internals.md has an example."""
+    A trainer built on it supplies :meth:`update` alone; docs/internals.md has an example. Modules
+    it adds in ``build_model`` are called through ``self.nets[name]`` (DDP's under torchrun)."""
 
-    uses_target = False  # True: batch_u holds target images in DA runs (None otherwise)
+    uses_target = False  # True: a DA method (its run is DA where the data has a target train split)
+    target_batches = True  # with uses_target: batch_u holds target images (False: SourceOnly, a DA baseline)
     reads_init_weights = True  # Dassl's SimpleNet: MODEL.INIT_WEIGHTS, a SourceOnly checkpoint
 
     def build_loaders(self) -> None:
@@ -136,7 +146,8 @@ class SingleClassifier(BuiltinTrainer):
             sampler=c.TRAIN_X.SAMPLER,
             n_domain=c.TRAIN_X.N_DOMAIN,
         )
-        self.train_loader_u = self._u_loader(self.target_views(weak)) if self.uses_target and self.is_da else None
+        takes_u = self.target_batches and self.is_da
+        self.train_loader_u = self._u_loader(self.target_views(weak)) if takes_u else None
         self.test_loader = self._test_loader(self.splits["test"])
         if balanced:
             self._warn_small_domains(self.train_loader_x)
@@ -183,8 +194,10 @@ class SingleClassifier(BuiltinTrainer):
         return modules
 
     def build_step(self) -> None:
-        # Under torchrun the classifier runs under DDP, which averages the gradients.
-        self.net = distributed.wrap(nn.Sequential(self.modules["F"], self.modules["C"]), self.device)
+        # Under torchrun each trainable module runs under a DDP of its own, which averages its
+        # gradients (a module the trainer adds in build_model too); a call around it is refused.
+        self.nets = wrap_each(self.modules, self.device, self.cfg.TRAINER.NAME)
+        self.net = nn.Sequential(self.nets["F"], self.nets["C"])
 
     def forward_backward(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         return self.update(batch_x, batch_u)
@@ -203,7 +216,11 @@ class SingleClassifier(BuiltinTrainer):
 
 
 class SourceOnlyBuiltin(SingleClassifier):
-    """One classifier trained with cross-entropy on the pooled source domains."""
+    """One classifier trained with cross-entropy on the pooled source domains: the DA baseline that
+    never trains on the target (its runs are DA: the records' validators may read target images)."""
+
+    uses_target = True
+    target_batches = False
 
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         x = batch_x["img"].to(self.device, non_blocking=True)
@@ -218,7 +235,13 @@ class SourceOnlyBuiltin(SingleClassifier):
         return {"loss": loss.detach(), "acc": acc}
 
 
-TRAINERS = {"DAEL": DAELBuiltin, "DAELDG": DAELBuiltin, "SourceOnly": SourceOnlyBuiltin, "Vanilla": SourceOnlyBuiltin}
+class VanillaBuiltin(SourceOnlyBuiltin):
+    """SourceOnly's step as Dassl's DG ``Vanilla``: a DG method (it never reads target data)."""
+
+    uses_target = False
+
+
+TRAINERS = {"DAEL": DAELBuiltin, "DAELDG": DAELDGBuiltin, "SourceOnly": SourceOnlyBuiltin, "Vanilla": VanillaBuiltin}
 # Dassl's baselines, each in a module of its own (which imports this one), loaded when a run names it
 BASELINES = {
     "M3SDA": "dael_plugin.builtin.m3sda:M3SDABuiltin",
@@ -264,9 +287,19 @@ def trainer_class(name: str) -> type:
     if name not in TRAINERS:
         raise DAELConfigError(
             f"trainer {name!r} is not available on the built-in engine (it has {trainer_names()}); "
-            "install Dassl and use --engine dassl for Dassl's baselines"
+            "a trainer of your own: --plugin MODULE, the module that registers it (docs/internals.md)"
         )
     return TRAINERS[name]
+
+
+def method_setting(name: str) -> str:
+    """ "DA" or "DG" of a trainer's runs, from its class's ``uses_target`` (a name the built-in engine
+    does not know: "DA"), for a run folder without results.json; a run's own record says it."""
+    try:
+        cls = trainer_class(name)
+    except DAELConfigError:
+        return "DA"
+    return "DA" if cls.uses_target else "DG"
 
 
 def build_builtin_trainer(cfg: CN, eval_each_epoch: bool = False, eval_only: bool = False) -> BuiltinTrainer:

@@ -12,7 +12,6 @@ from dael_plugin.config.keys import (
     execution_from_cfg,
     hparams_from_cfg,
     trainer_node,
-    uses_target_data,
 )
 
 __all__ = [
@@ -24,5 +23,4 @@ __all__ = [
     "execution_from_cfg",
     "hparams_from_cfg",
     "trainer_node",
-    "uses_target_data",
 ]

@@ -153,16 +153,6 @@ def execution_from_cfg(cfg: CN) -> Execution:
     return e
 
 
-# Dassl's DG trainers (``TrainerX``): they never use target data, even on a DA dataset
-DG_TRAINERS = frozenset({"DAELDG", "CROSSGRAD", "DDAIG", "DOMAINMIX"})
-
-
-def uses_target_data(cfg: CN) -> bool:
-    """The DA/DG mode is explicit: ``DAELDG`` and Dassl's other DG trainers never use target data
-    (Dassl's are ``TrainerX``), nor their records; ``DAEL`` uses it when the dataset has it."""
-    return str(cfg.TRAINER.NAME).upper() not in DG_TRAINERS
-
-
 def check_run_values(cfg: CN) -> None:
     """Values every trainer needs to be sane, checked before any data is read."""
     # Upper limits far beyond any real run: past them a value is a typo, and would overflow a C int,

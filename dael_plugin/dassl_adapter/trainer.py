@@ -37,7 +37,6 @@ from dael_plugin.config import (
     execution_from_cfg,
     hparams_from_cfg,
     trainer_node,
-    uses_target_data,
 )
 from dael_plugin.core import DAEL, build_heads
 from dael_plugin.dassl_adapter.checks import check_dataset_cfg
@@ -63,6 +62,12 @@ class DAELTrainer(TrainerXU):
 
     replaced_builtins: tuple = ()  # Dassl's own trainers this class replaced (set by register())
     selection_built_in = True  # writes its own records (records.with_records leaves it as it is)
+
+    @property
+    def uses_target(self) -> bool:
+        """A DA method, whose run is DA where the data has a target train split: DAEL; DAELDG never
+        uses target data (Dassl's is a ``TrainerX``). The built-in engine's DAEL says the same."""
+        return str(self.cfg.TRAINER.NAME).upper() != "DAELDG"
 
     def __init__(self, cfg: CN):
         if self.replaced_builtins:
@@ -103,7 +108,7 @@ class DAELTrainer(TrainerXU):
         self._source_val_split(dm.dataset)
         # Training loaders with Dassl's epochs but per-draw seeding and long-lived workers.
         has_target = dm.train_loader_u is not None
-        self.is_da = has_target and uses_target_data(cfg)
+        self.is_da = has_target and self.uses_target
         self.data_seed = int(cfg.SEED) if cfg.SEED >= 0 else int(torch.randint(2**62, (1,)))
         self.train_loader_x = self._train_loader(dm.dataset.train_x, views, domains=True)
         # DG on a DA dataset keeps Dassl's target loader, which it never iterates.

@@ -152,12 +152,10 @@ def read_records(root: str) -> Walk:
     return out
 
 
-DG_TRAINERS = ("DAELDG", "Vanilla")
-
-
 def setting_of(data: dict) -> str:
-    """DA or DG: records since the run integrity work say it; older ones: DG trainers by name, else DA."""
-    return data.get("setting") or ("DG" if data.get("trainer") in DG_TRAINERS else "DA")
+    """DA or DG, as the run's record says (the trainer's ``uses_target`` and the data); a record from
+    before the run integrity work, which says neither, was DG for these two trainers alone."""
+    return data.get("setting") or ("DG" if data.get("trainer") in ("DAELDG", "Vanilla") else "DA")
 
 
 def _flatten(d, prefix: str = "") -> Dict[str, object]:
@@ -197,7 +195,6 @@ def differing(records: List[Record]) -> List[str]:
 
 
 __all__ = [
-    "DG_TRAINERS",
     "Problem",
     "Record",
     "Walk",

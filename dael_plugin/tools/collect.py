@@ -34,7 +34,6 @@ from typing import Dict, List, Optional, Tuple
 from dael_plugin.data.fingerprint import one_digest
 from dael_plugin.engine.atomic import write_text
 from dael_plugin.engine.records import (
-    DG_TRAINERS,
     Record,
     differing,
     read_records,
@@ -129,6 +128,8 @@ def read_runs(root: str, warn=print):
                 slot["seeds"][seed] = rec.path
                 slot["values"].append(float(rec.data["accuracy"]))
                 _same_data(slot, data_seen, table, rec, names[key])
+    if walk.failed or walk.pending or walk.problems:
+        from dael_plugin.builtin.trainer import method_setting
     for kind, paths in (
         ("failed", walk.failed),
         ("missing", walk.pending),
@@ -140,7 +141,7 @@ def read_runs(root: str, warn=print):
                 continue
             dataset, label, target = place
             trainer = label.split("/")[0]
-            key = (dataset, "DG" if trainer in DG_TRAINERS else "DA")
+            key = (dataset, method_setting(trainer))  # no record to say it: the trainer's class does
             rows = [r for r in tables[key] if r == label or r.startswith(label + " [")] or [label]
             tables[key][rows[0]][target][kind] += 1
     return tables

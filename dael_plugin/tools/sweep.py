@@ -109,6 +109,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="ADDA and AdaBN: MODEL.INIT_WEIGHTS of each run from the finished SourceOnly run of the same "
         "target, sources and seed in this sweep folder (a missing one is refused before any run)",
     )
+    p.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="as train.py's --plugin: a module (or .py file) that registers trainers of your own; every run "
+        "imports it (repeatable)",
+    )
     p.add_argument("--engine", default="auto", choices=ENGINES, help="as train.py's --engine")
     p.add_argument(
         "--launcher",

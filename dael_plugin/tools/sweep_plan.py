@@ -14,6 +14,7 @@ from typing import Dict, List, Optional, Tuple
 
 from dael_plugin.engine.atomic import read_json_dict, write_json
 from dael_plugin.errors import DAELConfigError
+from dael_plugin.tools.plugins import absolute, is_file, load_plugins
 
 # Each run is ``python -m dael_plugin.tools.train``: the installed package, or this checkout
 # (put on the runs' PYTHONPATH), never a script path relative to a checkout.
@@ -177,6 +178,8 @@ def plan(args: argparse.Namespace) -> List[Run]:
         _check_grid_values(key, values)
     engine = _resolved_engine(args.engine)
     dataset_sha = _sha256(args.dataset_config_file)
+    plugins = absolute(getattr(args, "plugin", None) or [])
+    load_plugins(plugins)  # a plugin that cannot be imported stops the sweep, not each of its runs
     runs = []
     for trainer in args.trainers:
         # A grid key of another trainer's node (TRAINER.DAEL.* for SourceOnly) is not
@@ -220,6 +223,7 @@ def plan(args: argparse.Namespace) -> List[Run]:
                 out,
                 "--seed",
                 str(seed),
+                *[a for p in plugins for a in ("--plugin", p)],
                 *args.opts,
             ]
             for k, v in setting_kv:
@@ -238,6 +242,8 @@ def plan(args: argparse.Namespace) -> List[Run]:
                 "method config": f"{cfg_file} (sha256 {_sha256(cfg_file)[:12]})",
                 "dataset config": f"{args.dataset_config_file} (sha256 {dataset_sha[:12]})",
             }
+            if plugins:  # the code of a method of the user's own is part of what the run is
+                identity["plugins"] = " ".join(f"{p} (sha256 {_sha256(p)[:12]})" if is_file(p) else p for p in plugins)
             if init:
                 identity["init weights"] = f"{init} (sha256 {_sha256(init)[:12]})"
             if per_run > 1:  # a run resumes only on as many processes as it started with

@@ -37,6 +37,7 @@ from dael_plugin.engine.results import (
 )
 from dael_plugin.engine.runlock import BusyError, ClashError, RunLock
 from dael_plugin.errors import EXIT_BUSY, EXIT_CLASH, DAELConfigError, NonFiniteLossError, Terminated, say
+from dael_plugin.tools.plugins import load_plugins
 from dael_plugin.tools.train_cli import (
     build_parser,
     check_select,
@@ -163,6 +164,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         check_select(args)
     if engine == "dassl":
         import dael_plugin  # noqa: F401  (registers the trainer, datasets and backbones)
+    load_plugins(args.plugin)  # trainers of the user's own, before any name is checked
     if args.hash_pixels and not args.check_data:
         raise DAELConfigError("--hash-pixels goes with --check-data (it hashes the bytes that check reads)")
     accept_data_change(args.accept_data_change)

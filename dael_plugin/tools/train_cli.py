@@ -73,6 +73,14 @@ def build_parser() -> argparse.ArgumentParser:
         help="train again into an OUTPUT_DIR whose run finished (its files move to "
         "OUTPUT_DIR/replaced-<time>/); without it, rerunning a finished run does nothing",
     )
+    p.add_argument(
+        "--plugin",
+        action="append",
+        default=[],
+        metavar="MODULE",
+        help="import this module (a dotted name, or a .py file) before the run: it registers trainers of "
+        "your own (repeatable; docs/internals.md). The dael_plugin.methods entry points are imported too",
+    )
     p.add_argument("opts", default=None, nargs=argparse.REMAINDER, help="modify config options using the command-line")
     return p
 

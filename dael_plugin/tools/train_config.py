@@ -268,7 +268,8 @@ def check_names(cfg: CN, engine: str) -> None:
         hint = f" (did you mean {close[0]}?)" if close else ""
         raise DAELConfigError(
             f"trainer {cfg.TRAINER.NAME!r}{hint} is not available on the built-in engine (it has "
-            f"{trainer_names()}); install Dassl and use --engine dassl for the other Dassl baselines"
+            f"{trainer_names()}); a trainer of your own: --plugin MODULE, the module that registers it "
+            "(docs/internals.md); one that only Dassl has: install Dassl and use --engine dassl"
         )
     check_dataset_names(cfg.DATASET.NAME, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS)
     check_dataset_files(

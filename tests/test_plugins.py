@@ -1,0 +1,180 @@
+"""Methods from outside the package (tools/plugins.py): ``--plugin`` on train and sweep, the run's
+DA or DG setting from the method's ``uses_target``, and every module a method trains under DDP
+(engine/ddp_modules.py). Each method here lives in a file written outside the package."""
+
+import json
+import os
+import textwrap
+
+import pytest
+
+from conftest import ROOT, run_here
+from dael_plugin.errors import DAELConfigError
+from dael_plugin.tools.plugins import load_plugins
+
+SRC_CFG = os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.yaml")
+DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
+
+# Two methods of a user's own: a DA one (the entropy of the target predictions) and a DG one that
+# adds a module of its own (a domain critic on the features), called through self.nets.
+METHODS = textwrap.dedent(
+    """
+    from torch import nn
+    from torch.nn import functional as F
+
+    from dael_plugin.builtin.trainer import SingleClassifier, register
+
+
+    @register("PlugEntMin")
+    class PlugEntMin(SingleClassifier):
+        uses_target = True
+
+        def update(self, batch_x, batch_u):
+            x, y = batch_x["img"].to(self.device), batch_x["label"].to(self.device)
+            p_u = self.net(batch_u["img"].to(self.device)).softmax(-1)
+            loss = F.cross_entropy(self.net(x), y) - 0.1 * (p_u * p_u.clamp_min(1e-12).log()).sum(-1).mean()
+            self.guard.update(loss)
+            self.optim.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optim.step()
+            return {"loss": loss.detach()}
+
+
+    @register("PlugCritic")
+    class PlugCritic(SingleClassifier):
+        uses_target = False  # a DG method: its runs are DG, on a DA dataset too
+        direct = False
+
+        def build_model(self):
+            modules = super().build_model()
+            modules["D"] = nn.Linear(modules["F"].out_features, len(self.sources))
+            return modules
+
+        def update(self, batch_x, batch_u):
+            x, y, d = (batch_x[k].to(self.device) for k in ("img", "label", "domain"))
+            f = self.nets["F"](x)
+            critic = self.modules["D"] if self.direct else self.nets["D"]
+            loss = F.cross_entropy(self.nets["C"](f), y) + 0.5 * F.cross_entropy(critic(f), d)
+            self.guard.update(loss)
+            self.optim.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optim.step()
+            return {"loss": loss.detach()}
+
+
+    @register("PlugCriticDirect")
+    class PlugCriticDirect(PlugCritic):
+        direct = True  # calls its critic by itself: under torchrun, refused at the first step
+    """
+)
+
+
+@pytest.fixture
+def methods_file(tmp_path):
+    """The methods in a file of their own, outside the package (a name unique to the test, as
+    ``--plugin`` imports a file under its stem's name)."""
+    folder = tmp_path / "elsewhere"
+    folder.mkdir()
+    path = folder / f"my_methods_{os.getpid()}_{abs(hash(str(tmp_path))) % 10**6}.py"
+    path.write_text(METHODS)
+    yield str(path)
+    from dael_plugin.builtin.trainer import TRAINERS
+
+    for name in ("PlugEntMin", "PlugCritic", "PlugCriticDirect"):
+        TRAINERS.pop(name, None)
+
+
+def _args(root, out, trainer, plugin, *extra):
+    return [
+        "--engine", "builtin", "--trainer", trainer, "--root", root, "--output-dir", str(out),
+        "--dataset-config-file", DS_DA, "--config-file", SRC_CFG, "--plugin", plugin,
+        "--source-domains", "hand", "street", "font", "--target-domains", "blend", "--seed", "1", "--",
+        "DATALOADER.NUM_WORKERS", "0", "OPTIM.MAX_EPOCH", "2", "DATALOADER.TRAIN_X.BATCH_SIZE", "24",
+        "DATALOADER.TRAIN_U.BATCH_SIZE", "8", *extra,
+    ]  # fmt: skip
+
+
+def test_a_bad_plugin_is_one_line(tmp_path):
+    with pytest.raises(DAELConfigError, match="no such file"):
+        load_plugins([str(tmp_path / "missing.py")])
+    with pytest.raises(DAELConfigError, match="no module 'no_such_module_here' on sys.path"):
+        load_plugins(["no_such_module_here"])
+    broken = tmp_path / "broken_methods_plugin.py"
+    broken.write_text("import torch\n\nx = 1 / 0\n")
+    with pytest.raises(DAELConfigError) as err:
+        load_plugins([str(broken)])
+    line = str(err.value)
+    assert f"{broken}:3" in line and "ZeroDivisionError" in line and "\n" not in line
+
+
+def test_an_unknown_trainer_names_the_plugin_flag(tmp_path, tiny_root):
+    proc = run_here(_args(tiny_root, tmp_path / "run", "EntMinMissing", SRC_CFG.replace(".yaml", "_absent.py")))
+    assert proc.returncode == 2 and "no such file" in proc.stderr
+    args = _args(tiny_root, tmp_path / "run", "EntMinMissing", "json")  # a module that registers nothing
+    proc = run_here(args)
+    assert proc.returncode == 2
+    assert "not available on the built-in engine" in proc.stderr and "--plugin MODULE" in proc.stderr
+
+
+def test_a_method_in_a_file_of_its_own_trains_sweeps_selects_and_collects(tmp_path, tiny_root, capsys, methods_file):
+    """The issue's proof that a new method is one file (and the method config it names): swept
+    through ``--plugin`` with a records protocol, evaluated with ``--select``, and collected. Its
+    ``uses_target`` is its setting: the DG method goes to the DG table, though the dataset is DA."""
+    from dael_plugin.tools.collect import main as collect
+    from dael_plugin.tools.sweep import main as sweep
+
+    out = tmp_path / "sweep"
+    code = sweep(
+        ["--root", tiny_root, "--dataset-config-file", DS_DA, "--output-dir", str(out), "--engine", "builtin",
+         "--plugin", methods_file, "--trainers", "PlugEntMin", "PlugCritic", "--targets", "blend",
+         "--config", f"PlugEntMin={SRC_CFG}", "--config", f"PlugCritic={SRC_CFG}",
+         "OPTIM.MAX_EPOCH", "2", "DATALOADER.NUM_WORKERS", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "24",
+         "DATALOADER.TRAIN_U.BATCH_SIZE", "8", "SELECTION.EVAL_FREQ", "1"]
+    )  # fmt: skip
+    said = capsys.readouterr().out
+    assert code == 0, said
+    runs = {t: out / "EmbeddedDigits" / t / "blend" / "seed1" for t in ("PlugEntMin", "PlugCritic")}
+    records = {t: json.loads((r / "results.json").read_text()) for t, r in runs.items()}
+    assert records["PlugEntMin"]["setting"] == "DA" and records["PlugCritic"]["setting"] == "DG"
+    proc = run_here(
+        ["--engine", "builtin", "--plugin", methods_file, "--trainer", "PlugCritic", "--root", tiny_root,
+         "--dataset-config-file", DS_DA, "--config-file", SRC_CFG, "--source-domains", "hand", "street", "font",
+         "--target-domains", "blend", "--seed", "1", "--eval-only", "--model-dir", str(runs["PlugCritic"]), "--select", "source_val",
+         "--output-dir", str(tmp_path / "eval"), "DATALOADER.NUM_WORKERS", "0"]
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "model-best-source_val.pth.tar" in proc.stdout
+    assert collect([str(out)]) == 0
+    table = capsys.readouterr().out
+    da, dg = table.index("EmbeddedDigits (DA)"), table.index("EmbeddedDigits (DG)")
+    assert da < table.index("PlugEntMin") < dg < table.index("PlugCritic"), table
+
+
+def test_a_module_of_the_methods_own_is_under_ddp_under_torchrun(tmp_path, tiny_root, methods_file):
+    """Under torchrun the critic the method adds is wrapped like F and C: the two-process run ends
+    where the one-process run does (its critic too). A method that calls its critic by itself is
+    refused at the first step, in one line, instead of training copies that drift apart."""
+    from test_distributed import EPOCH, torchrun
+
+    from dael_plugin.engine.checkpoint import load_checkpoint
+
+    extra = EPOCH + ["SELECTION.EVAL_FREQ", "0", "OPTIM.LR", "0.001", "OPTIM.MAX_EPOCH", "1"]
+    one = run_here(_args(tiny_root, tmp_path / "one", "PlugCritic", methods_file, *extra))
+    assert one.returncode == 0, one.stderr[-2000:]
+    two = torchrun([os.path.join(ROOT, "scripts", "train.py")] + _args(tiny_root, tmp_path / "two", "PlugCritic",
+                                                                        methods_file, *extra))  # fmt: skip
+    assert two.returncode == 0, two.stderr[-3000:]
+    a = load_checkpoint(str(tmp_path / "one" / "checkpoint.pth.tar"))["model"]
+    b = load_checkpoint(str(tmp_path / "two" / "checkpoint.pth.tar"))["model"]
+    assert any(k.startswith("D.") for k in a)
+    worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
+    critic = max((a[k] - b[k]).abs().max().item() for k in a if k.startswith("D."))
+    print(f"largest weight difference {worst:.2e}, critic's {critic:.2e}")
+    assert worst < 1e-3, worst
+    # Measured on the 2-core Xeon: 3.7e-9 wrapped; 3.2e-4 with the critic outside DDP (broken by hand).
+    assert critic < 1e-5, critic
+    bad = torchrun([os.path.join(ROOT, "scripts", "train.py")] + _args(tiny_root, tmp_path / "bad",
+                                                                        "PlugCriticDirect", methods_file, *extra))  # fmt: skip
+    lines = [ln for ln in bad.stderr.splitlines() if ln.startswith("error: ")]
+    assert bad.returncode != 0 and len(lines) == 1, bad.stderr[-3000:]
+    assert "called module 'D' by itself" in lines[0] and "self.nets['D']" in lines[0]

@@ -25,14 +25,15 @@ METHODS = textwrap.dedent(
     from dael_plugin.builtin.trainer import SingleClassifier, register
 
 
-    @register("PlugEntMin")
+    @register("PlugEntMin", config={"WEIGHT": 0.1})  # its own key: TRAINER.PLUGENTMIN.WEIGHT
     class PlugEntMin(SingleClassifier):
         uses_target = True
 
         def update(self, batch_x, batch_u):
             x, y = batch_x["img"].to(self.device), batch_x["label"].to(self.device)
             p_u = self.net(batch_u["img"].to(self.device)).softmax(-1)
-            loss = F.cross_entropy(self.net(x), y) - 0.1 * (p_u * p_u.clamp_min(1e-12).log()).sum(-1).mean()
+            w = self.cfg.TRAINER.PLUGENTMIN.WEIGHT
+            loss = F.cross_entropy(self.net(x), y) - w * (p_u * p_u.clamp_min(1e-12).log()).sum(-1).mean()
             self.guard.update(loss)
             self.optim.zero_grad(set_to_none=True)
             loss.backward()
@@ -116,6 +117,18 @@ def test_an_unknown_trainer_names_the_plugin_flag(tmp_path, tiny_root):
     assert "not available on the built-in engine" in proc.stderr and "--plugin MODULE" in proc.stderr
 
 
+def test_a_methods_own_keys_are_declared_in_its_file(tmp_path, tiny_root, methods_file):
+    """``register(name, config=...)``: TRAINER.<NAME> with its defaults, set like any key; a key it
+    does not declare is refused in one line, as any unknown key is."""
+    proc = run_here(_args(tiny_root, tmp_path / "run", "PlugEntMin", methods_file, "TRAINER.PLUGENTMIN.NOPE", "1"))
+    assert proc.returncode == 2 and "TRAINER.PLUGENTMIN.NOPE" in proc.stderr, proc.stderr[-2000:]
+    assert len(proc.stderr.strip().splitlines()) == 1
+    with pytest.raises(DAELConfigError, match="not a config node"):
+        from dael_plugin.builtin.trainer import SingleClassifier, register
+
+        register("PlugBadKeys", config={"W": object()})(type("PlugBadKeys", (SingleClassifier,), {}))
+
+
 def test_a_method_in_a_file_of_its_own_trains_sweeps_selects_and_collects(tmp_path, tiny_root, capsys, methods_file):
     """The issue's proof that a new method is one file (and the method config it names): swept
     through ``--plugin`` with a records protocol, evaluated with ``--select``, and collected. Its
@@ -128,14 +141,18 @@ def test_a_method_in_a_file_of_its_own_trains_sweeps_selects_and_collects(tmp_pa
         ["--root", tiny_root, "--dataset-config-file", DS_DA, "--output-dir", str(out), "--engine", "builtin",
          "--plugin", methods_file, "--trainers", "PlugEntMin", "PlugCritic", "--targets", "blend",
          "--config", f"PlugEntMin={SRC_CFG}", "--config", f"PlugCritic={SRC_CFG}",
+         "--grid", "TRAINER.PLUGENTMIN.WEIGHT", "0.3",
          "OPTIM.MAX_EPOCH", "2", "DATALOADER.NUM_WORKERS", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "24",
          "DATALOADER.TRAIN_U.BATCH_SIZE", "8", "SELECTION.EVAL_FREQ", "1"]
     )  # fmt: skip
     said = capsys.readouterr().out
     assert code == 0, said
     runs = {t: out / "EmbeddedDigits" / t / "blend" / "seed1" for t in ("PlugEntMin", "PlugCritic")}
+    runs["PlugEntMin"] = out / "EmbeddedDigits" / "PlugEntMin" / "WEIGHT=0.3" / "blend" / "seed1"
     records = {t: json.loads((r / "results.json").read_text()) for t, r in runs.items()}
     assert records["PlugEntMin"]["setting"] == "DA" and records["PlugCritic"]["setting"] == "DG"
+    config = records["PlugEntMin"]["provenance"]["config"]  # the method's own key, swept
+    assert "PLUGENTMIN:\n    WEIGHT: 0.3" in config
     proc = run_here(
         ["--engine", "builtin", "--plugin", methods_file, "--trainer", "PlugCritic", "--root", tiny_root,
          "--dataset-config-file", DS_DA, "--config-file", SRC_CFG, "--source-domains", "hand", "street", "font",

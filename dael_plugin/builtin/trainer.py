@@ -21,7 +21,7 @@ from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin import data as bdata
 from dael_plugin.builtin.loop import CKPT, BuiltinTrainer, set_random_seed  # noqa: F401 (the CLI's)
 from dael_plugin.config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node
-from dael_plugin.config.keys import DOMAIN_SAMPLERS
+from dael_plugin.config.keys import DOMAIN_SAMPLERS, add_method_node
 from dael_plugin.core import DAEL, build_heads
 from dael_plugin.data.sampling import sampler_summary
 from dael_plugin.engine import checkpoint as ckpt
@@ -262,15 +262,19 @@ def trainer_names() -> list:
     return sorted(set(TRAINERS) | set(BASELINES))
 
 
-def register(name: str):
+def register(name: str, config: Optional[dict] = None):
     """Make a trainer class ``--trainer NAME`` on the built-in engine (a class decorator). A name
-    already taken is refused: a second class would silently replace the first."""
+    already taken is refused: a second class would silently replace the first. ``config``: the
+    method's own keys and their defaults, as ``TRAINER.<NAME>`` (Dassl's convention; YAML files,
+    the command line and sweep grids set them, and an unknown key is refused as any other)."""
 
     def add(cls):
         if (name in TRAINERS and TRAINERS[name] is not cls) or (name in BASELINES and name not in TRAINERS):
             raise DAELConfigError(f"a built-in trainer named {name!r} exists; pick another")
         if not (isinstance(cls, type) and issubclass(cls, BuiltinTrainer)):
             raise DAELConfigError(f"{cls!r} is not a BuiltinTrainer subclass; derive it from SingleClassifier")
+        if config is not None:
+            add_method_node(name, config)
         TRAINERS[name] = cls
         return cls
 

@@ -37,6 +37,27 @@ SOURCE_SAMPLERS = ("RandomSampler",) + DOMAIN_SAMPLERS
 TRAINER_NODES = ("DAEL", "DAELDG")
 
 
+# The TRAINER.<NAME> node of each method registered with keys of its own (``builtin.trainer.register``'s
+# ``config``: a method from outside the package declares its keys and defaults in its own file);
+# add_dael_config puts them into every config either engine builds, before any file is merged.
+METHOD_NODES: dict = {}
+
+
+def add_method_node(name: str, defaults) -> None:
+    """Declare ``TRAINER.<NAME>`` with these keys and defaults (a dict or a ``CfgNode``)."""
+    key = str(name).upper()
+    if key in TRAINER_NODES:
+        raise DAELConfigError(f"TRAINER.{key} is DAEL's node; give the method another name")
+    try:
+        node = defaults.clone() if isinstance(defaults, CN) else CN(dict(defaults))
+    except (TypeError, ValueError, AssertionError, AttributeError) as exc:
+        raise DAELConfigError(
+            f"TRAINER.{key}'s defaults {defaults!r} are not a config node: give a dict of yacs values "
+            f"(str, int, float, bool, list, tuple) ({type(exc).__name__}: {exc})"
+        ) from None
+    METHOD_NODES[key] = node
+
+
 def _dael_node_keys(node: CN) -> None:
     for key in KEYS:  # every key and default from the one table (config/table.py)
         if key.dassl and key.name in node:
@@ -55,6 +76,9 @@ def add_dael_config(cfg: CN) -> CN:
     # timm's own cache is used. Lives under MODEL so baselines can use it too.
     if "WEIGHTS" not in cfg.MODEL.BACKBONE:
         cfg.MODEL.BACKBONE.WEIGHTS = ""
+    for name, node in METHOD_NODES.items():
+        if name not in cfg.TRAINER:
+            cfg.TRAINER[name] = node.clone()
     for key in TOP_KEYS:
         if key.name not in cfg:
             cfg[key.name] = key.default

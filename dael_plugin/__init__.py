@@ -42,9 +42,9 @@ def _register_with_dassl() -> None:
 
     if "dael_plugin.dassl_adapter" in sys.modules and not initialised("dael_plugin.dassl_adapter"):
         return  # dassl.engine was imported by the adapter's own first line: the adapter registers at its end
-    from dael_plugin.dassl_adapter import register
+    from dael_plugin.dassl_adapter import register_into_dassl
 
-    register()
+    register_into_dassl()
 
 
 def _register_with_dassl_part() -> None:

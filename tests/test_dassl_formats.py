@@ -318,7 +318,7 @@ def _one_step(engine, dataset, root, out):
     from conftest import ROOT
     from dael_plugin.tools.sweep_plan import method_config
     from dael_plugin.tools.train import build_parser, setup_cfg
-    from dael_plugin.tools.train_config import check_names as _check_names
+    from dael_plugin.tools.train_config import check_names_and_files as _check_names
 
     sources, targets, size = SHIPPED[dataset]
     setting = dataset.split("/")[0]

@@ -328,7 +328,7 @@ def test_a_steps_losses_on_fake_cuda_tensors_with_cudas_defaults(setting, monkey
         assert resolve_impl("auto", dev.type) == "grouped"
         opt = fused_optimizer(torch.optim.SGD(list(net.parameters()) + list(heads.parameters()), lr=0.1, momentum=0.9))
         assert opt.param_groups[0]["fused"]
-        # The first-step check (engine/fastpath.py) runs real kernels in float64: not on fake tensors.
+        # The first-step check (engine/first_step_check.py) runs real kernels in float64: not on fake tensors.
         da = setting != "dg"
         step = step_module.DAELStep(algo, [opt], dev, 3, 4, da, channels_last=True, check_first_step=False)
         assert step_module.DAELStep(algo, [opt], dev, 3, 4, True)._first_step_check is not None  # on by default
@@ -503,7 +503,7 @@ def test_the_first_step_check_keys_each_input_by_its_layer(monkeypatch):
     call). A defect planted on bn_a is found at bn_a."""
     from dael_plugin.core import DAEL, DAELHparams, build_heads
     from dael_plugin.engine.execution import autocast
-    from dael_plugin.engine.fastpath import FastPathCheck
+    from dael_plugin.engine.first_step_check import FirstStepCheck
 
     torch.manual_seed(0)
     x = torch.randn(16, 3, 8, 8, generator=torch.Generator().manual_seed(0))
@@ -514,7 +514,7 @@ def test_the_first_step_check_keys_each_input_by_its_layer(monkeypatch):
             _plant_on_one_layer(monkeypatch, net.bn_a, 1.1)
         heads = build_heads(16, 5, 3, DAELHparams(conf_thre=0.0))
         algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="grouped")
-        check = FastPathCheck("fp32")
+        check = FirstStepCheck("fp32")
         check(algo, x, [4, 4, 4, 4], lambda: autocast("fp32", torch.device("cpu")))
         results[planted] = check.result
     clean, bad = results[False], results[True]
@@ -530,7 +530,7 @@ def test_the_first_step_check_checks_the_steps_own_layout(monkeypatch, losses, v
     source chunks of one view (3), with ``ce_cr`` of two (6), with L_u the target batch too (7),
     each view the step uses (it checked all views and the weak target view whatever the step used)."""
     from dael_plugin.core import DAEL, DAELHparams
-    from dael_plugin.engine import fastpath
+    from dael_plugin.engine import first_step_check
     from dael_plugin.engine.step import DAELStep
 
     seen = {}
@@ -539,7 +539,7 @@ def test_the_first_step_check_checks_the_steps_own_layout(monkeypatch, losses, v
         seen["check"] = (x.clone(), list(chunk_sizes))
         self.result = {"fell_back": False}
 
-    monkeypatch.setattr(fastpath.FastPathCheck, "__call__", record)
+    monkeypatch.setattr(first_step_check.FirstStepCheck, "__call__", record)
     torch.manual_seed(0)
     net, heads = _model()
     hp = DAELHparams(conf_thre=0.0, losses=losses, views=views)
@@ -569,7 +569,7 @@ def test_the_first_step_check_of_a_compiled_step_checks_the_compiled_branch(monk
     code generation; what it cannot see is inductor's own rounding, which the H200 run measures.)"""
     from dael_plugin.core import DAEL, DAELHparams
     from dael_plugin.engine.execution import autocast
-    from dael_plugin.engine.fastpath import FastPathCheck
+    from dael_plugin.engine.first_step_check import FirstStepCheck
 
     torch.manual_seed(0)
     net, heads = _model()
@@ -579,7 +579,7 @@ def test_the_first_step_check_of_a_compiled_step_checks_the_compiled_branch(monk
     results = {}
     for backend in (None, "aot_eager"):
         algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="grouped")
-        check = FastPathCheck("fp32", backend)
+        check = FirstStepCheck("fp32", backend)
         check(algo, x, [4, 4, 4, 4], lambda: autocast("fp32", torch.device("cpu")))
         results[backend] = check.result
     assert not results[None]["fell_back"] and not results[None]["compiled"]

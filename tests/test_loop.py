@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dael_plugin.engine.guard import FiniteGuard
-from dael_plugin.engine.loop import eval_loader, train_epoch
+from dael_plugin.engine.loop import pick_eval_split, train_epoch
 
 
 def _epoch(n, freq, bad_at=None):
@@ -41,9 +41,9 @@ def test_a_non_finite_loss_stops_at_the_next_read_with_the_batches_done():
 
 
 def test_eval_loader_takes_val_where_there_is_one(capsys):
-    assert eval_loader("val", "V", "T") == ("val", "V")
-    assert eval_loader("test", "V", "T") == ("test", "T")
-    assert eval_loader("val", None, "T") == ("test", "T")
+    assert pick_eval_split("val", "V", "T") == ("val", "V")
+    assert pick_eval_split("test", "V", "T") == ("test", "T")
+    assert pick_eval_split("val", None, "T") == ("test", "T")
     assert "no validation split" in capsys.readouterr().out
 
 

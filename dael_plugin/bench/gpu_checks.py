@@ -171,7 +171,7 @@ def _results(out: str) -> dict:
 
 
 def _fell_back(record: dict) -> bool:
-    """Whether the fused pass failed its first-step check (engine/fastpath.py) in this run."""
+    """Whether the fused pass failed its first-step check (engine/first_step_check.py) in this run."""
     return bool((record.get("fast_path_check") or {}).get("fell_back"))
 
 

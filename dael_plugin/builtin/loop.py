@@ -36,11 +36,11 @@ from dael_plugin.engine import distributed, host
 from dael_plugin.engine.evaluate import macro_f1
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
-from dael_plugin.engine.loop import end_sync_batch_norm, eval_loader, sync_batch_norm, train_epoch
+from dael_plugin.engine.loop import end_sync_batch_norm, pick_eval_split, sync_batch_norm, train_epoch
 from dael_plugin.engine.selection import Selection, keep_list, record_loaders, split_sources
 from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
 from dael_plugin.errors import DAELConfigError
-from dael_plugin.transforms.host import build_test_transform, check_names
+from dael_plugin.transforms.host import build_test_transform, check_transform_names
 
 CKPT = ckpt.LAST
 
@@ -137,7 +137,7 @@ class BuiltinTrainer:
     # -- to override ----------------------------------------------------
     def check_cfg(self) -> None:
         cfg, name = self.cfg, self.cfg.TRAINER.NAME
-        check_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS")
+        check_transform_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS")
         if int(cfg.DATALOADER.K_TRANSFORMS) != self.k_transforms:
             raise DAELConfigError(
                 f"{name} takes DATALOADER.K_TRANSFORMS {self.k_transforms}, not {cfg.DATALOADER.K_TRANSFORMS} "
@@ -547,7 +547,7 @@ class BuiltinTrainer:
     @torch.no_grad()
     def test(self, split: Optional[str] = None) -> float:
         self.modules.eval()
-        split, loader = eval_loader(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
+        split, loader = pick_eval_split(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
         print(f"Evaluate on the *{split}* set")
 
         def summarise(tally, skipped: int) -> float:  # Dassl's evaluator's lines, without Dassl

@@ -29,7 +29,7 @@ from dael_plugin.engine.ddp_modules import wrap_each
 from dael_plugin.engine.loop import local_share
 from dael_plugin.engine.step import make_step, prepare_model
 from dael_plugin.errors import DAELConfigError
-from dael_plugin.transforms.host import build_train_transform, build_train_views, check_names
+from dael_plugin.transforms.host import build_train_transform, build_train_views, check_transform_names
 
 
 class DAELBuiltin(BuiltinTrainer):
@@ -41,7 +41,7 @@ class DAELBuiltin(BuiltinTrainer):
         super().check_cfg()
         check_dael_cfg(self.cfg)
         node = trainer_node(self.cfg)
-        check_names(node.STRONG_TRANSFORMS, f"TRAINER.{self.cfg.TRAINER.NAME.upper()}.STRONG_TRANSFORMS")
+        check_transform_names(node.STRONG_TRANSFORMS, f"TRAINER.{self.cfg.TRAINER.NAME.upper()}.STRONG_TRANSFORMS")
         self.hparams = hparams_from_cfg(self.cfg)
         self.execution = execution_from_cfg(self.cfg)
 

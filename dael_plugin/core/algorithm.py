@@ -100,7 +100,7 @@ class DAEL:
         """The views that take a gradient, in the order the step's one fused call takes them, and
         each one's domain chunks: the source chunks of the target view, those of the prediction
         view (with L_cr), and the target batch's prediction view (with L_u). The first-step check
-        of the fused pass (engine/fastpath.py) checks this very layout."""
+        of the fused pass (engine/first_step_check.py) checks this very layout."""
         hp = self.hparams
         t, p = hp.view_indices
         use_u = hp.use_u and u_views is not None

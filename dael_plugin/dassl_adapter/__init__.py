@@ -22,7 +22,7 @@ TRAINER_NAMES = ("DAEL", "DAELDG")
 _registered = False
 
 
-def register() -> None:
+def register_into_dassl() -> None:
     """Register the DAEL trainer as DAEL and DAELDG, replacing Dassl's built-ins."""
     global _registered
     if _registered:
@@ -55,12 +55,12 @@ def _named(name: str) -> type:
 
 def prepare_cfg(cfg: CN) -> None:
     """Per-run registration that depends on the config (a timm backbone)."""
-    register()
+    register_into_dassl()
     register_timm_backbone(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""))
 
 
 # Importing the adapter is using Dassl: register (``dael_plugin/__init__`` leaves it to this line
 # when dassl.engine was first imported by the adapter itself).
-register()
+register_into_dassl()
 
 __all__ = ["DAELTrainer", "prepare_cfg", "register", "register_timm_backbone"]

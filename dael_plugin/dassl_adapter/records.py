@@ -46,7 +46,7 @@ def source_val_split(trainer, dataset) -> None:
     trainer.source_val_items, trainer.source_val_info, trainer.eval_freq = held, info, freq
 
 
-def eval_loader(cfg, items, template: DataLoader) -> DataLoader:
+def items_loader(cfg, items, template: DataLoader) -> DataLoader:
     """A test-time loader over ``items`` with ``template``'s dataset wrapper and transform (this
     process's share under torchrun)."""
     base = template.dataset
@@ -74,7 +74,7 @@ def build_selection(
     data = trainer.dm.dataset
     template = trainer.test_loader
     loaders = record_loaders(
-        lambda items: eval_loader(cfg, items, template),
+        lambda items: items_loader(cfg, items, template),
         trainer.source_val_items,
         data.train_x,
         data.train_u or None,

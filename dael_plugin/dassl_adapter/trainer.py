@@ -49,10 +49,10 @@ from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, host
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
-from dael_plugin.engine.loop import end_sync_batch_norm, eval_loader, local_share, sync_batch_norm, train_epoch
+from dael_plugin.engine.loop import end_sync_batch_norm, local_share, pick_eval_split, sync_batch_norm, train_epoch
 from dael_plugin.engine.step import DeviceMeters, format_meters, make_step, prepare_model
 from dael_plugin.errors import DAELConfigError
-from dael_plugin.transforms.host import build_train_views, check_names
+from dael_plugin.transforms.host import build_train_views, check_transform_names
 
 __all__ = ["DAELTrainer", "load_dassl_checkpoints"]
 
@@ -60,7 +60,7 @@ __all__ = ["DAELTrainer", "load_dassl_checkpoints"]
 class DAELTrainer(TrainerXU):
     """Domain Adaptive Ensemble Learning (Zhou et al.), on Dassl's machinery."""
 
-    replaced_builtins: tuple = ()  # Dassl's own trainers this class replaced (set by register())
+    replaced_builtins: tuple = ()  # Dassl's own trainers this class replaced (set by register_into_dassl())
     selection_built_in = True  # writes its own records (records.with_records leaves it as it is)
 
     @property
@@ -89,8 +89,8 @@ class DAELTrainer(TrainerXU):
         check_dataset_cfg(cfg)
         node = trainer_node(cfg)
         name = str(cfg.TRAINER.NAME).upper()
-        check_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS")
-        check_names(node.STRONG_TRANSFORMS, f"TRAINER.{name}.STRONG_TRANSFORMS")
+        check_transform_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS")
+        check_transform_names(node.STRONG_TRANSFORMS, f"TRAINER.{name}.STRONG_TRANSFORMS")
 
     def build_data_loader(self):
         cfg = self.cfg
@@ -435,7 +435,7 @@ class DAELTrainer(TrainerXU):
         """Dassl's test loop, plus each expert's own accuracy; unreadable images are left out."""
         self.set_model_mode("eval")
         self.evaluator.reset()
-        split, data_loader = eval_loader(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
+        split, data_loader = pick_eval_split(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
         print(f"Evaluate on the *{split}* set")
 
         def summarise(tally, _skipped: int) -> dict:

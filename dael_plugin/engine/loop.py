@@ -42,7 +42,7 @@ def train_epoch(
     return meters
 
 
-def eval_loader(split: str, val_loader: Any, test_loader: Any) -> Tuple[str, Any]:
+def pick_eval_split(split: str, val_loader: Any, test_loader: Any) -> Tuple[str, Any]:
     """The split to evaluate and its loader: ``val`` where the dataset has one, else the test split
     with one line saying so."""
     if split == "val":

@@ -34,7 +34,7 @@ from dael_plugin.data.batching import split_domains
 from dael_plugin.engine import execution as ex
 from dael_plugin.engine import memory
 from dael_plugin.engine.distributed import LossModule, mean_over_processes, world, wrap
-from dael_plugin.engine.fastpath import FastPathCheck
+from dael_plugin.engine.first_step_check import FirstStepCheck
 from dael_plugin.engine.guard import FiniteGuard
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.device import DeviceViews, check_device_names
@@ -93,12 +93,12 @@ class DAELStep:
         if algorithm.class_mask is not None and algorithm.hparams.masks("other"):
             self.keys.append("loss_other")
         # The fused grouped pass checked against per-chunk batch norm on the first batch (on CUDA by
-        # default: engine/fastpath.py); its finding lands in results.json.
+        # default: engine/first_step_check.py); its finding lands in results.json.
         check = device.type == "cuda" if check_first_step is None else check_first_step
         grouped = algorithm.fuse_chunks and resolve_impl(algorithm.chunk_bn, device.type) == "grouped"
         # A compiled step runs the fused kernel's compiled branch: the check compiles the fused pass too.
         checked_backend = compile_backend if compile_mode != "none" else None
-        self._first_step_check = FastPathCheck(prec, checked_backend) if check and grouped else None
+        self._first_step_check = FirstStepCheck(prec, checked_backend) if check and grouped else None
         self.fast_path_check: Optional[Dict[str, object]] = None
         self._losses = self._forward
         self.compiled = compile_mode != "none"

@@ -45,16 +45,16 @@ from dael_plugin.tools.train_cli import (
     expand_user,
 )
 from dael_plugin.tools.train_config import (
-    check_names,
+    check_names_and_files,
     settings_digest,
     setup_cfg,
 )
 from dael_plugin.tools.train_engines import (
     load_for_eval,
     run_dassl,
+    run_setting,
     say_config,
     say_threads,
-    setting_of,
 )
 from dael_plugin.tools.train_outdir import finished_run, prepare_output_dir, run_fingerprint
 from dael_plugin.tools.train_stops import (
@@ -169,7 +169,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         raise DAELConfigError("--hash-pixels goes with --check-data (it hashes the bytes that check reads)")
     accept_data_change(args.accept_data_change)
     cfg = setup_cfg(args, engine)
-    check_names(cfg, engine)  # before the output folder, the log and the config dump
+    check_names_and_files(cfg, engine)  # before the output folder, the log and the config dump
     if distributed.from_env().distributed and engine == "dassl" and cfg.TRAINER.NAME not in ("DAEL", "DAELDG"):
         raise DAELConfigError(
             f"Dassl's {cfg.TRAINER.NAME} trainer runs on one process only (Dassl has no "
@@ -242,7 +242,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         engine,
         recorded.get("accuracy"),
         getattr(trainer, "expert_accuracy", []) or [],
-        setting=setting_of(trainer),
+        setting=run_setting(trainer),
         wall_seconds=time.time() - start,
         epochs=epochs,
         eval_only=args.eval_only,

@@ -254,7 +254,7 @@ def settings_digest(cfg: CN) -> str:
     return hashlib.sha256(comparable_config(cfg).encode()).hexdigest()[:16]
 
 
-def check_names(cfg: CN, engine: str) -> None:
+def check_names_and_files(cfg: CN, engine: str) -> None:
     if engine == "dassl":
         from dael_plugin.dassl_adapter.checks import check_run_names
 

@@ -86,7 +86,7 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     say_threads()
     cuda_settings(cfg)  # every trainer, Dassl's baselines too
     say_config(cfg, "** System info **\n{}\n".format(system_info()))
-    prepare_cfg(cfg)  # done by check_names already; kept for callers of run_dassl alone
+    prepare_cfg(cfg)  # done by check_names_and_files already; kept for callers of run_dassl alone
     from dael_plugin.dassl_adapter import checkpoints as dassl_checkpoints
 
     ds = cfg.DATASET  # MODEL.INIT_WEIGHTS is compared with these (its images: the built-in engine alone)
@@ -140,7 +140,7 @@ _BEST_VAL_WITHOUT_VAL = (
 )
 
 
-def setting_of(trainer) -> str:
+def run_setting(trainer) -> str:
     """DA when the run trained on unlabeled target data, else DG (for the tables)."""
     if hasattr(trainer, "is_da"):
         return "DA" if trainer.is_da else "DG"

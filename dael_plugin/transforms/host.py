@@ -40,12 +40,12 @@ __all__ = [
     "build_train_transform",
     "build_train_views",
     "build_views",
-    "check_names",
+    "check_transform_names",
     "tv_randaugment_params",
 ]
 
 
-def check_names(choices: Sequence[str], key: str) -> None:
+def check_transform_names(choices: Sequence[str], key: str) -> None:
     """One line for a name that is not in the registry."""
     for name in choices:
         if name not in BY_NAME:

@@ -297,7 +297,7 @@ def layer_failures(
     return sorted(bad, key=lambda b: -(b["error"] - b["allowed"]) if math.isfinite(b["error"]) else -math.inf)
 
 
-class FastPathCheck:
+class FirstStepCheck:
     """Runs :func:`compare_fused_pass` once, on the first step's batch, and says what it found.
     ``compile_backend``: the step is compiled with it, so its compiled branch is the one checked."""
 

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_here
+from dael_plugin.builtin.trainer import BASELINES
 from dael_plugin.core.baselines import (
     PairHeads,
     dann_lambda,
@@ -27,6 +28,9 @@ from dael_plugin.core.baselines import (
 )
 
 DS = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
+
+# Every baseline of the registry (builtin/trainer.py's BASELINES): one added there is tested here too.
+BASELINE_NAMES = sorted(BASELINES)
 
 
 def test_moment_distance_by_hand():
@@ -236,9 +240,7 @@ OPTIMS = {
 }
 
 
-@pytest.mark.parametrize(
-    "trainer", ["M3SDA", "MME", "MCD", "DANN", "SE", "ADDA", "AdaBN", "CrossGrad", "DomainMix", "DDAIG"]
-)
+@pytest.mark.parametrize("trainer", BASELINE_NAMES)
 def test_a_baseline_trains_on_the_builtin_engine_and_resumes(tmp_path, tiny_root, trainer, monkeypatch, source_run):
     """Through the CLI: a run stopped (Ctrl-C) right after epoch 1's checkpoint and run again
     ends with the weights of an uninterrupted two-epoch run, bit for bit: every optimiser's and
@@ -464,9 +466,7 @@ def test_dassls_adda_loads_a_built_in_source_model_whole_or_refuses_it(tmp_path,
     assert proc.returncode == 2 and "trained on other images of source 'hand'" in proc.stderr, proc.stderr[-1500:]
 
 
-@pytest.mark.parametrize(
-    "trainer", ["M3SDA", "MME", "MCD", "DANN", "SE", "ADDA", "AdaBN", "CrossGrad", "DomainMix", "DDAIG"]
-)
+@pytest.mark.parametrize("trainer", BASELINE_NAMES)
 def test_a_baseline_under_torchrun_is_refused_with_its_reason(tmp_path, tiny_root, trainer, monkeypatch):
     """torchrun's environment (in this process: the check reads it before any group exists, so
     each rank refuses before its first collective): one line with the trainer's own reason."""
@@ -755,9 +755,7 @@ def test_dg_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, data_ro
                 assert diff <= tol * max(1.0, v.double().abs().max().item()), (step, name, k, diff)
 
 
-@pytest.mark.parametrize(
-    "trainer", ["M3SDA", "MME", "MCD", "DANN", "SE", "ADDA", "AdaBN", "CrossGrad", "DomainMix", "DDAIG"]
-)
+@pytest.mark.parametrize("trainer", BASELINE_NAMES)
 def test_a_baseline_step_on_the_meta_device_mixes_no_cpu_tensor(tmp_path, tiny_root, trainer, source_run):
     """Stand-in for a GPU: the modules on the meta device (not the CPU), the host's batches moved
     there by update(); any CPU tensor in the device math raises. It cannot see CUDA's kernels,

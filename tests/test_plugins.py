@@ -195,3 +195,12 @@ def test_a_module_of_the_methods_own_is_under_ddp_under_torchrun(tmp_path, tiny_
     lines = [ln for ln in bad.stderr.splitlines() if ln.startswith("error: ")]
     assert bad.returncode != 0 and len(lines) == 1, bad.stderr[-3000:]
     assert "called module 'D' by itself" in lines[0] and "self.nets['D']" in lines[0]
+
+
+@pytest.mark.parametrize("name", ["PlugEntMin", "PlugCritic"])
+def test_methods_from_a_file_keep_the_contract(name, tiny_root, tmp_path, methods_file):
+    """tests/test_contract.py's contract, on the methods of the file (imported as --plugin does)."""
+    from test_contract import check_contract
+
+    load_plugins([methods_file])
+    check_contract(name, tiny_root, tmp_path, cfg_file=SRC_CFG)

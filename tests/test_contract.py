@@ -1,0 +1,117 @@
+"""The contract every method in the built-in engine's registry keeps, in the manner of DomainBed's
+``test_init_update_predict``: a method added to the registry (``builtin/trainer.py``: ``TRAINERS``,
+``BASELINES``, ``register``) is tested here without a line added. The method's config is the one a
+sweep finds (``sweep_plan.method_config``); tests/test_plugins.py runs the same contract on methods
+from a file outside the package.
+
+For each method, on the embedded set (cut to 6 images a class): it builds; ``uses_target`` is a
+bool and is the run's setting; two steps return finite 0-dim device tensors and move the weights
+(AdaBN: the batch-norm statistics); ``features_and_experts`` gives ``(B, D)`` features and
+``(B, K, C)`` probabilities with ``K = num_experts``, which ``predict_experts`` returns too; and
+the checkpoint's state, loaded into a fresh build of the same run, gives the same weights,
+optimiser states and predictions. Exact resume through the CLI is
+test_baselines.py's and test_cli_builtin.py's (kill and rerun, bitwise).
+"""
+
+import os
+
+import pytest
+import torch
+
+from conftest import ROOT
+from dael_plugin.builtin.trainer import method_setting, trainer_names
+
+DATASETS = {
+    "DA": os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml"),
+    "DG": os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml"),
+}
+
+
+def build(name, root, out, cfg_file=None, init_weights=None, *opts):
+    from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+    from dael_plugin.tools.sweep_plan import method_config
+    from dael_plugin.tools.train import build_parser, setup_cfg
+
+    ds = DATASETS[method_setting(name)]
+    cfg_file = cfg_file or method_config(name, method_setting(name).lower(), ds)
+    extra = ["MODEL.INIT_WEIGHTS", init_weights] if init_weights else []
+    args = build_parser().parse_args(
+        ["--engine", "builtin", "--trainer", name, "--root", root, "--output-dir", str(out),
+         "--dataset-config-file", ds, "--config-file", cfg_file, "--source-domains", "hand", "street", "font",
+         "--target-domains", "blend", "--seed", "1", "--", "DATALOADER.NUM_WORKERS", "0",
+         "SELECTION.EVAL_FREQ", "0", "TRAINER.M3SDA.N_STEP_F", "1", "TRAINER.MCD.N_STEP_F", "1",
+         "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8", *extra, *opts]
+    )  # fmt: skip
+    set_random_seed(1)
+    return build_builtin_trainer(setup_cfg(args, "builtin"))
+
+
+def check_contract(name, root, tmp_path, cfg_file=None, init_weights=None):
+    from dael_plugin.tools.train_engines import run_setting
+
+    tr = build(name, root, tmp_path / "run", cfg_file, init_weights)
+    cls = type(tr)
+    assert isinstance(cls.uses_target, bool), f"{name}: uses_target must be a class attribute, True or False"
+    assert tr.is_da == (tr.has_target_train and cls.uses_target)
+    assert run_setting(tr) == ("DA" if tr.is_da else "DG") == method_setting(name)
+    assert (tr.train_loader_u is not None) <= tr.is_da  # a DG run never reads target images
+    before = {k: v.clone() for k, v in tr.modules.state_dict().items()}
+    tr.modules.train()
+    batches = tr._batches()
+    for _ in range(2):
+        batch_x, batch_u = next(batches)
+        out = tr.forward_backward(batch_x, batch_u)
+        assert isinstance(out, dict) and (out or not tr.optimises), name
+        for key, value in out.items():
+            assert torch.is_tensor(value) and value.dim() == 0 and value.device == tr.device, (name, key)
+            assert torch.isfinite(value), (name, key, value)
+    moved = [k for k, v in tr.modules.state_dict().items() if not torch.equal(v, before[k])]
+    if tr.optimises:
+        assert any(p.requires_grad and not torch.equal(p.detach(), before[k]) for k, p in tr.modules.named_parameters())
+    else:  # AdaBN: the statistics alone
+        assert moved and all(
+            k.rsplit(".", 1)[1] in ("running_mean", "running_var", "num_batches_tracked") for k in moved
+        )
+    tr.modules.eval()
+    x = batch_x["img"][:5].to(tr.device)
+    with torch.no_grad():
+        feats, probs = tr.features_and_experts(x)
+        again = tr.predict_experts(x)
+    assert feats.dim() == 2 and feats.shape[0] == 5
+    assert probs.shape == (5, tr.num_experts, tr.num_classes), (name, probs.shape)
+    torch.testing.assert_close(probs.sum(-1), torch.ones(5, tr.num_experts))
+    torch.testing.assert_close(again, probs)
+    state = tr._state(1)
+    fresh = build(name, root, tmp_path / "fresh", cfg_file, init_weights)
+    fresh.modules.load_state_dict(state["model"])
+    fresh._load_optim_state(state)
+    assert all(torch.equal(v, fresh.modules.state_dict()[k]) for k, v in tr.modules.state_dict().items())
+    assert fresh._optim_state().keys() == tr._optim_state().keys()
+    fresh.modules.eval()
+    with torch.no_grad():
+        torch.testing.assert_close(fresh.predict_experts(x), probs, rtol=0, atol=0)
+
+
+@pytest.fixture(scope="module")
+def source_model(tiny_root, tmp_path_factory):
+    """ADDA's and AdaBN's MODEL.INIT_WEIGHTS: a finished one-epoch SourceOnly run."""
+    from conftest import run_here
+
+    out = tmp_path_factory.mktemp("contract_source")
+    proc = run_here(
+        ["--engine", "builtin", "--trainer", "SourceOnly", "--root", tiny_root, "--output-dir", str(out),
+         "--dataset-config-file", DATASETS["DA"],
+         "--config-file", os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.yaml"),
+         "--source-domains", "hand", "street", "font", "--target-domains", "blend", "--seed", "1", "--",
+         "DATALOADER.NUM_WORKERS", "0", "OPTIM.MAX_EPOCH", "1", "SELECTION.EVAL_FREQ", "0"]
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return str(out / "model.pth.tar-1")
+
+
+@pytest.mark.parametrize("name", trainer_names())
+def test_every_registered_method_keeps_the_contract(name, tiny_root, tmp_path, source_model):
+    from dael_plugin.builtin.trainer import trainer_class
+
+    init = source_model if getattr(trainer_class(name), "needs_init_weights", False) else None
+    check_contract(name, tiny_root, tmp_path, init_weights=init)

@@ -133,6 +133,17 @@ class BuiltinTrainer:
     # A DA method: its run is DA where the data has a target train split (the log, results.json's
     # "setting", the records' validators, collect's table); False: DG, target data never read.
     uses_target = False
+    # The records' mask_rate validator counts the target predictions this confident (DAEL: CONF_THRE).
+    pseudo_label_threshold = 0.95
+    # The (K, C) table of which expert knows which class, where the ensemble reads one (DAEL's
+    # CLASS_MASKS part "ensemble"); None: every expert knows every class.
+    ensemble_mask: Optional[torch.Tensor] = None
+    scaler = None  # fp16's GradScaler, where the step has one (its state goes into each checkpoint)
+
+    @classmethod
+    def refuse_under_torchrun(cls, name: str) -> None:
+        """Under torchrun, one line where the method cannot run on several processes (train.py asks
+        before joining the group, so every rank stops before its first collective). Every rank may."""
 
     # -- to override ----------------------------------------------------
     def check_cfg(self) -> None:
@@ -215,7 +226,7 @@ class BuiltinTrainer:
             self.cfg.OPTIM.MAX_EPOCH,
             self.sources,
             self.num_classes,
-            float(getattr(getattr(self, "hparams", None), "conf_thre", 0.95)),
+            float(self.pseudo_label_threshold),
             self.seed,
             da,
             self.features_and_experts,
@@ -226,7 +237,7 @@ class BuiltinTrainer:
             self.modules.eval,
             self._save_best,
             self.bad_images,
-            class_mask=getattr(getattr(self, "algorithm", None), "ensemble_mask", None),
+            class_mask=self.ensemble_mask,
         )
 
     def _save_best(self, path: str) -> None:
@@ -314,7 +325,7 @@ class BuiltinTrainer:
             self.bad_images,
             self._data_state(epochs_done),
             self.classnames,
-            self._scaler(),
+            self.scaler,
             rng_ranks,
             self._train_counts(),
             self.data_fingerprint,
@@ -349,10 +360,6 @@ class BuiltinTrainer:
             self.cfg.DATASET.TARGET_DOMAINS,
             len(u) if u is not None else None,
         )
-
-    def _scaler(self):
-        step = getattr(self, "step", None)
-        return getattr(step, "scaler", None)
 
     def _loaders(self):
         return [ld for ld in (self.train_loader_x, self.train_loader_u) if ld is not None]
@@ -398,7 +405,7 @@ class BuiltinTrainer:
             self._train_counts(),
             self.data_fingerprint,
             load,
-            self._scaler(),
+            self.scaler,
             self.bad_images,
         )
 
@@ -568,7 +575,7 @@ class BuiltinTrainer:
                 print(f"* unreadable images left out: {skipped}")
             return acc
 
-        mask = getattr(getattr(self, "algorithm", None), "ensemble_mask", None)
+        mask = self.ensemble_mask
         names = self.sources if self.num_experts > 1 else []
         acc, self.per_class_accuracy, self.expert_accuracy = host.evaluate(
             self.predict_experts,

@@ -103,6 +103,20 @@ class DAELBuiltin(BuiltinTrainer):
     def forward_backward(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         return self.step(batch_x, batch_u)
 
+    @property
+    def pseudo_label_threshold(self) -> float:
+        return self.hparams.conf_thre
+
+    @property
+    def ensemble_mask(self):
+        return self.algorithm.ensemble_mask
+
+    step = None  # the DAELStep, from build_step
+
+    @property
+    def scaler(self):
+        return self.step.scaler if self.step is not None else None
+
     def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         return self.algorithm.predict_experts(x)
 

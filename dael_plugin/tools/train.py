@@ -179,9 +179,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     if distributed.from_env().distributed and engine == "builtin":
         from dael_plugin.builtin.trainer import trainer_class
 
-        refuse = getattr(trainer_class(cfg.TRAINER.NAME), "refuse_under_torchrun", None)
-        if refuse is not None:  # Dassl's baselines on the built-in engine: one process
-            refuse(cfg.TRAINER.NAME)
+        trainer_class(cfg.TRAINER.NAME).refuse_under_torchrun(cfg.TRAINER.NAME)  # Dassl's baselines: one process
     w = distributed.init(cfg.USE_CUDA)  # under torchrun: join the run's processes (rank 0 writes)
     state["output_dir"] = cfg.OUTPUT_DIR
     state["cfg"] = cfg

@@ -204,3 +204,34 @@ def test_methods_from_a_file_keep_the_contract(name, tiny_root, tmp_path, method
 
     load_plugins([methods_file])
     check_contract(name, tiny_root, tmp_path, cfg_file=SRC_CFG)
+
+
+DASSL_METHOD = textwrap.dedent(
+    """
+    from dassl.engine import TRAINER_REGISTRY, TrainerX
+    from torch.nn import functional as F
+
+
+    @TRAINER_REGISTRY.register(force=True)
+    class PlugDasslVanilla(TrainerX):
+        def forward_backward(self, batch):
+            x, y, _ = self.parse_batch_train(batch)
+            loss = F.cross_entropy(self.model(x), y)
+            self.model_backward_and_update(loss)
+            return {"loss": loss.item()}
+    """
+)
+
+
+@pytest.mark.dassl
+def test_a_dassl_trainer_in_a_file_of_its_own_runs_on_the_dassl_engine(tmp_path, tiny_root):
+    """``--plugin`` on the Dassl engine: a ``TrainerX`` registered into Dassl's TRAINER_REGISTRY by a
+    file outside the package trains through train.py, and its record says DG (a ``TrainerX``)."""
+    path = tmp_path / f"my_dassl_methods_{os.getpid()}.py"
+    path.write_text(DASSL_METHOD)
+    args = _args(tiny_root, tmp_path / "run", "PlugDasslVanilla", str(path), "SELECTION.EVAL_FREQ", "0")
+    args[args.index("builtin")] = "dassl"
+    proc = run_here(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert record["trainer"] == "PlugDasslVanilla" and record["engine"] == "dassl" and record["setting"] == "DG"

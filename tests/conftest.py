@@ -38,7 +38,7 @@ if sys.platform.startswith("linux"):
 import dassl_layouts  # noqa: E402
 
 import dael_plugin  # noqa: E402
-from dael_plugin.data import dassl_formats  # noqa: E402
+from dael_plugin.data.folders import DATASETS  # noqa: E402
 
 SKIP_REASON = "Dassl.pytorch is not installed (install it by hand, see README); Dassl tests skipped"
 
@@ -166,8 +166,8 @@ def layouts_root(tmp_path_factory):
     """Every format but Digit-5, under one --root."""
     root = str(tmp_path_factory.mktemp("layouts"))
     dassl_layouts.domainnet(root)
-    dassl_layouts.office(root, "office31", dassl_formats.FORMATS["Office31"].domains)
-    dassl_layouts.office(root, "office_home", dassl_formats.FORMATS["OfficeHome"].domains)
+    dassl_layouts.office(root, "office31", DATASETS["Office31"].domains)
+    dassl_layouts.office(root, "office_home", DATASETS["OfficeHome"].domains)
     dassl_layouts.pacs(root)
     dassl_layouts.vlcs(root)
     return root

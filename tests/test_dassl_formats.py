@@ -480,9 +480,9 @@ def _make_layout(name, root):
 
 
 def layouts_domains(name):
-    from dael_plugin.data.dassl_formats import FORMATS
+    from dael_plugin.data.folders import DATASETS
 
-    return FORMATS[name].domains
+    return DATASETS[name].domains
 
 
 @pytest.fixture(scope="module")

@@ -63,6 +63,15 @@ METHODS = textwrap.dedent(
             return {"loss": loss.detach()}
 
 
+    # A dataset of the user's own, registered once for both engines: here the embedded set's
+    # folders under another name, three domains only (a DG set: no target train split)
+    from dael_plugin.data import embedded
+    from dael_plugin.data.folders import DatasetSpec
+    from dael_plugin.data.registry import register_dataset
+
+    register_dataset("PlugDigits", DatasetSpec(embedded.DATASET_DIR, ("hand", "street", "blend", "font"), unlabeled_target=False))
+
+
     @register("PlugCriticDirect")
     class PlugCriticDirect(PlugCritic):
         direct = True  # calls its critic by itself: under torchrun, refused at the first step
@@ -83,6 +92,9 @@ def methods_file(tmp_path):
 
     for name in ("PlugEntMin", "PlugCritic", "PlugCriticDirect"):
         TRAINERS.pop(name, None)
+    from dael_plugin.data.registry import DATASETS
+
+    DATASETS.pop("PlugDigits", None)
 
 
 def _args(root, out, trainer, plugin, *extra):
@@ -115,6 +127,23 @@ def test_an_unknown_trainer_names_the_plugin_flag(tmp_path, tiny_root):
     proc = run_here(args)
     assert proc.returncode == 2
     assert "not available on the built-in engine" in proc.stderr and "--plugin MODULE" in proc.stderr
+
+
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+def test_a_dataset_registered_in_a_file_runs_on_both_engines(tmp_path, tiny_root, methods_file, engine):
+    """data/registry.py's register_dataset: the file's dataset is read by the built-in engine and,
+    generated from the same registry, by Dassl's DataManager; DG data, so the DA method's run is DG."""
+    args = _args(tiny_root, tmp_path / "run", "SourceOnly", methods_file, "DATASET.NAME", "PlugDigits", "OPTIM.MAX_EPOCH", "1",
+                 "SELECTION.EVAL_FREQ", "0")  # fmt: skip
+    args[args.index("builtin")] = engine
+    if engine == "dassl":  # Dassl's SourceOnly reads target batches: on DG data, one line (its TypeError before)
+        proc = run_here(args)
+        assert proc.returncode == 2 and "a TrainerXU" in proc.stderr and "Vanilla" in proc.stderr, proc.stderr[-2000:]
+        args[args.index("SourceOnly")] = "Vanilla"
+    proc = run_here(args)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert record["dataset"] == "PlugDigits" and record["setting"] == "DG" and record["engine"] == engine
 
 
 def test_a_methods_own_keys_are_declared_in_its_file(tmp_path, tiny_root, methods_file):

@@ -54,8 +54,10 @@ def _named(name: str) -> type:
 
 
 def prepare_cfg(cfg: CN) -> None:
-    """Per-run registration that depends on the config (a timm backbone)."""
+    """Per-run registration that depends on the config (a timm backbone), and the datasets a
+    plugin registered after the first registration (register_datasets adds the missing ones)."""
     register_into_dassl()
+    register_datasets()
     register_timm_backbone(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""))
 
 

@@ -34,6 +34,7 @@ def check_trainer_cfg(cfg: CN) -> None:
         close = difflib.get_close_matches(str(cfg.TRAINER.NAME), list(names), n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise DAELConfigError(f"unknown trainer {cfg.TRAINER.NAME!r}{hint}; Dassl has {sorted(names)}")
+    check_target_data(cfg, TRAINER_REGISTRY.get(cfg.TRAINER.NAME))
     sampler = cfg.DATALOADER.TRAIN_X.SAMPLER
     if sampler == "CyclingDomainSampler" and not TRAINER_REGISTRY.get(cfg.TRAINER.NAME).__module__.startswith(
         "dael_plugin"
@@ -42,6 +43,27 @@ def check_trainer_cfg(cfg: CN) -> None:
             f"DATALOADER.TRAIN_X.SAMPLER {sampler} is the plugin's own; Dassl's {cfg.TRAINER.NAME} builds Dassl's "
             "samplers only: use RandomDomainSampler, or --engine builtin"
         )
+
+
+def check_target_data(cfg: CN, trainer: type) -> None:
+    """A Dassl ``TrainerXU`` (SourceOnly, M3SDA, MME, ...) iterates target batches in every epoch, and
+    on a dataset without an unlabeled target split it stops with ``TypeError: object of type
+    'NoneType' has no len()``: one line instead (for the datasets the plugin knows; the plugin's
+    DAEL runs DG there)."""
+    from dassl.engine import TrainerXU
+
+    from dael_plugin.data.folders import DATASETS
+
+    entry = DATASETS.get(str(cfg.DATASET.NAME))
+    if entry is None or entry.unlabeled_target or not issubclass(trainer, TrainerXU):
+        return
+    if trainer.__module__.startswith("dael_plugin"):
+        return
+    raise DAELConfigError(
+        f"Dassl's {cfg.TRAINER.NAME} is a domain adaptation trainer (a TrainerXU: it reads target batches) and "
+        f"{cfg.DATASET.NAME} has no unlabeled target data; use a DA dataset config, or a DG trainer (Vanilla "
+        "for SourceOnly)"
+    )
 
 
 def check_backbone_cfg(cfg: CN) -> None:
@@ -80,12 +102,12 @@ def check_dassl_data(cfg: CN) -> None:
     fail on missing or partial data with a traceback, or, for a class folder missing from one
     domain, shift the labels silently: the plugin's reader of the same files goes first and says
     what is wrong in one line. It reads file lists only (no image), with its own RNG."""
-    from dael_plugin.dassl_adapter.datasets import PLUGIN_DATASETS
+    from dael_plugin.dassl_adapter.datasets import is_plugin_dataset
     from dael_plugin.data.folders import builtin_datasets, load_splits
     from dael_plugin.data.images import not_regular_files
 
     name = cfg.DATASET.NAME
-    if name not in builtin_datasets() or name in PLUGIN_DATASETS:  # the plugin's own ones read once, later
+    if name not in builtin_datasets() or is_plugin_dataset(name):  # the plugin's own ones read once, later
         return
     splits = load_splits(
         name,
@@ -112,9 +134,12 @@ def check_run_names(cfg: CN) -> None:
     """The names a run gives (trainer, dataset, domains, backbone), checked before its output
     folder or log exists: a typo costs one line and leaves nothing behind."""
     from dael_plugin.dassl_adapter.backbones import register_timm_backbone
+    from dael_plugin.dassl_adapter.datasets import register_datasets
 
-    # A timm backbone (and its local weights file) registered by name (``import dael_plugin`` did the rest).
+    # A timm backbone (and its local weights file) registered by name (``import dael_plugin`` did the rest),
+    # and the datasets a --plugin registered since.
     register_timm_backbone(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""))
+    register_datasets()
     check_trainer_cfg(cfg)
     check_dataset_cfg(cfg)
     check_backbone_cfg(cfg)

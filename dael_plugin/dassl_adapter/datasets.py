@@ -46,13 +46,19 @@ def _read_into(dataset, name: str, cfg: CN, seed: int = 0) -> None:
 
 
 def _make(name: str):
-    spec = folders.SPECS[name]
+    spec = folders.DATASETS[name]
 
     def __init__(self, cfg: CN):
         _read_into(self, name, cfg)
 
     doc = f"{name}: read by dael_plugin.data.folders ({'DA' if spec.unlabeled_target else 'DG'})."
-    attrs = {"__init__": __init__, "__doc__": doc, "dataset_dir": spec.dataset_dir, "domains": list(spec.domains or [])}
+    attrs = {
+        "__init__": __init__,
+        "__doc__": doc,
+        "dataset_dir": spec.dataset_dir,
+        "domains": list(spec.domains or []),
+        "_dael_plugin_dataset": True,  # read by the plugin alone (Dassl has no reader of its own)
+    }
     return type(name, (DatasetBase,), attrs)
 
 
@@ -72,18 +78,21 @@ def _category_shift_aware(name: str, dassl_cls: type) -> type:
     return type(name, (dassl_cls,), {"__init__": __init__, "__doc__": doc, "_dael_dassl_reader": dassl_cls})
 
 
-# Dassl ships its own DigitsDG and OfficeHomeDG; only the plugin's sets are added.
-PLUGIN_DATASETS = ("EmbeddedDigits", "EmbeddedDigitsDG", "DomainFolders", "DomainFoldersDG")
+def is_plugin_dataset(name: str) -> bool:
+    """Whether Dassl reads ``name`` through the plugin alone (the embedded set, DomainFolders, a user's own)."""
+    return name in DATASET_REGISTRY.registered_names() and getattr(
+        DATASET_REGISTRY.get(name), "_dael_plugin_dataset", False
+    )
 
 
 def register_datasets() -> None:
-    for name in PLUGIN_DATASETS:
+    """Generated from the one registry (data/registry.py): each name Dassl lacks is added, read by
+    the plugin; Dassl's own readers of the others (Digit5, DigitsDG, ...) stay, wrapped so that
+    category shift reads the union of the classes."""
+    for name in folders.builtin_datasets():
         if name not in DATASET_REGISTRY.registered_names():
             DATASET_REGISTRY.register(_make(name))
-    # Dassl's own datasets that the plugin also reads: its reader, or the plugin's under category shift
-    for name in folders.builtin_datasets():
-        if name in PLUGIN_DATASETS or name not in DATASET_REGISTRY.registered_names():
             continue
         current = DATASET_REGISTRY.get(name)
-        if not hasattr(current, "_dael_dassl_reader"):
+        if not hasattr(current, "_dael_dassl_reader") and not getattr(current, "_dael_plugin_dataset", False):
             DATASET_REGISTRY.register(_category_shift_aware(name, current), force=True)  # a class named name

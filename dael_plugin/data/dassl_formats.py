@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from dael_plugin.data.items import Item
+from dael_plugin.data.registry import DATASETS, register_dataset
 from dael_plugin.errors import DAELConfigError
 
 DATASETS_MD = "https://github.com/KaiyangZhou/Dassl.pytorch/blob/master/DATASETS.md"
@@ -59,6 +60,10 @@ class Format:
     layout: str  # what the reader expects, for error lines
     anchor: str  # DATASETS.md's section
     seeded: Tuple[str, ...] = ()  # domains whose images are a subsample drawn from SEED
+
+    def load(self, name, root, sources, targets, seed, category_shift=False) -> Dict[str, object]:
+        """The splits and class names (data/registry.py's entry protocol)."""
+        return read_format(name, root, sources, targets, seed, category_shift)
 
 
 def _where(fmt_anchor: str) -> str:
@@ -333,7 +338,7 @@ def _format(dataset_dir, domains, da, read, layout, anchor, seeded=()) -> Format
 
 
 _SPLITS = "{train,test}.txt + the images they name"
-FORMATS: Dict[str, Format] = {
+_FORMATS: Dict[str, Format] = {
     # name: (folder under --root, domains, DA?, reader, layout, DATASETS.md section)
     "Digit5": _format(
         "digit5", "mnist mnist_m svhn syn usps", True, _digit5, "<domain>/{train,test}_images/<id>_<label>.<ext>", "digit-5",
@@ -362,6 +367,8 @@ FORMATS: Dict[str, Format] = {
         "VLCS", "caltech labelme pascal sun", False, _vlcs, "<DOMAIN>/{train,crossval,test}/<class>/*.jpg", "vlcs"
     ),
 }  # fmt: skip
+for _name, _fmt in _FORMATS.items():  # into the one registry of datasets
+    register_dataset(_name, _fmt)
 
 
 def classnames_of(name: str, splits: Splits) -> List[str]:
@@ -398,7 +405,7 @@ def read_format(
     files' labels, which are already the union's)."""
     from dael_plugin.data.classes import check_union, classes_by_domain, describe
 
-    fmt = FORMATS[name]
+    fmt = DATASETS[name]
     path = os.path.join(root, fmt.dataset_dir)
     if not os.path.isdir(path):
         raise DAELConfigError(

@@ -29,9 +29,9 @@ def relative_path(path: str, root: str) -> str:
 
 def seeded_domains(dataset: str) -> Tuple[str, ...]:
     """The domains whose images a dataset draws from the seed (Digit-5's 25,000 of each)."""
-    from dael_plugin.data.dassl_formats import FORMATS
+    from dael_plugin.data.folders import DATASETS  # (importing folders registers every dataset)
 
-    return FORMATS[dataset].seeded if dataset in FORMATS else ()
+    return DATASETS[dataset].seeded if dataset in DATASETS else ()
 
 
 def data_fingerprint(

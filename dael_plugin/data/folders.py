@@ -13,9 +13,12 @@ import os
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
-from dael_plugin.data import embedded
-from dael_plugin.data.dassl_formats import FORMATS, read_format
+from dael_plugin.data import (
+    dassl_formats,  # noqa: F401 (registers Dassl's formats)
+    embedded,
+)
 from dael_plugin.data.items import Item
+from dael_plugin.data.registry import DATASETS, register_dataset
 from dael_plugin.errors import DAELConfigError
 
 IMAGE_EXTENSIONS = (".png", ".jpg", ".jpeg", ".bmp", ".webp")
@@ -30,9 +33,14 @@ class DatasetSpec:
     test: Tuple[str, ...] = ("test",)  # of the target domains
     unlabeled_target: bool = True  # DA: target's train split is train_u
     prepare: Optional[Callable[[str], str]] = None  # e.g. generate the embedded set
+    seeded: Tuple[str, ...] = ()  # no domain is a subsample drawn from the seed
+
+    def load(self, name, root, sources, targets, seed=0, category_shift=False) -> Dict[str, object]:
+        """The splits and class names (data/registry.py's entry protocol)."""
+        return _load_folders(self, name, root, sources, targets, category_shift)
 
 
-SPECS: Dict[str, DatasetSpec] = {
+_FOLDER_SETS: Dict[str, DatasetSpec] = {
     "EmbeddedDigits": DatasetSpec(embedded.DATASET_DIR, embedded.DOMAINS, prepare=embedded.ensure_embedded),
     "EmbeddedDigitsDG": DatasetSpec(
         embedded.DATASET_DIR,
@@ -54,6 +62,8 @@ SPECS: Dict[str, DatasetSpec] = {
     "DomainFolders": DatasetSpec("", None, val=("val",)),
     "DomainFoldersDG": DatasetSpec("", None, val=("val",), unlabeled_target=False),
 }
+for _name, _spec in _FOLDER_SETS.items():  # into the one registry of datasets, beside Dassl's formats
+    register_dataset(_name, _spec)
 
 
 def _listdirs(path: str) -> List[str]:
@@ -61,7 +71,7 @@ def _listdirs(path: str) -> List[str]:
 
 
 def dataset_dir(name: str, root: str) -> str:
-    spec = SPECS[name]
+    spec = DATASETS[name]
     root = os.path.abspath(os.path.expanduser(root or "."))
     if spec.prepare is not None:
         spec.prepare(root)
@@ -76,20 +86,18 @@ def dataset_dir(name: str, root: str) -> str:
 
 def known_dataset(name: str) -> Tuple[Optional[Tuple[str, ...]], bool]:
     """``(domains or None, unlabeled_target)`` of a dataset the built-in engine reads; KeyError if none."""
-    if name in FORMATS:
-        return FORMATS[name].domains, FORMATS[name].unlabeled_target
-    return SPECS[name].domains, SPECS[name].unlabeled_target
+    return DATASETS[name].domains, DATASETS[name].unlabeled_target
 
 
 def builtin_datasets() -> List[str]:
-    return sorted(set(SPECS) | set(FORMATS))
+    return sorted(DATASETS)
 
 
 def available_domains(name: str, root: str) -> Tuple[str, ...]:
-    if name not in SPECS:
-        return known_dataset(name)[0]
-    spec = SPECS[name]
-    return spec.domains if spec.domains is not None else tuple(_listdirs(dataset_dir(name, root)))
+    spec = DATASETS[name]
+    if spec.domains is not None:
+        return spec.domains
+    return tuple(_listdirs(dataset_dir(name, root)))
 
 
 def check_domains(name: str, root: str, sources: Sequence[str], targets: Sequence[str]) -> None:
@@ -117,7 +125,7 @@ def check_dataset_files(
 ) -> None:
     """Missing or partial data in Dassl's formats, said before a run makes its output folder
     (file lists are read, no image; the trainer reads them again)."""
-    if name in FORMATS:
+    if not isinstance(DATASETS[name], DatasetSpec):  # Dassl's formats: their split files and folders
         load_splits(name, root, sources, targets, category_shift=category_shift)
 
 
@@ -181,14 +189,17 @@ def load_splits(
     """Read train_x, train_u, val and test lists for a DA or DG run (``seed``: Digit-5's subsample;
     ``category_shift``: domains may hold different classes, read as their union)."""
     check_dataset_names(name, sources, targets)
-    if name not in SPECS:
-        out = read_format(
-            name, os.path.abspath(os.path.expanduser(root or ".")), sources, targets, seed, category_shift
-        )
-        if not out["train_x"]:
-            raise DAELConfigError(f"no training images found for {name} source domains {list(sources)}")
-        return out
-    spec = SPECS[name]
+    root = os.path.abspath(os.path.expanduser(root or "."))
+    out = DATASETS[name].load(name, root, sources, targets, seed, category_shift)
+    if not out["train_x"]:  # (a folder layout says it first, naming its folder)
+        raise DAELConfigError(f"no training images found for {name} source domains {list(sources)}")
+    return out
+
+
+def _load_folders(
+    spec: DatasetSpec, name: str, root: str, sources: Sequence[str], targets: Sequence[str], category_shift: bool
+) -> Dict[str, object]:
+    """A folder layout's splits: ``<root>/<dataset_dir>/<domain>/<split>/<class>/<image>``."""
     path = dataset_dir(name, root)
     check_domains(name, root, sources, targets)
     classnames = sorted(

@@ -9,7 +9,7 @@ import threading
 import pytest
 
 from dael_plugin.data.images import decode
-from dael_plugin.engine.records import read_records
+from dael_plugin.engine.results_reader import read_records
 
 
 def _returns_within(fn, seconds=10):

@@ -39,7 +39,7 @@ def single_source_accuracy(rec: Dict, single: Sequence[str]) -> float:
 def runs_of(rec: Dict):
     """The selection's view of one finished run (tools/select.py): its record and its epoch records,
     or None where they are damaged or absent (named by the caller)."""
-    from dael_plugin.engine.records import Record
+    from dael_plugin.engine.results_reader import Record
     from dael_plugin.engine.selection import EpochRecords
     from dael_plugin.tools.select import Run
 

@@ -33,7 +33,7 @@ from typing import Dict, List, Optional, Tuple
 
 from dael_plugin.data.fingerprint import one_digest
 from dael_plugin.engine.atomic import write_text
-from dael_plugin.engine.records import (
+from dael_plugin.engine.results_reader import (
     Record,
     differing,
     read_records,
@@ -77,7 +77,7 @@ class Cell:
         return out
 
 
-_setting = setting_of  # DA or DG (engine/records.py)
+_setting = setting_of  # DA or DG (engine/results_reader.py)
 
 
 def _row_label(rec_dir: str, root: str, trainer: str) -> str:

@@ -232,7 +232,7 @@ def validators(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optiona
     checkpoint, per DA target (``collect.py --validators`` gives the numbers and the regrets)."""
     import matplotlib.pyplot as plt
 
-    from dael_plugin.engine.records import setting_of as _setting
+    from dael_plugin.engine.results_reader import setting_of as _setting
     from dael_plugin.engine.selection import EpochRecords
     from dael_plugin.tools.select import rank_runs
 

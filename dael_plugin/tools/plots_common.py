@@ -8,11 +8,11 @@ import os
 from typing import List, Optional
 
 from dael_plugin.engine.atomic import write_bytes
-from dael_plugin.engine.records import read_records
+from dael_plugin.engine.results_reader import read_records
 
 
 def records(root: str, warn=print) -> List[dict]:
-    """The run records under ``root`` (one reader with collect: :mod:`dael_plugin.engine.records`); a
+    """The run records under ``root`` (one reader with collect: :mod:`dael_plugin.engine.results_reader`); a
     file that is not a record is skipped with a warning naming it."""
     walk = read_records(root)
     for problem in walk.problems:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from dael_plugin.core.validators import NAMES
-from dael_plugin.engine.records import Record, read_records
+from dael_plugin.engine.results_reader import Record, read_records
 from dael_plugin.engine.selection import EPOCHS, EXPERT_SIGNALS, EpochRecords, classifiers, protocol_score
 
 
@@ -119,7 +119,7 @@ def _setting_label(rec: Record, root: str) -> str:
 
 
 def _table_key(rec: Record) -> Tuple[str, str]:
-    from dael_plugin.engine.records import setting_of as _setting
+    from dael_plugin.engine.results_reader import setting_of as _setting
 
     return str(rec.data.get("dataset")), _setting(rec.data)
 

@@ -6,9 +6,9 @@ optimiser, scheduler, the RNG states and the config, and every data draw is
 seeded from (seed, epoch, position), so a killed and rerun job ends with the
 same weights as an uninterrupted one.
 
-Long because it is the one host of every built-in trainer (data, optimiser, epoch, checkpoints,
+Long because it is the one loop of every built-in trainer (data, optimiser, epoch, checkpoints,
 evaluation, records), as Dassl's ``SimpleTrainer`` is; the logic shared with the Dassl engine is in
-engine/host.py and engine/loop.py, and the trainers themselves in builtin/trainer.py.
+engine/around_step.py and engine/loop.py, and the trainers themselves in builtin/trainer.py.
 """
 
 from __future__ import annotations
@@ -31,8 +31,8 @@ from dael_plugin.builtin import data as bdata
 from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
 from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
+from dael_plugin.engine import around_step, distributed
 from dael_plugin.engine import checkpoint as ckpt
-from dael_plugin.engine import distributed, host
 from dael_plugin.engine.evaluate import macro_f1
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
@@ -379,7 +379,7 @@ class BuiltinTrainer:
         freq = self.cfg.TRAIN.CHECKPOINT_FREQ
         if (freq > 0 and (epoch + 1) % freq == 0) or epoch + 1 == self.cfg.OPTIM.MAX_EPOCH:
             paths.append(os.path.join(out, f"model.pth.tar-{epoch + 1}"))
-        host.save_run(lambda rng_ranks: self._state(epoch + 1, rng_ranks), paths)
+        around_step.save_run(lambda rng_ranks: self._state(epoch + 1, rng_ranks), paths)
 
     def resume_if_exists(self) -> int:
         directory = self.cfg.RESUME or self.cfg.OUTPUT_DIR
@@ -396,7 +396,7 @@ class BuiltinTrainer:
             for loader, gen in zip(self._loaders(), state["data"]["loader_generators"]):
                 loader.generator.set_state(gen)
 
-        return host.resume_run(
+        return around_step.resume_run(
             path,
             "builtin",
             self.cfg,
@@ -458,7 +458,7 @@ class BuiltinTrainer:
             self.run_epoch()
             for sched in self.scheds.values() if self.optimises else ():
                 sched.step()
-            host.check_after_epoch(self.guard, [self.modules], self.epoch + 1, cfg.OPTIM.LR, cfg.OUTPUT_DIR)
+            around_step.check_after_epoch(self.guard, [self.modules], self.epoch + 1, cfg.OPTIM.LR, cfg.OUTPUT_DIR)
             if self.eval_each_epoch and not cfg.TEST.NO_TEST:
                 self.test(split=self.eval_split_each_epoch())
             if self.selection is not None:
@@ -483,7 +483,7 @@ class BuiltinTrainer:
         for batch_x in self.train_loader_x:
             batch_u = None
             if it_u is not None:  # the target split is cycled; each pass draws afresh
-                batch_u, it_u = host.next_cycled(it_u, self.train_loader_u)
+                batch_u, it_u = around_step.next_cycled(it_u, self.train_loader_u)
             yield batch_x, batch_u
 
     def run_epoch(self) -> None:
@@ -505,7 +505,7 @@ class BuiltinTrainer:
             # weight, SE's EMA rate) reads self.epoch * self.num_batches + self.batch_idx
             self.num_batches = n
             for self.batch_idx, (batch_x, batch_u) in enumerate(self._batches()):
-                host.note_bad(self.bad_images, batch_x, batch_u)
+                around_step.note_bad(self.bad_images, batch_x, batch_u)
                 yield batch_x, batch_u
                 self._batches_run += 1
                 bar.update(1)
@@ -577,7 +577,7 @@ class BuiltinTrainer:
 
         mask = self.ensemble_mask
         names = self.sources if self.num_experts > 1 else []
-        acc, self.per_class_accuracy, self.expert_accuracy = host.evaluate(
+        acc, self.per_class_accuracy, self.expert_accuracy = around_step.evaluate(
             self.predict_experts,
             loader,
             self.device,

@@ -45,8 +45,8 @@ from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
 from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
 from dael_plugin.data.fingerprint import dataset_fingerprint
 from dael_plugin.data.sampling import SeededRandomBatchSampler, source_batch_sampler
+from dael_plugin.engine import around_step, distributed
 from dael_plugin.engine import checkpoint as ckpt
-from dael_plugin.engine import distributed, host
 from dael_plugin.engine.execution import cuda_settings, fused_optimizer
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
 from dael_plugin.engine.loop import end_sync_batch_norm, local_share, pick_eval_split, sync_batch_norm, train_epoch
@@ -280,10 +280,10 @@ class DAELTrainer(TrainerXU):
         def batches():
             nonlocal it_x, it_u
             for self.batch_idx in range(self.num_batches):
-                batch_x, it_x = host.next_cycled(it_x, self.train_loader_x)
+                batch_x, it_x = around_step.next_cycled(it_x, self.train_loader_x)
                 batch_u = None
                 if it_u is not None:
-                    batch_u, it_u = host.next_cycled(it_u, self.train_loader_u)
+                    batch_u, it_u = around_step.next_cycled(it_u, self.train_loader_u)
                 data_time.update(time.time() - clock["end"])
                 yield batch_x, batch_u
                 clock["end"] = time.time()
@@ -315,7 +315,7 @@ class DAELTrainer(TrainerXU):
         train_epoch(batches(), self.num_batches, step, self.guard, freq, report, diverged)
 
     def forward_backward(self, batch_x, batch_u: Optional[dict] = None):
-        host.note_bad(self.bad_images, batch_x, batch_u)
+        around_step.note_bad(self.bad_images, batch_x, batch_u)
         return self.step(batch_x, batch_u if self.is_da else None)
 
     def detect_anomaly(self, loss):
@@ -324,7 +324,9 @@ class DAELTrainer(TrainerXU):
         pass
 
     def after_epoch(self):
-        host.check_after_epoch(self.guard, self._models.values(), self.epoch + 1, self.cfg.OPTIM.LR, self.output_dir)
+        around_step.check_after_epoch(
+            self.guard, self._models.values(), self.epoch + 1, self.cfg.OPTIM.LR, self.output_dir
+        )
         # Step the schedulers once per epoch here rather than on a batch index
         # (Dassl's sampler length can differ from the real epoch length).
         self.update_lr()
@@ -335,7 +337,9 @@ class DAELTrainer(TrainerXU):
 
     # -- checkpoints -----------------------------------------------------
     def save_last(self, epochs_done: int) -> None:
-        host.save_run(lambda rng_ranks: self._run_state(epochs_done, rng_ranks), [osp.join(self.output_dir, ckpt.LAST)])
+        around_step.save_run(
+            lambda rng_ranks: self._run_state(epochs_done, rng_ranks), [osp.join(self.output_dir, ckpt.LAST)]
+        )
 
     def _run_state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
         names = self.get_model_names()
@@ -372,7 +376,7 @@ class DAELTrainer(TrainerXU):
                         loader.batch_sampler.seed = self.data_seed
                         loader.generator.manual_seed(self.data_seed)
 
-            return host.resume_run(
+            return around_step.resume_run(
                 path,
                 "dassl",
                 self.cfg,
@@ -445,7 +449,7 @@ class DAELTrainer(TrainerXU):
             return self.evaluator.evaluate()
 
         names = list(self.cfg.DATASET.SOURCE_DOMAINS) if self.E.num_experts > 1 else ["single"]
-        results, self.per_class_accuracy, self.expert_accuracy = host.evaluate(
+        results, self.per_class_accuracy, self.expert_accuracy = around_step.evaluate(
             self.algorithm.predict_experts,
             data_loader,
             self.device,

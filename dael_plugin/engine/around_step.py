@@ -1,10 +1,10 @@
-"""The host logic both engines run around the step, written once.
+"""What both engines' trainers run around the step, written once.
 
-``engine/loop.py`` holds the epoch itself; this module holds what each host did around it, in
+``engine/loop.py`` holds the epoch itself; this module holds what each trainer did around it, in
 its own copy, until both called these: the images a batch replaced, the target loader cycled,
 the end-of-epoch divergence check, the checkpoint that gathers every rank's random states before
 rank 0 writes, the resume that reads a checkpoint back into the modules, and the evaluation that
-tallies the experts and reports them. The hosts keep only what differs: Dassl's registries, log
+tallies the experts and reports them. The trainers keep only what differs: Dassl's registries, log
 format and evaluator on one side, the built-in data and model set-up on the other.
 """
 
@@ -73,7 +73,7 @@ def resume_run(
     bad_images: set,
 ) -> int:
     """Read a run's last checkpoint (refused, in one line, when it is another run's: config, data,
-    classes, engine), hand it to ``load`` for the host's modules, optimisers and loaders, then
+    classes, engine), hand it to ``load`` for the trainer's modules, optimisers and loaders, then
     restore the random states and the loss scaler; returns the epochs it holds."""
     state = ckpt.read_resumable(path, engine, cfg, required, classnames, counts, fingerprint)
     load(state)
@@ -93,10 +93,10 @@ def evaluate(
     write: Callable[[str, float], None],
     summarise: Callable[[Any, int], Any],
 ) -> Tuple[Any, dict, List[float]]:
-    """Tally the experts' predictions over ``loader`` (gathered across processes), let the host
+    """Tally the experts' predictions over ``loader`` (gathered across processes), let the trainer
     say the result in its own format (``summarise(tally, images left out)``: Dassl's evaluator, or
     the built-in engine's lines), then report the per-class and per-expert accuracies. Returns
-    the host's result and the two reports, which the trainer keeps for results.json."""
+    the trainer's result and the two reports, which the trainer keeps for results.json."""
     tally, skipped = evaluate_experts(predict_experts, loader, device, bad_images, tty, mask)
     result = summarise(tally, skipped)
     per_class, experts = report_experts(tally, classnames, expert_names, write, split)

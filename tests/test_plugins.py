@@ -71,6 +71,22 @@ METHODS = textwrap.dedent(
 
     register_dataset("PlugDigits", DatasetSpec(embedded.DATASET_DIR, ("hand", "street", "blend", "font"), unlabeled_target=False))
 
+    # And a backbone of its own (out_features: its feature size), for both engines too
+    from dael_plugin.backbones import register_backbone
+
+
+    @register_backbone("plug_tiny_cnn")
+    class PlugTinyCNN(nn.Module):
+        out_features = 16
+
+        def __init__(self):
+            super().__init__()
+            self.net = nn.Sequential(nn.Conv2d(3, 16, 3, stride=2), nn.BatchNorm2d(16), nn.ReLU(),
+                                     nn.AdaptiveAvgPool2d(1), nn.Flatten())
+
+        def forward(self, x):
+            return self.net(x)
+
 
     @register("PlugCriticDirect")
     class PlugCriticDirect(PlugCritic):
@@ -95,6 +111,9 @@ def methods_file(tmp_path):
     from dael_plugin.data.registry import DATASETS
 
     DATASETS.pop("PlugDigits", None)
+    from dael_plugin.backbones import OWN_BACKBONES
+
+    OWN_BACKBONES.pop("plug_tiny_cnn", None)
 
 
 def _args(root, out, trainer, plugin, *extra):
@@ -130,11 +149,12 @@ def test_an_unknown_trainer_names_the_plugin_flag(tmp_path, tiny_root):
 
 
 @pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
-def test_a_dataset_registered_in_a_file_runs_on_both_engines(tmp_path, tiny_root, methods_file, engine):
-    """data/registry.py's register_dataset: the file's dataset is read by the built-in engine and,
-    generated from the same registry, by Dassl's DataManager; DG data, so the DA method's run is DG."""
+def test_a_dataset_and_a_backbone_registered_in_a_file_run_on_both_engines(tmp_path, tiny_root, methods_file, engine):
+    """data/registry.py's register_dataset and backbones' register_backbone: the file's dataset and
+    backbone are read and built by the built-in engine and, generated from the same registries, by
+    Dassl's DataManager and build_backbone; DG data, so the DA method's run is DG."""
     args = _args(tiny_root, tmp_path / "run", "SourceOnly", methods_file, "DATASET.NAME", "PlugDigits", "OPTIM.MAX_EPOCH", "1",
-                 "SELECTION.EVAL_FREQ", "0")  # fmt: skip
+                 "SELECTION.EVAL_FREQ", "0", "MODEL.BACKBONE.NAME", "plug_tiny_cnn")  # fmt: skip
     args[args.index("builtin")] = engine
     if engine == "dassl":  # Dassl's SourceOnly reads target batches: on DG data, one line (its TypeError before)
         proc = run_here(args)
@@ -144,6 +164,7 @@ def test_a_dataset_registered_in_a_file_runs_on_both_engines(tmp_path, tiny_root
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "run" / "results.json").read_text())
     assert record["dataset"] == "PlugDigits" and record["setting"] == "DG" and record["engine"] == engine
+    assert record["backbone"] == "plug_tiny_cnn" and "650" in proc.stdout  # its parameters: 448 + 32 + 170
 
 
 def test_a_methods_own_keys_are_declared_in_its_file(tmp_path, tiny_root, methods_file):

@@ -26,10 +26,32 @@ DASSL_CNNS = {"cnn_digit5_m3sda": M3SDADigitCNN, "cnn_digitsdg": DigitsDGConvNet
 TIMM_ALIASES = {f"resnet{d}": f"resnet{d}.tv_in1k" for d in (18, 34, 50, 101, 152)}
 
 
+def register_backbone(name: str):
+    """Make a backbone ``MODEL.BACKBONE.NAME name`` on both engines (a decorator, as timm's
+    ``register_model``): a class or a function that takes no argument and returns an ``nn.Module``
+    with ``out_features`` (its feature size). Dassl's ``BACKBONE_REGISTRY`` gets it at the next
+    run's checks. A name taken by another builder, Dassl's digit CNNs or a timm name is refused."""
+
+    def add(builder):
+        taken = (name in OWN_BACKBONES and OWN_BACKBONES[name] is not builder) or name in DASSL_CNNS
+        if taken or name in TIMM_ALIASES or name.startswith(TIMM_PREFIX):
+            raise DAELConfigError(f"a backbone named {name!r} exists; give yours another name")
+        if not callable(builder):
+            raise DAELConfigError(f"register_backbone({name!r}): {builder!r} is not a class or a function")
+        OWN_BACKBONES[name] = builder
+        return builder
+
+    return add
+
+
 def build_backbone(name: str, pretrained: bool = False, weights_file: str = "") -> nn.Module:
     """Build a backbone by name without Dassl; it exposes ``out_features``."""
     if name in OWN_BACKBONES or name in DASSL_CNNS:
         net = (OWN_BACKBONES.get(name) or DASSL_CNNS[name])()
+        if not isinstance(getattr(net, "out_features", None), int):
+            raise DAELConfigError(
+                f"backbone {name!r} has no integer out_features (its feature size); set it in the builder"
+            )
         if weights_file:  # read whenever given, strictly (backbones/weights.py)
             from dael_plugin.backbones.weights import load_backbone_weights
 
@@ -52,5 +74,6 @@ __all__ = [
     "TIMM_PREFIX",
     "TimmBackbone",
     "build_backbone",
+    "register_backbone",
     "timm_model_name",
 ]

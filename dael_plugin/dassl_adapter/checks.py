@@ -133,12 +133,13 @@ def check_dassl_data(cfg: CN) -> None:
 def check_run_names(cfg: CN) -> None:
     """The names a run gives (trainer, dataset, domains, backbone), checked before its output
     folder or log exists: a typo costs one line and leaves nothing behind."""
-    from dael_plugin.dassl_adapter.backbones import register_timm_backbone
+    from dael_plugin.dassl_adapter.backbones import register_own_backbones, register_timm_backbone
     from dael_plugin.dassl_adapter.datasets import register_datasets
 
     # A timm backbone (and its local weights file) registered by name (``import dael_plugin`` did the rest),
-    # and the datasets a --plugin registered since.
+    # and the backbones and datasets a --plugin registered since.
     register_timm_backbone(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""))
+    register_own_backbones()
     register_datasets()
     check_trainer_cfg(cfg)
     check_dataset_cfg(cfg)

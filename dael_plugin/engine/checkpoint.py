@@ -34,6 +34,7 @@ from dael_plugin.config.keys import TRAINER_NODES
 from dael_plugin.config.table import DATASET_KEYS, IN_EVERY_CHECKPOINT, KEYS, SELECTION_KEYS, TOP_KEYS
 from dael_plugin.core.hparams import ALL_CLASS_MASK_PARTS, CLASS_MASK_PARTS
 from dael_plugin.engine.atomic import save_torch
+from dael_plugin.engine.results_reader import WHERE_AND_HOW_KEYS
 from dael_plugin.errors import DAELConfigError
 
 LAST = "checkpoint.pth.tar"  # the "last" checkpoint, rewritten after every epoch
@@ -42,18 +43,7 @@ FORMAT = "dael_plugin/2"
 # Keys that may differ on resume: where things are, how they are logged or
 # evaluated, and how many loader processes there are (each draw is seeded
 # from (seed, epoch, position), so the worker count does not change a run).
-RESUME_FREE_KEYS = (
-    "OUTPUT_DIR",
-    "RESUME",
-    "DATASET.ROOT",
-    "VERBOSE",
-    "USE_CUDA",
-    "DATALOADER.NUM_WORKERS",
-    "DATALOADER.TEST.",
-    "TRAIN.PRINT_FREQ",
-    "TRAIN.CHECKPOINT_FREQ",
-    "TEST.",
-)
+RESUME_FREE_KEYS = WHERE_AND_HOW_KEYS + ("TEST.",)
 
 
 # Keys added after a checkpoint was written: what the code that wrote it did without them

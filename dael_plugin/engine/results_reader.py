@@ -22,14 +22,13 @@ from typing import Dict, List, Optional
 RESULTS = "results.json"
 FAILED = "failed.json"
 
-# Config keys that never change a run's result, or that tell runs of one setting apart.
-NOT_SETTING = (
-    "SEED",
+# Config keys of where a run's files are and how it logs, never of what it computes (each draw is
+# seeded from (seed, epoch, position), so the worker count does not change a run either); the
+# resume comparison leaves them out too (engine/checkpoint.py's RESUME_FREE_KEYS).
+WHERE_AND_HOW_KEYS = (
     "OUTPUT_DIR",
     "RESUME",
     "DATASET.ROOT",
-    "DATASET.SOURCE_DOMAINS",
-    "DATASET.TARGET_DOMAINS",
     "VERBOSE",
     "USE_CUDA",
     "DATALOADER.NUM_WORKERS",
@@ -37,6 +36,8 @@ NOT_SETTING = (
     "TRAIN.PRINT_FREQ",
     "TRAIN.CHECKPOINT_FREQ",
 )
+# Config keys that never change a run's result, or that tell runs of one setting apart.
+NOT_SETTING = ("SEED", "DATASET.SOURCE_DOMAINS", "DATASET.TARGET_DOMAINS") + WHERE_AND_HOW_KEYS
 
 
 @dataclass

@@ -115,3 +115,32 @@ def test_every_registered_method_keeps_the_contract(name, tiny_root, tmp_path, s
 
     init = source_model if getattr(trainer_class(name), "needs_init_weights", False) else None
     check_contract(name, tiny_root, tmp_path, init_weights=init)
+
+
+def check_bf16_compiled(name, root, tmp_path, cfg_file=None, init_weights=None):
+    """``EXECUTION.PREC bf16`` and ``EXECUTION.COMPILE default``: two finite steps that move the
+    weights, every module compiled (DAEL: its step). Call with ``Strategy.compile_backend`` set."""
+    tr = build(
+        name, root, tmp_path / "run", cfg_file, init_weights, "EXECUTION.PREC", "bf16", "EXECUTION.COMPILE", "default"
+    )
+    assert tr.execution.prec == "bf16" and tr.execution.compile == "default"
+    compiled = [m._compiled_call_impl is not None for m in tr.modules.values()]
+    assert tr.step.compiled if tr.dael_step else all(compiled), name
+    before = {k: v.clone() for k, v in tr.modules.state_dict().items()}
+    tr.modules.train()
+    batches = tr._batches()
+    for _ in range(2):
+        out = tr.forward_backward(*next(batches))
+        assert all(torch.isfinite(v) for v in out.values()), (name, out)
+    assert any(not torch.equal(v, before[k]) for k, v in tr.modules.state_dict().items()), name
+
+
+@pytest.mark.parametrize("name", trainer_names())
+def test_every_registered_method_runs_bf16_compiled(name, tiny_root, tmp_path, source_model, monkeypatch):
+    """Every method at bf16, compiled (aot_eager on CPU: inductor's graph without its C++ build)."""
+    from dael_plugin.builtin.trainer import trainer_class
+    from dael_plugin.engine.strategy import Strategy
+
+    monkeypatch.setattr(Strategy, "compile_backend", "aot_eager")
+    init = source_model if getattr(trainer_class(name), "needs_init_weights", False) else None
+    check_bf16_compiled(name, tiny_root, tmp_path, init_weights=init)

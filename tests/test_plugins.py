@@ -248,12 +248,17 @@ def test_a_module_of_the_methods_own_is_under_ddp_under_torchrun(tmp_path, tiny_
 
 
 @pytest.mark.parametrize("name", ["PlugEntMin", "PlugCritic"])
-def test_methods_from_a_file_keep_the_contract(name, tiny_root, tmp_path, methods_file):
-    """tests/test_contract.py's contract, on the methods of the file (imported as --plugin does)."""
-    from test_contract import check_contract
+def test_methods_from_a_file_keep_the_contract(name, tiny_root, tmp_path, methods_file, monkeypatch):
+    """tests/test_contract.py's contract, on the methods of the file (imported as --plugin does),
+    and the execution options they get without a line of their own: bf16, compiled."""
+    from test_contract import check_bf16_compiled, check_contract
+
+    from dael_plugin.engine.strategy import Strategy
 
     load_plugins([methods_file])
     check_contract(name, tiny_root, tmp_path, cfg_file=SRC_CFG)
+    monkeypatch.setattr(Strategy, "compile_backend", "aot_eager")
+    check_bf16_compiled(name, tiny_root, tmp_path / "bf16", cfg_file=SRC_CFG)
 
 
 DASSL_METHOD = textwrap.dedent(

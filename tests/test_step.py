@@ -269,27 +269,32 @@ def test_bad_execution_keys_are_one_line(tmp_path, tiny_root, capsys, key, value
 def test_a_checkpoint_from_before_the_execution_keys_resumes_with_their_old_behaviour():
     from dael_plugin import add_dael_config
     from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.config.execution import resolve_execution
     from dael_plugin.engine.checkpoint import config_diff
 
     cfg = add_dael_config(get_builtin_cfg())
+    cfg.TRAINER.NAME = "DAEL"
+    same = cfg.clone()
     old = cfg.clone()
     old.defrost()
+    del old["EXECUTION"]
     for node in ("DAEL", "DAELDG"):  # what a 0.2 checkpoint's config holds
         for key in ("CHUNK_BN", "PREC", "CHANNELS_LAST", "COMPILE", "FUSED_OPTIM", "AUG_ON_DEVICE"):
             del old.TRAINER[node][key]
         old.TRAINER[node].FUSE_CHUNKS = False
+    resolve_execution(cfg)  # as every run's config is, before it is frozen
     diff = {k: (a, b) for k, a, b in config_diff(old.dump(), cfg)}
     # The new defaults differ from what 0.2 did, and the message says what 0.2 did.
-    assert diff["TRAINER.DAEL.CHANNELS_LAST"] == (False, True)
-    assert diff["TRAINER.DAEL.FUSED_OPTIM"] == (False, True)
-    assert diff["TRAINER.DAEL.FUSE_CHUNKS"] == (False, True)
-    assert "TRAINER.DAEL.PREC" not in diff and "TRAINER.DAEL.COMPILE" not in diff
-    same = cfg.clone()
-    same.defrost()
+    # (The keys are EXECUTION's now; TRAINER.DAEL.* is their older spelling.)
+    assert diff["EXECUTION.CHANNELS_LAST"] == (False, True)
+    assert diff["EXECUTION.FUSED_OPTIM"] == (False, True)
+    assert diff["EXECUTION.FUSE_CHUNKS"] == (False, True)
+    assert "EXECUTION.PREC" not in diff and "EXECUTION.COMPILE" not in diff
     for node in ("DAEL", "DAELDG"):
         same.TRAINER[node].CHANNELS_LAST = False
         same.TRAINER[node].FUSED_OPTIM = False
         same.TRAINER[node].FUSE_CHUNKS = False
+    resolve_execution(same)
     assert config_diff(old.dump(), same) == []  # so that run resumes
 
 

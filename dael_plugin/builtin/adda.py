@@ -25,6 +25,7 @@ from dael_plugin.core.baselines import domain_critic
 
 
 class ADDABuiltin(DasslBaseline):
+    image_modules = ("F", "F_source")  # the modules fed images (EXECUTION.CHANNELS_LAST)
     frozen = ("F_source",)
     needs_init_weights = True
     ddp_reason = (

@@ -92,12 +92,8 @@ class DasslBaseline(SingleClassifier):
 
     def backward_and_update(self, loss: torch.Tensor, names: Optional[Sequence[str]] = None) -> None:
         """Dassl's ``model_backward_and_update(loss, names)``: the named optimisers' gradients
-        cleared (every module's without ``names``), one backward pass, those optimisers stepped;
-        the loss goes to the divergence flag instead of Dassl's host-side ``isfinite`` check."""
-        names = list(self.optims) if names is None else names
-        self.guard.update(loss)
-        for n in names:
-            self.optims[n].zero_grad(set_to_none=True)
-        loss.backward()
-        for n in names:
-            self.optims[n].step()
+        cleared (every module's without ``names``), one backward pass, those optimisers stepped
+        (engine/strategy.py: fp16's loss scaler; the loss to the divergence flag instead of
+        Dassl's host-side ``isfinite`` check)."""
+        optims = self.optims.values() if names is None else [self.optims[n] for n in names]
+        super().backward_and_update(loss, optims)

@@ -25,6 +25,7 @@ from dael_plugin.builtin.baseline_base import DasslBaseline
 
 
 class CrossGradBuiltin(DasslBaseline):
+    image_modules = ("F", "D")  # the modules fed images (EXECUTION.CHANNELS_LAST)
     uses_target = False
     reads_init_weights = False  # Dassl builds F and D itself
     ddp_reason = (

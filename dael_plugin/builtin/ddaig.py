@@ -29,6 +29,7 @@ from dael_plugin.errors import DAELConfigError
 
 
 class DDAIGBuiltin(DasslBaseline):
+    image_modules = ("F", "D")  # the modules fed images (EXECUTION.CHANNELS_LAST)
     uses_target = False
     reads_init_weights = False  # Dassl builds F, D and G itself
     ddp_reason = (

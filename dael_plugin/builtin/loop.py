@@ -28,17 +28,19 @@ from tqdm import tqdm
 from yacs.config import CfgNode as CN
 
 from dael_plugin.builtin import data as bdata
+from dael_plugin.config.execution import PLAIN_EXECUTION, execution_from_cfg
 from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
 from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
 from dael_plugin.engine import around_step, distributed
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine.evaluate import macro_f1
-from dael_plugin.engine.execution import cuda_settings, fused_optimizer
+from dael_plugin.engine.execution import cuda_settings
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
 from dael_plugin.engine.loop import end_sync_batch_norm, pick_eval_split, sync_batch_norm, train_epoch
 from dael_plugin.engine.selection import Selection, keep_list, record_loaders, split_sources
 from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
+from dael_plugin.engine.strategy import Strategy
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_test_transform, check_transform_names
 
@@ -71,6 +73,9 @@ class BuiltinTrainer:
         cuda_settings(cfg)
         self.pin = self.device.type == "cuda"
         self.sources = list(cfg.DATASET.SOURCE_DOMAINS)
+        # EXECUTION.*: how the update runs (engine/strategy.py); DAEL's step keys only where it has one
+        self.execution = execution_from_cfg(cfg, self.execution_defaults, "" if self.dael_step else cfg.TRAINER.NAME)
+        self.strategy = Strategy(self.execution, self.device)
         self.check_cfg()
         self.seed = max(int(cfg.SEED), 0)
         self.category_shift = bool(cfg.DATASET.get("CATEGORY_SHIFT", False))
@@ -107,6 +112,8 @@ class BuiltinTrainer:
         self.modules = nn.ModuleDict(self.build_model()).to(self.device)
         self.guard = FiniteGuard()
         self.prepare_model()
+        if not self.dael_step:
+            self.strategy.prepare(self.modules, self.image_modules, (3, *[int(v) for v in cfg.INPUT.SIZE]))
         sync_batch_norm(self.modules)  # under torchrun: statistics over every shard, per domain chunk
         # One optimiser and scheduler per group of modules (build_optimizers); the first is
         # self.optim / self.sched, which a trainer with one optimiser uses alone.
@@ -138,7 +145,15 @@ class BuiltinTrainer:
     # The (K, C) table of which expert knows which class, where the ensemble reads one (DAEL's
     # CLASS_MASKS part "ensemble"); None: every expert knows every class.
     ensemble_mask: Optional[torch.Tensor] = None
-    scaler = None  # fp16's GradScaler, where the step has one (its state goes into each checkpoint)
+    # EXECUTION's None (CHANNELS_LAST, FUSED_OPTIM): the trainer's own choice; off, as Dassl's trainers run
+    execution_defaults = PLAIN_EXECUTION
+    dael_step = False  # True: DAEL's step, which reads EXECUTION's FUSE_CHUNKS, CHUNK_BN, AUG_ON_DEVICE
+    image_modules = ("F",)  # the modules fed images (EXECUTION.CHANNELS_LAST converts them)
+
+    @property
+    def scaler(self):
+        """fp16's GradScaler, where the step has one (its state goes into each checkpoint)."""
+        return self.strategy.scaler
 
     @classmethod
     def refuse_under_torchrun(cls, name: str) -> None:
@@ -167,7 +182,8 @@ class BuiltinTrainer:
         raise NotImplementedError
 
     def prepare_model(self) -> None:
-        """Layout changes to the model on its device, before the optimiser exists."""
+        """Changes to the model on its device, before the optimiser exists (``EXECUTION``'s layout
+        and compilation follow, engine/strategy.py; DAEL's step makes its own)."""
 
     def build_optimizers(self) -> Dict[str, torch.optim.Optimizer]:
         """The optimisers by name, each over its modules, from ``OPTIM`` (a scheduler each): one
@@ -274,7 +290,7 @@ class BuiltinTrainer:
                 f"per-batch share of {sampler.per_domain}; its images repeat within each batch"
             )
 
-    def _build_optim(self, params, fused: bool = False, loss_scaling: bool = False):
+    def _build_optim(self, params):
         o = self.cfg.OPTIM
         if o.NAME == "sgd":
             opt = torch.optim.SGD(
@@ -288,7 +304,7 @@ class BuiltinTrainer:
         else:
             cls = torch.optim.Adam if o.NAME == "adam" else torch.optim.AdamW
             opt = cls(params, lr=o.LR, weight_decay=o.WEIGHT_DECAY, betas=(o.ADAM_BETA1, o.ADAM_BETA2))
-        return fused_optimizer(opt, loss_scaling) if fused else opt
+        return self.strategy.optimizer(opt)  # EXECUTION.FUSED_OPTIM
 
     def _build_sched(self, optim):
         o = self.cfg.OPTIM

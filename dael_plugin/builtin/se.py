@@ -32,6 +32,7 @@ from dael_plugin.errors import DAELConfigError
 
 
 class SEBuiltin(DasslBaseline):
+    image_modules = ("F", "teacher")  # the modules fed images (EXECUTION.CHANNELS_LAST)
     frozen = ("teacher",)
     k_transforms = 2
     ddp_reason = (

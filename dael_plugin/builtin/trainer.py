@@ -20,7 +20,7 @@ from yacs.config import CfgNode as CN
 from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin import data as bdata
 from dael_plugin.builtin.loop import CKPT, BuiltinTrainer, set_random_seed  # noqa: F401 (the CLI's)
-from dael_plugin.config import check_dael_cfg, execution_from_cfg, hparams_from_cfg, trainer_node
+from dael_plugin.config import check_dael_cfg, hparams_from_cfg, trainer_node
 from dael_plugin.config.keys import DOMAIN_SAMPLERS, add_method_node
 from dael_plugin.core import DAEL, build_heads
 from dael_plugin.data.sampling import sampler_summary
@@ -36,6 +36,8 @@ class DAELBuiltin(BuiltinTrainer):
     """DAEL on the built-in engine: DA with target train data (``--trainer DAEL``), DG otherwise."""
 
     uses_target = True
+    dael_step = True
+    execution_defaults = {"CHANNELS_LAST": True, "FUSED_OPTIM": True}  # DAEL's node's defaults too
 
     def check_cfg(self) -> None:
         super().check_cfg()
@@ -43,7 +45,6 @@ class DAELBuiltin(BuiltinTrainer):
         node = trainer_node(self.cfg)
         check_transform_names(node.STRONG_TRANSFORMS, f"TRAINER.{self.cfg.TRAINER.NAME.upper()}.STRONG_TRANSFORMS")
         self.hparams = hparams_from_cfg(self.cfg)
-        self.execution = execution_from_cfg(self.cfg)
 
     def build_loaders(self) -> None:
         cfg = self.cfg
@@ -80,11 +81,6 @@ class DAELBuiltin(BuiltinTrainer):
 
     def prepare_model(self) -> None:
         self.channels_last = prepare_model(self.execution, self.modules["F"], self.cfg, self.device)
-
-    def _build_optim(self, params, fused: bool = False, loss_scaling: bool = False):
-        return super()._build_optim(
-            params, fused=self.execution.fused_optim, loss_scaling=self.execution.prec == "fp16"
-        )
 
     def build_step(self) -> None:
         self.step = make_step(
@@ -214,7 +210,13 @@ class SingleClassifier(BuiltinTrainer):
         self.net = nn.Sequential(self.nets["F"], self.nets["C"])
 
     def forward_backward(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
-        return self.update(batch_x, batch_u)
+        with self.strategy.autocast():  # EXECUTION.PREC (engine/strategy.py)
+            return self.update(batch_x, batch_u)
+
+    def backward_and_update(self, loss: torch.Tensor, optims=None) -> None:
+        """Clear the gradients of ``optims`` (every optimiser by default), one backward pass of
+        ``loss``, step them: the strategy's (fp16's loss scaler; the loss to the divergence flag)."""
+        self.strategy.backward_and_update(loss, self.optims.values() if optims is None else optims, self.guard)
 
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         """One optimisation step on a source batch (and a target batch); returns 0-dim tensors to
@@ -241,10 +243,7 @@ class SourceOnlyBuiltin(SingleClassifier):
         y = batch_x["label"].to(self.device, non_blocking=True)
         logits = self.net(x)
         loss = F.cross_entropy(logits, y)
-        self.guard.update(loss)
-        self.optim.zero_grad(set_to_none=True)
-        loss.backward()
-        self.optim.step()
+        self.backward_and_update(loss)
         acc = (logits.argmax(-1) == y).float().mean() * 100.0
         return {"loss": loss.detach(), "acc": acc}
 

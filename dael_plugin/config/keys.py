@@ -8,21 +8,20 @@ detectron2 projects call ``add_<name>_config``.
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass, fields
 from typing import Optional
 
 from yacs.config import CfgNode as CN
 
+from dael_plugin.config.execution import execution_from_cfg
 from dael_plugin.config.ranges import check_baseline_values
 from dael_plugin.config.table import (
-    BY_NAME,
     DATASET_KEYS,
-    DEFAULTS,
-    EXECUTION_KEYS,
+    EXECUTION_DEFAULTS,
     KEYS,
     METHOD_KEYS,
     SELECTION_KEYS,
     TOP_KEYS,
+    TRAINER_NODES,
 )
 from dael_plugin.core.hparams import DAELHparams
 from dael_plugin.errors import DAELConfigError
@@ -32,9 +31,6 @@ from dael_plugin.errors import DAELConfigError
 DASSL_DOMAIN_SAMPLERS = ("RandomDomainSampler", "SeqDomainSampler")
 DOMAIN_SAMPLERS = DASSL_DOMAIN_SAMPLERS + ("CyclingDomainSampler",)
 SOURCE_SAMPLERS = ("RandomSampler",) + DOMAIN_SAMPLERS
-
-# Names of the trainer nodes this plugin reads; Dassl already defines both.
-TRAINER_NODES = ("DAEL", "DAELDG")
 
 
 # The TRAINER.<NAME> node of each method registered with keys of its own (``builtin.trainer.register``'s
@@ -85,6 +81,11 @@ def add_dael_config(cfg: CN) -> CN:
     for key in DATASET_KEYS:
         if key.name not in cfg.DATASET:
             cfg.DATASET[key.name] = key.default
+    if "EXECUTION" not in cfg:
+        cfg.EXECUTION = CN()
+    for name, default in EXECUTION_DEFAULTS.items():
+        if name not in cfg.EXECUTION:
+            cfg.EXECUTION[name] = default
     if "SELECTION" not in cfg:
         cfg.SELECTION = CN()
     for key in SELECTION_KEYS:
@@ -104,77 +105,14 @@ def trainer_node(cfg: CN) -> CN:
     return cfg.TRAINER[name]
 
 
-def _read(node: CN, key) -> object:
-    """A key's value, cast to its default's type; absent keys read as their default
-    (Dassl's own tools/train.py never calls add_dael_config: a drop-in runs on Dassl's three keys)."""
-    value = node.get(key.name, key.default)
-    if isinstance(key.default, bool):
-        return bool(value)
-    if isinstance(key.default, float):
-        return float(value)
-    if isinstance(key.default, int):
-        return int(value)
-    if isinstance(key.default, tuple):
-        return tuple(value) if isinstance(value, (list, tuple)) else (value,)
-    return str(value).lower() if key.kind == "execution" else str(value)
-
-
 def hparams_from_cfg(cfg: CN) -> DAELHparams:
     """Translate the yacs node into the core's plain hyper-parameters."""
     node = trainer_node(cfg)
     prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}."
     try:
-        return DAELHparams(**{key.field: _read(node, key) for key in METHOD_KEYS})
+        return DAELHparams(**{key.field: key.read(node) for key in METHOD_KEYS})
     except ValueError as exc:
         raise DAELConfigError(f"{prefix}{exc}") from None
-
-
-@dataclass(frozen=True)
-class Execution:
-    """How the step runs (the ``execution`` keys of ``config/table.py``), with their defaults."""
-
-    fuse_chunks: bool = DEFAULTS["FUSE_CHUNKS"]
-    chunk_bn: str = DEFAULTS["CHUNK_BN"]
-    prec: str = DEFAULTS["PREC"]
-    channels_last: bool = DEFAULTS["CHANNELS_LAST"]
-    compile: str = DEFAULTS["COMPILE"]
-    fused_optim: bool = DEFAULTS["FUSED_OPTIM"]
-    aug_on_device: bool = DEFAULTS["AUG_ON_DEVICE"]
-
-
-assert {f.name for f in fields(Execution)} == {k.field for k in EXECUTION_KEYS}, "an execution key without a field"
-
-
-# Measured: on torch 2.4 the compiled fused pass normalises the whole batch at once (dynamo
-# ignores the batch-norm layers' chunk settings); 2.5, 2.6, 2.7 and 2.14 give eager's numbers.
-COMPILE_FUSED_MIN_TORCH = "2.5"
-
-
-def check_execution(prec: str, compile_mode: str, prefix: str, fuse_chunks: bool = False) -> None:
-    """The execution keys' values, and what the installed torch can run of them."""
-    import torch
-
-    for key, value in (("PREC", prec), ("COMPILE", compile_mode)):
-        if value not in BY_NAME[key].choices:
-            raise DAELConfigError(f"{prefix}.{key}={value!r} is invalid; use one of {list(BY_NAME[key].choices)}")
-    if compile_mode != "none" and fuse_chunks and torch.__version__ < COMPILE_FUSED_MIN_TORCH:
-        raise DAELConfigError(
-            f"{prefix}.COMPILE with the fused pass needs torch >= {COMPILE_FUSED_MIN_TORCH} (this is "
-            f"{torch.__version__}, whose compiled fused pass normalises the whole batch at once); "
-            f"set {prefix}.FUSE_CHUNKS False or {prefix}.COMPILE none, or upgrade torch"
-        )
-
-
-def execution_from_cfg(cfg: CN) -> Execution:
-    node = trainer_node(cfg)
-    e = Execution(**{key.field: _read(node, key) for key in EXECUTION_KEYS})
-    prefix = f"TRAINER.{str(cfg.TRAINER.NAME).upper()}"
-    check_execution(e.prec, e.compile, prefix, e.fuse_chunks)
-    if e.chunk_bn not in BY_NAME["CHUNK_BN"].choices:
-        raise DAELConfigError(
-            f"{prefix}.CHUNK_BN={e.chunk_bn!r} is invalid; use one of {list(BY_NAME['CHUNK_BN'].choices)}"
-        )
-    return e
 
 
 def check_run_values(cfg: CN) -> None:

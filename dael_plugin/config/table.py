@@ -7,7 +7,9 @@ are all read from it:
 
 - ``method``: the paper's hyper-parameters and the design switches of Sec. 4.3 (they
   become ``DAELHparams``; the defaults are the core's, the paper's choices);
-- ``execution``: how the step runs (README, "Speed"); none changes the method;
+- ``execution``: how the step runs (README, "Speed"); none changes the method. They live in
+  the top-level ``EXECUTION`` node, for every trainer (``engine/strategy.py``);
+  ``TRAINER.DAEL.*`` / ``TRAINER.DAELDG.*`` keep their older spellings of the same keys;
 - ``views``: the views' magnitudes.
 
 ``dassl`` marks the three keys Dassl itself defines (``dassl/config/defaults.py``): they
@@ -24,6 +26,8 @@ from dael_plugin.core.hparams import CHOICES, CLASS_MASK_PARTS, DAELHparams
 from dael_plugin.transforms.registry import TV_RANDAUGMENT_M, TV_RANDAUGMENT_N
 
 _PAPER = DAELHparams()
+# Names of the trainer nodes this plugin reads; Dassl already defines both.
+TRAINER_NODES = ("DAEL", "DAELDG")
 IN_EVERY_CHECKPOINT = object()  # a key every checkpoint has had
 
 
@@ -36,6 +40,24 @@ class Key:
     legacy: object = IN_EVERY_CHECKPOINT  # what a checkpoint written before the key existed ran with
     dassl: bool = False
     doc: str = ""
+    # An execution key whose EXECUTION value is None by default: each trainer's own choice
+    # (``execution_defaults``: on for DAEL, off for Dassl's baselines, which run as Dassl's do).
+    # ``default`` is DAEL's, the value of its TRAINER.DAEL spelling.
+    own: bool = False
+
+    def read(self, node) -> object:
+        """This key's value in ``node``, cast to its default's type; absent, its default (Dassl's
+        own tools/train.py never calls add_dael_config: a drop-in runs on Dassl's three keys)."""
+        value = node.get(self.name, self.default)
+        if isinstance(self.default, bool):
+            return bool(value)
+        if isinstance(self.default, float):
+            return float(value)
+        if isinstance(self.default, int):
+            return int(value)
+        if isinstance(self.default, tuple):
+            return tuple(value) if isinstance(value, (list, tuple)) else (value,)
+        return str(value).lower() if self.kind == "execution" else str(value)
 
     @property
     def field(self) -> str:
@@ -106,7 +128,9 @@ KEYS: Tuple[Key, ...] = (
         legacy="fp32",
         doc="autocast precision; fp16 adds a GradScaler",
     ),
-    Key("CHANNELS_LAST", True, "execution", legacy=False, doc="the backbone in channels_last where it runs so"),
+    Key(
+        "CHANNELS_LAST", True, "execution", legacy=False, own=True, doc="the backbone in channels_last where it runs so"
+    ),
     Key(
         "COMPILE",
         "none",
@@ -115,7 +139,7 @@ KEYS: Tuple[Key, ...] = (
         legacy="none",
         doc="torch.compile of the forward and losses as one graph",
     ),
-    Key("FUSED_OPTIM", True, "execution", legacy=False, doc="PyTorch's fused SGD/Adam/AdamW kernels"),
+    Key("FUSED_OPTIM", True, "execution", legacy=False, own=True, doc="PyTorch's fused SGD/Adam/AdamW kernels"),
     Key(
         "AUG_ON_DEVICE",
         False,
@@ -135,6 +159,11 @@ BY_NAME: Dict[str, Key] = {k.name: k for k in KEYS}
 METHOD_KEYS = tuple(k for k in KEYS if k.kind == "method")
 EXECUTION_KEYS = tuple(k for k in KEYS if k.kind == "execution")
 DEFAULTS: Dict[str, object] = {k.name: k.default for k in KEYS}
+# The EXECUTION node's defaults: the execution keys', None where each trainer has its own (``own``).
+EXECUTION_DEFAULTS: Dict[str, object] = {k.name: None if k.own else k.default for k in EXECUTION_KEYS}
+# The execution keys only DAEL's step reads (its per-domain chunks, its views on the device): a
+# trainer without that step refuses a value other than the default in one line.
+DAEL_STEP_KEYS = ("FUSE_CHUNKS", "CHUNK_BN", "AUG_ON_DEVICE")
 
 # Top-level keys the plugin adds (not under a trainer node).
 TOP_KEYS: Tuple[Key, ...] = (

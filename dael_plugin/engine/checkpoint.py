@@ -34,7 +34,7 @@ from dael_plugin.config.keys import TRAINER_NODES
 from dael_plugin.config.table import DATASET_KEYS, IN_EVERY_CHECKPOINT, KEYS, SELECTION_KEYS, TOP_KEYS
 from dael_plugin.core.hparams import ALL_CLASS_MASK_PARTS, CLASS_MASK_PARTS
 from dael_plugin.engine.atomic import save_torch
-from dael_plugin.engine.results_reader import WHERE_AND_HOW_KEYS
+from dael_plugin.engine.results_reader import WHERE_AND_HOW_KEYS, with_execution
 from dael_plugin.errors import DAELConfigError
 
 LAST = "checkpoint.pth.tar"  # the "last" checkpoint, rewritten after every epoch
@@ -234,6 +234,7 @@ def config_diff(saved_yaml: str, cfg: CN, free: Iterable[str] = RESUME_FREE_KEYS
     for key, value in LEGACY_VALUES.items():
         if key in now and key not in saved:
             saved[key] = value
+    saved, now = with_execution(saved), with_execution(now)  # EXECUTION.* once, whichever spelling
     own = f"TRAINER.{str(now.get('TRAINER.NAME', '')).upper()}."
     for key in now:  # another trainer's node, added to the engine later, cannot change this run
         if key not in saved and key.startswith("TRAINER.") and key.count(".") == 2 and not key.startswith(own):

@@ -15,7 +15,7 @@ import torch
 from torch import nn
 from yacs.config import CfgNode as CN
 
-from dael_plugin.config.keys import (  # noqa: F401 (COMPILE_FUSED_MIN_TORCH, check_execution: re-exported)
+from dael_plugin.config.execution import (  # noqa: F401 (COMPILE_FUSED_MIN_TORCH, check_execution: re-exported)
     COMPILE_FUSED_MIN_TORCH,
     check_execution,
 )

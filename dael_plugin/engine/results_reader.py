@@ -36,6 +36,33 @@ WHERE_AND_HOW_KEYS = (
     "TRAIN.PRINT_FREQ",
     "TRAIN.CHECKPOINT_FREQ",
 )
+# What a run recorded before the top-level EXECUTION node ran with, key by key: DAEL's node's
+# older spelling (TRAINER.DAEL.* / TRAINER.DAELDG.*) where the record has it, else these (every
+# other trainer ran so; tests/test_strategy.py holds them to config/table.py's legacy values).
+EXECUTION_BEFORE = {
+    "FUSE_CHUNKS": True,
+    "CHUNK_BN": "auto",
+    "PREC": "fp32",
+    "CHANNELS_LAST": False,
+    "COMPILE": "none",
+    "FUSED_OPTIM": False,
+    "AUG_ON_DEVICE": False,
+}
+
+
+def with_execution(flat: Dict[str, object]) -> Dict[str, object]:
+    """A flattened config with ``EXECUTION.*`` as the run ran, for a record or checkpoint written
+    before the node existed (and the older spellings left out: the node says it once)."""
+    own = f"TRAINER.{str(flat.get('TRAINER.NAME', '')).upper()}."
+    out = dict(flat)
+    for name, before in EXECUTION_BEFORE.items():
+        if out.get(f"EXECUTION.{name}") is None:  # absent, or the trainer's own (not yet resolved)
+            out[f"EXECUTION.{name}"] = flat.get(own + name, before)
+        for node in ("TRAINER.DAEL.", "TRAINER.DAELDG."):
+            out.pop(node + name, None)
+    return out
+
+
 # Config keys that never change a run's result, or that tell runs of one setting apart.
 NOT_SETTING = ("SEED", "DATASET.SOURCE_DOMAINS", "DATASET.TARGET_DOMAINS") + WHERE_AND_HOW_KEYS
 
@@ -173,7 +200,7 @@ def setting_items(rec: Record) -> Dict[str, object]:
     """The config keys and values that make the run's setting (engine included)."""
     flat = {
         k: v
-        for k, v in _flatten(rec.config).items()
+        for k, v in with_execution(_flatten(rec.config)).items()
         if not any(k == n or (n.endswith(".") and k.startswith(n)) for n in NOT_SETTING)
     }
     flat["engine"] = rec.data.get("engine")

@@ -27,7 +27,7 @@ import torch
 from yacs.config import CfgNode as CN
 
 from dael_plugin.config import trainer_node
-from dael_plugin.config.keys import Execution
+from dael_plugin.config.execution import Execution
 from dael_plugin.core import DAEL
 from dael_plugin.core.chunk_norm import resolve_impl
 from dael_plugin.data.batching import split_domains
@@ -36,6 +36,7 @@ from dael_plugin.engine import memory
 from dael_plugin.engine.distributed import LossModule, mean_over_processes, world, wrap
 from dael_plugin.engine.first_step_check import FirstStepCheck
 from dael_plugin.engine.guard import FiniteGuard
+from dael_plugin.engine.strategy import Strategy
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.device import DeviceViews, check_device_names
 
@@ -329,6 +330,7 @@ def make_step(
         compile_mode=execution.compile,
         device_views=device_views,
         guard=guard,
+        compile_backend=Strategy.compile_backend,
     )
 
 

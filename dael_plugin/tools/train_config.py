@@ -16,7 +16,9 @@ from yacs.config import CfgNode as CN
 
 from dael_plugin.backbones.timm_backbone import check_timm_backbone
 from dael_plugin.config import TRAINER_NODES, add_dael_config, check_run_values
+from dael_plugin.config.execution import PLAIN_RUN, execution_from_cfg, resolve_execution
 from dael_plugin.config.keys import check_other_node, hparams_from_cfg
+from dael_plugin.config.table import EXECUTION_KEYS
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.tools.train_cli import check_list_flags
 
@@ -202,8 +204,41 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
         check_builtin_values(cfg)
     check_timm_backbone(cfg.MODEL.BACKBONE.NAME)  # before either engine reads any data
     clean_cfg(cfg, cfg.TRAINER.NAME)
+    resolve_run_execution(cfg, engine)
     cfg.freeze()
     return cfg
+
+
+def resolve_run_execution(cfg: CN, engine: str) -> None:
+    """``EXECUTION.*`` as this trainer runs them, written into the config (so into its record and
+    checkpoint): the built-in trainers take them all (DAEL's step keys only DAEL); on the Dassl
+    engine the plugin's DAEL trainers do, and Dassl's own trainers, which run as Dassl wrote them,
+    refuse any in one line."""
+    name = str(cfg.TRAINER.NAME)
+    if engine == "builtin":
+        from dael_plugin.builtin.trainer import trainer_class
+
+        try:
+            cls = trainer_class(name)
+        except DAELConfigError:
+            return  # an unknown trainer is said in its own line, by the checks that follow
+        resolve_execution(cfg, cls.execution_defaults, "" if cls.dael_step else name)
+        return
+    if name.upper() in TRAINER_NODES:
+        resolve_execution(cfg)
+        return
+    plain = execution_from_cfg(cfg)
+    said = [
+        f"{k.name}={getattr(plain, k.field)!r}"
+        for k in EXECUTION_KEYS
+        if getattr(plain, k.field) != getattr(PLAIN_RUN, k.field)
+    ]
+    if said:
+        raise DAELConfigError(
+            f"EXECUTION.{said[0]}: Dassl's own {name} runs as Dassl wrote it, without the plugin's execution "
+            f"options; remove the key, or use --engine builtin, whose {name} takes them"
+        )
+    resolve_execution(cfg)
 
 
 def check_method_file_fits(method: dict, path: str, trainer: str) -> None:

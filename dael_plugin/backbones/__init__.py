@@ -44,8 +44,9 @@ def register_backbone(name: str):
     return add
 
 
-def build_backbone(name: str, pretrained: bool = False, weights_file: str = "") -> nn.Module:
-    """Build a backbone by name without Dassl; it exposes ``out_features``."""
+def build_backbone(name: str, pretrained: bool = False, weights_file: str = "", img_size=None) -> nn.Module:
+    """Build a backbone by name without Dassl; it exposes ``out_features``. ``img_size``: the
+    images' (height, width), ``INPUT.SIZE`` (a timm model is built for it)."""
     if name in OWN_BACKBONES or name in DASSL_CNNS:
         net = (OWN_BACKBONES.get(name) or DASSL_CNNS[name])()
         if not isinstance(getattr(net, "out_features", None), int):
@@ -58,9 +59,9 @@ def build_backbone(name: str, pretrained: bool = False, weights_file: str = "") 
             load_backbone_weights(net, weights_file)
         return net
     if name.startswith(TIMM_PREFIX):
-        return TimmBackbone(timm_model_name(name), pretrained=pretrained, weights_file=weights_file)
+        return TimmBackbone(timm_model_name(name), pretrained=pretrained, weights_file=weights_file, img_size=img_size)
     if name in TIMM_ALIASES:
-        return TimmBackbone(TIMM_ALIASES[name], pretrained=pretrained, weights_file=weights_file)
+        return TimmBackbone(TIMM_ALIASES[name], pretrained=pretrained, weights_file=weights_file, img_size=img_size)
     raise DAELConfigError(
         f"MODEL.BACKBONE.NAME={name!r} is not available without Dassl; use one of "
         f"{sorted(OWN_BACKBONES) + sorted(DASSL_CNNS) + sorted(TIMM_ALIASES)} or timm_<any timm model>, or run with --engine dassl"

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import socket
-from typing import Optional
+from typing import Optional, Sequence, Tuple
 from urllib.parse import urlparse
 
 from torch import nn
@@ -35,9 +35,9 @@ def check_timm_backbone(backbone_name: str) -> None:
         check_timm_model(timm_model_name(backbone_name))
 
 
-def _weights_cached(model_name: str) -> Optional[bool]:
-    """Whether timm's pretrained file for ``model_name`` is already on disk
-    (Hugging Face cache or torch hub cache); None when timm names no source."""
+def cached_weights_file(model_name: str) -> Optional[str]:
+    """The file of timm's pretrained weights for ``model_name`` on this machine (the Hugging Face
+    cache or the torch hub cache), or None: not there, or timm names no source."""
     import timm
 
     try:
@@ -51,14 +51,30 @@ def _weights_cached(model_name: str) -> Optional[bool]:
 
         repo = pcfg.hf_hub_id.split("@")[0]
         for fname in ("model.safetensors", "pytorch_model.bin", getattr(pcfg, "hf_hub_filename", None)):
-            if fname and isinstance(try_to_load_from_cache(repo, fname), str):
-                return True
-        return False
+            found = try_to_load_from_cache(repo, fname) if fname else None
+            if isinstance(found, str):
+                return found
+        return None
     if getattr(pcfg, "url", None):
         import torch
 
-        return os.path.isfile(os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(pcfg.url)))
+        path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(pcfg.url))
+        return path if os.path.isfile(path) else None
     return None
+
+
+def _weights_cached(model_name: str) -> Optional[bool]:
+    """Whether timm's pretrained file for ``model_name`` is already on disk; None when timm
+    names no source."""
+    import timm
+
+    try:
+        pcfg = timm.models.get_pretrained_cfg(model_name)
+    except Exception:  # an unknown tag: let timm say so
+        return None
+    if pcfg is None or not (getattr(pcfg, "hf_hub_id", None) or getattr(pcfg, "url", None)):
+        return None
+    return cached_weights_file(model_name) is not None
 
 
 def _host_resolves(url: str) -> bool:
@@ -96,6 +112,58 @@ def check_pretrained_reachable(model_name: str) -> None:
         )
 
 
+def made_for(model_name: str) -> Optional[Tuple[int, int]]:
+    """The (height, width) timm's pretrained config says the model was made for, or None."""
+    import timm
+
+    try:
+        pcfg = timm.models.get_pretrained_cfg(model_name)
+    except Exception:  # noqa: BLE001 (an unknown tag: timm says so when it builds)
+        return None
+    size = getattr(pcfg, "input_size", None) if pcfg is not None else None
+    return (int(size[-2]), int(size[-1])) if size else None
+
+
+def create_at_size(model_name: str, pretrained: bool, img_size: Optional[Sequence[int]], **kwargs) -> nn.Module:
+    """``timm.create_model(..., num_classes=0)`` for images of ``img_size``: a model that takes the
+    size as an argument (ViT, DeiT, Swin, EVA, CLIP towers) is built for it, timm resampling its
+    pretrained position embeddings; a convolutional one (no such argument) takes any size as it is.
+    Then one blank image of that size goes through it (evaluation mode, no gradient): a model that
+    cannot take the size is one line naming the size it was made for."""
+    import timm
+    import torch
+
+    model = None
+    if img_size is not None:
+        try:
+            model = timm.create_model(
+                model_name, pretrained=pretrained, num_classes=0, img_size=tuple(int(v) for v in img_size), **kwargs
+            )
+        except TypeError as exc:
+            if "img_size" not in str(exc):
+                raise
+    if model is None:
+        model = timm.create_model(model_name, pretrained=pretrained, num_classes=0, **kwargs)
+    if img_size is None:
+        return model
+    was = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            model(torch.zeros(1, 3, *[int(v) for v in img_size]))
+    except Exception as exc:  # noqa: BLE001 (an assertion, a shape error: the model's own words)
+        said = (str(exc).strip().splitlines() or [type(exc).__name__])[0][:160]
+        made = made_for(model_name)
+        hint = f'; it was made for {made[0]}x{made[1]}: set INPUT.SIZE "{list(made)}"' if made else ""
+        raise DAELConfigError(
+            f"MODEL.BACKBONE.NAME={PREFIX}{model_name} does not take INPUT.SIZE {img_size[0]}x{img_size[1]} "
+            f"({type(exc).__name__}: {said}){hint}, or pick another model"
+        ) from None
+    finally:
+        model.train(was)
+    return model
+
+
 class TimmBackbone(nn.Module):
     """Wraps ``timm.create_model(name, num_classes=0)``: pooled features only.
 
@@ -103,12 +171,18 @@ class TimmBackbone(nn.Module):
     ``num_features``), never hard-coded. Weights: ``weights_file``, whenever given, is read
     strictly (``backbones.weights``: every key filled, known prefixes stripped); otherwise
     ``pretrained=True`` loads timm's own cache, and ``pretrained=False`` builds a random model.
+    ``img_size``: the images' (height, width) (``INPUT.SIZE``), see :func:`create_at_size`.
     """
 
-    def __init__(self, model_name: str, pretrained: bool = False, weights_file: str = "", **kwargs) -> None:
+    def __init__(
+        self,
+        model_name: str,
+        pretrained: bool = False,
+        weights_file: str = "",
+        img_size: Optional[Sequence[int]] = None,
+        **kwargs,
+    ) -> None:
         super().__init__()
-        import timm
-
         check_timm_model(model_name)
         if weights_file and not os.path.isfile(weights_file):
             raise DAELConfigError(f"MODEL.BACKBONE.WEIGHTS={weights_file!r} is not a file")
@@ -118,7 +192,9 @@ class TimmBackbone(nn.Module):
         if from_hub:
             check_pretrained_reachable(model_name)
         try:
-            self.model = timm.create_model(model_name, pretrained=from_hub, num_classes=0, **kwargs)
+            self.model = create_at_size(model_name, from_hub, img_size, **kwargs)
+        except DAELConfigError:
+            raise
         except Exception as exc:  # timm raises many kinds when it cannot reach weights
             if not pretrained:
                 raise

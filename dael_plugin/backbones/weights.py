@@ -81,6 +81,10 @@ def load_backbone_weights(module: nn.Module, path: str, allowed_extra: Sequence[
     extra = sorted(k for k in set(sub) - set(own) if not k.startswith(tuple(allowed_extra)))
     wrong = [k for k in own if k in sub and tuple(sub[k].shape) != tuple(own[k].shape)]
     where = f" (prefix {prefix!r} stripped)" if prefix else ""
+    resampled = []
+    if wrong and not missing:
+        sub, resampled = _resample_to(module, sub, wrong)
+        wrong = [k for k in own if k in sub and tuple(sub[k].shape) != tuple(own[k].shape)]
     if missing:
         raise DAELConfigError(
             f"MODEL.BACKBONE.WEIGHTS {path}{where} fills {len(own) - len(missing)} of the backbone's {len(own)} "
@@ -102,5 +106,29 @@ def load_backbone_weights(module: nn.Module, path: str, allowed_extra: Sequence[
     print(
         f"Loaded the backbone's weights from {path}{where}: every one of its {len(own)} keys"
         + (f"; {left} other keys of the file left out (its classifier, other modules)" if left else "")
+        + (f"; resampled to this input size, as timm does: {', '.join(resampled)}" if resampled else "")
     )
-    return {"file": os.path.abspath(path), "sha256": sha256_of(path), "prefix": prefix, "keys": len(own)}
+    record = {"file": os.path.abspath(path), "sha256": sha256_of(path), "prefix": prefix, "keys": len(own)}
+    if resampled:
+        record["resampled"] = resampled
+    return record
+
+
+def _resample_to(module: nn.Module, sub: Dict[str, torch.Tensor], wrong: Sequence[str]):
+    """A ViT-like timm model's weights for another input size (position embeddings, patch
+    embedding) through the model family's own ``checkpoint_filter_fn``, as timm's pretrained
+    loading does; ``(sub, [])`` unchanged where the family has none or it fails."""
+    import sys
+
+    timm_model = next((m for m in module.modules() if type(m).__module__.startswith("timm.models.")), None)
+    fn = getattr(sys.modules.get(type(timm_model).__module__), "checkpoint_filter_fn", None) if timm_model else None
+    if fn is None:
+        return sub, []
+    prefix = next((n + "." for n, m in module.named_modules() if m is timm_model and n), "")
+    inner = {k[len(prefix) :]: v for k, v in sub.items() if k.startswith(prefix)}
+    try:
+        filtered = fn(dict(inner), timm_model)
+    except Exception:  # noqa: BLE001 (a family's filter for another layout: the shape error is said)
+        return sub, []
+    out = {**sub, **{prefix + k: v for k, v in filtered.items()}}
+    return out, [k for k in wrong if k in out and out[k].shape != sub[k].shape]

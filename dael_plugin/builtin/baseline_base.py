@@ -8,7 +8,6 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin.trainer import SingleClassifier
 from dael_plugin.engine import distributed
 from dael_plugin.errors import DAELConfigError
@@ -51,8 +50,7 @@ class DasslBaseline(SingleClassifier):
     def domain_net(self) -> nn.Module:
         """Dassl's second ``SimpleNet`` of its DG trainers (CrossGrad, DDAIG): a backbone of its own
         and a K-way classifier of the source domains."""
-        b = self.cfg.MODEL.BACKBONE
-        backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
+        backbone = self.build_backbone()
         return nn.Sequential(backbone, nn.Linear(backbone.out_features, len(self.sources)))
 
     def discrepancy_steps(self, loss_fn, out: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:

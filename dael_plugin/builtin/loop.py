@@ -27,6 +27,7 @@ from torch.utils.tensorboard import SummaryWriter
 from tqdm import tqdm
 from yacs.config import CfgNode as CN
 
+from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin import data as bdata
 from dael_plugin.config.execution import PLAIN_EXECUTION, execution_from_cfg
 from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
@@ -184,6 +185,12 @@ class BuiltinTrainer:
     def prepare_model(self) -> None:
         """Changes to the model on its device, before the optimiser exists (``EXECUTION``'s layout
         and compilation follow, engine/strategy.py; DAEL's step makes its own)."""
+
+    def build_backbone(self) -> nn.Module:
+        """``MODEL.BACKBONE`` (name, pretrained weights or a local file) for images of ``INPUT.SIZE``."""
+        b = self.cfg.MODEL.BACKBONE
+        size = tuple(int(v) for v in self.cfg.INPUT.SIZE)
+        return build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS, img_size=size)
 
     def build_optimizers(self) -> Dict[str, torch.optim.Optimizer]:
         """The optimisers by name, each over its modules, from ``OPTIM`` (a scheduler each): one

@@ -22,7 +22,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.core import chunk_norm
 from dael_plugin.core.baselines import PairHeads, discrepancy, moment_distance
@@ -48,8 +47,7 @@ class M3SDABuiltin(DasslBaseline):
         self.lmda, self.n_step_f = float(node.LMDA), int(node.N_STEP_F)
 
     def build_model(self) -> Dict[str, nn.Module]:
-        b = self.cfg.MODEL.BACKBONE
-        backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
+        backbone = self.build_backbone()
         return {"F": backbone, "C": PairHeads(backbone.out_features, self.num_classes, len(self.sources))}
 
     def prepare_model(self) -> None:

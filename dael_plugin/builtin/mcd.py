@@ -18,7 +18,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.core.baselines import discrepancy
 
@@ -31,8 +30,7 @@ class MCDBuiltin(DasslBaseline):
         self.n_step_f = int(self.cfg.TRAINER.MCD.N_STEP_F)
 
     def build_model(self) -> Dict[str, nn.Module]:
-        b = self.cfg.MODEL.BACKBONE
-        backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
+        backbone = self.build_backbone()
         fdim = backbone.out_features
         return {"F": backbone, "C1": nn.Linear(fdim, self.num_classes), "C2": nn.Linear(fdim, self.num_classes)}
 

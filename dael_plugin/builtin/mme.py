@@ -13,7 +13,6 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.core.baselines import Prototypes, mme_entropy_loss, reverse_grad
 
@@ -26,8 +25,7 @@ class MMEBuiltin(DasslBaseline):
         self.lmda = float(self.cfg.TRAINER.MME.LMDA)
 
     def build_model(self) -> Dict[str, nn.Module]:
-        b = self.cfg.MODEL.BACKBONE
-        backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
+        backbone = self.build_backbone()
         return {"F": backbone, "C": Prototypes(backbone.out_features, self.num_classes)}
 
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:

@@ -17,7 +17,6 @@ from torch import nn
 from torch.nn import functional as F
 from yacs.config import CfgNode as CN
 
-from dael_plugin.backbones import build_backbone
 from dael_plugin.builtin import data as bdata
 from dael_plugin.builtin.loop import CKPT, BuiltinTrainer, set_random_seed  # noqa: F401 (the CLI's)
 from dael_plugin.config import check_dael_cfg, hparams_from_cfg, trainer_node
@@ -69,8 +68,7 @@ class DAELBuiltin(BuiltinTrainer):
         self._warn_small_domains(self.train_loader_x)
 
     def build_model(self) -> Dict[str, nn.Module]:
-        b = self.cfg.MODEL.BACKBONE
-        backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
+        backbone = self.build_backbone()
         heads = build_heads(backbone.out_features, self.num_classes, len(self.sources), self.hparams)
         e = self.execution
         mask = torch.tensor(self.classes_held, device=self.device) if self.hparams.reads_class_table else None
@@ -182,8 +180,7 @@ class SingleClassifier(BuiltinTrainer):
     def build_model(self) -> Dict[str, nn.Module]:
         """``F`` and ``C`` (Dassl's ``SimpleNet``), from ``MODEL.INIT_WEIGHTS`` where it is set,
         as Dassl's ``build_model`` loads it (``source_model.load_source_model``, strict)."""
-        b = self.cfg.MODEL.BACKBONE
-        backbone = build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS)
+        backbone = self.build_backbone()
         modules = {"F": backbone, "C": nn.Linear(backbone.out_features, self.num_classes)}
         if self.cfg.MODEL.INIT_WEIGHTS and self.eval_only:
             print("--eval-only: the weights come from the checkpoint (MODEL.INIT_WEIGHTS unread)")

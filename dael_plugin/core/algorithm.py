@@ -73,6 +73,11 @@ class DAEL:
             reason = unfusable_reason(featurizer)
             if reason is None:
                 self._bns = convert(featurizer)  # per-chunk modules in place of the layers, once
+                if not self._bns:
+                    print(
+                        "dael_plugin: the backbone has no batch-norm layer (its LayerNorm or GroupNorm normalises "
+                        "each image alone), so per-domain statistics do not apply: the fused pass is one plain call"
+                    )
             else:
                 self.fuse_chunks = False
                 print(f"dael_plugin: FUSE_CHUNKS falls back to one backbone call per domain chunk: {reason}")

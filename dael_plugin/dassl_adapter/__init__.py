@@ -58,7 +58,9 @@ def prepare_cfg(cfg: CN) -> None:
     plugin registered after the first registration (register_datasets adds the missing ones)."""
     register_into_dassl()
     register_datasets()
-    register_timm_backbone(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""))
+    register_timm_backbone(
+        cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""), tuple(int(v) for v in cfg.INPUT.SIZE)
+    )
 
 
 # Importing the adapter is using Dassl: register (``dael_plugin/__init__`` leaves it to this line

@@ -20,11 +20,14 @@ def register_own_backbones() -> None:
             BACKBONE_REGISTRY.register(_own_factory(cls, name))  # Dassl keys a factory by its __name__
 
 
-def timm_factory(name: str, weights_file: str):
+def timm_factory(name: str, weights_file: str, img_size=None):
     def factory(pretrained=True, **kwargs):
         kwargs.pop("verbose", None)
         return TimmBackbone(
-            timm_model_name(name), pretrained=pretrained, weights_file=kwargs.pop("weights_file", weights_file)
+            timm_model_name(name),
+            pretrained=pretrained,
+            weights_file=kwargs.pop("weights_file", weights_file),
+            img_size=kwargs.pop("img_size", img_size),
         )
 
     factory.__name__ = name
@@ -44,16 +47,17 @@ def _own_factory(cls, name: str, weights_file: str = ""):
     return factory
 
 
-def register_timm_backbone(name: str, weights_file: str = "") -> None:
-    """Make ``timm_<model>`` buildable by Dassl's ``build_backbone`` (and the plugin's own
-    backbones read ``weights_file``).
+def register_timm_backbone(name: str, weights_file: str = "", img_size=None) -> None:
+    """Make ``timm_<model>`` buildable by Dassl's ``build_backbone`` for images of ``img_size``
+    (``INPUT.SIZE``), and the plugin's own backbones read ``weights_file``.
 
-    Dassl passes only ``pretrained`` to a factory, so the timm model name and
-    the local weights file are carried by the registered closure.
+    Dassl passes only ``pretrained`` to a factory, so the timm model name, the local weights file
+    and the input size are carried by the registered closure (Dassl's own trainers, M3SDA's and
+    MME's, build through it too).
     """
     if name in OWN_BACKBONES:  # the plugin's own, with this run's weights file (or none)
         BACKBONE_REGISTRY.register(_own_factory(OWN_BACKBONES[name], name, weights_file), force=True)
         return
     if not name.startswith(TIMM_PREFIX):
         return
-    BACKBONE_REGISTRY.register(timm_factory(name, weights_file), force=True)  # keyed by name
+    BACKBONE_REGISTRY.register(timm_factory(name, weights_file, img_size), force=True)  # keyed by name

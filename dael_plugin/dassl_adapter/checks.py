@@ -138,7 +138,9 @@ def check_run_names(cfg: CN) -> None:
 
     # A timm backbone (and its local weights file) registered by name (``import dael_plugin`` did the rest),
     # and the backbones and datasets a --plugin registered since.
-    register_timm_backbone(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""))
+    register_timm_backbone(
+        cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""), tuple(int(v) for v in cfg.INPUT.SIZE)
+    )
     register_own_backbones()
     register_datasets()
     check_trainer_cfg(cfg)

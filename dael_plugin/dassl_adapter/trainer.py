@@ -198,7 +198,9 @@ class DAELTrainer(TrainerXU):
         cfg = self.cfg
         # The config is at hand here, so a timm backbone's local weights are honoured
         # even when Dassl's own tools/train.py built this trainer.
-        register_timm_backbone(cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""))
+        register_timm_backbone(
+            cfg.MODEL.BACKBONE.NAME, cfg.MODEL.BACKBONE.get("WEIGHTS", ""), tuple(int(v) for v in cfg.INPUT.SIZE)
+        )
         print("Building F")
         self.F = SimpleNet(cfg, cfg.MODEL, 0)
         self.F.to(self.device)

@@ -105,11 +105,28 @@ def weights_record(name: str, pretrained: bool, weights_file: str, engine: str =
         return {"dassl": name, "pretrained": bool(pretrained)}
     timm_name = name[len(TIMM_PREFIX) :] if name.startswith(TIMM_PREFIX) else TIMM_ALIASES.get(name)
     if pretrained and timm_name:
-        return {"timm": timm_name}
+        from dael_plugin.backbones.timm_backbone import cached_weights_file
+
+        record = {"timm": timm_name, "tag": _timm_tag(timm_name)}
+        path = cached_weights_file(timm_name)  # what timm read (it reads from its cache, once fetched)
+        if path:
+            record.update(file=os.path.realpath(path), sha256=sha256_of(path))
+        return record
     return {
         "read": None,
         "why": "MODEL.BACKBONE.PRETRAINED False" if not pretrained else f"{name} has no pretrained weights here",
     }
+
+
+def _timm_tag(model_name: str) -> Optional[str]:
+    """timm's pretrained tag for ``model_name`` (its default where the name gives none)."""
+    try:
+        import timm
+
+        pcfg = timm.models.get_pretrained_cfg(model_name)
+    except Exception:  # noqa: BLE001 (an unknown tag)
+        return None
+    return getattr(pcfg, "tag", None) if pcfg is not None else None
 
 
 def _weights_record(cfg: CN, engine: str) -> Optional[dict]:

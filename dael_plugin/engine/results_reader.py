@@ -196,14 +196,34 @@ def _flatten(d, prefix: str = "") -> Dict[str, object]:
     return flat
 
 
+def weights_identity(record: Optional[dict]) -> Optional[str]:
+    """A short name for the weights a ``backbone_weights`` record says a run started from (collect
+    keeps runs of other weights in other rows); None for a record without one."""
+    if not isinstance(record, dict):
+        return None
+    if record.get("sha256"):
+        return f"sha256:{str(record['sha256'])[:12]}"
+    if record.get("timm"):
+        return f"timm:{record['timm']}"
+    if record.get("dassl"):
+        return f"dassl:{record['dassl']}{':pretrained' if record.get('pretrained') else ''}"
+    return "random"
+
+
 def setting_items(rec: Record) -> Dict[str, object]:
-    """The config keys and values that make the run's setting (engine included)."""
+    """The config keys and values that make the run's setting (engine included; the weights the
+    backbone started from, where the record names them: the same file name with other contents,
+    or timm's weights of another tag, is another setting)."""
     flat = {
         k: v
         for k, v in with_execution(_flatten(rec.config)).items()
         if not any(k == n or (n.endswith(".") and k.startswith(n)) for n in NOT_SETTING)
     }
     flat["engine"] = rec.data.get("engine")
+    weights = weights_identity(rec.data.get("backbone_weights"))
+    if weights is not None:
+        flat["weights"] = weights
+        flat.pop("MODEL.BACKBONE.WEIGHTS", None)  # the file's contents say it, not where it lay
     return flat
 
 
@@ -231,4 +251,5 @@ __all__ = [
     "setting_items",
     "setting_key",
     "setting_of",
+    "weights_identity",
 ]

@@ -1,0 +1,90 @@
+"""ViT-like timm encoders at the dataset's size (``backbones/timm_backbone.py::create_at_size``), a
+weights file made for another size resampled as timm does, the one line for a size a model cannot
+take, the fused pass on a backbone without batch norm, and the weights a record names
+(``engine/results_reader.weights_identity``: collect keeps other weights in other rows)."""
+
+import json
+import os
+
+import pytest
+import torch
+
+from conftest import ROOT, run_here
+
+VIT = "vit_tiny_patch16_224"
+
+
+def test_a_vit_is_built_for_the_input_size_and_its_224_weights_resampled(tmp_path, capsys):
+    import timm
+
+    from dael_plugin.backbones import build_backbone
+
+    net = build_backbone(f"timm_{VIT}", img_size=(32, 32))
+    assert net(torch.zeros(2, 3, 32, 32)).shape == (2, 192) and net.out_features == 192
+    assert tuple(net.model.pos_embed.shape) == (1, 1 + 2 * 2, 192)  # a 2x2 grid of 16-pixel patches, and CLS
+    made = timm.create_model(VIT, num_classes=0)  # at 224: 14x14 positions
+    path = tmp_path / "vit224.pth"
+    torch.save(made.state_dict(), path)
+    net = build_backbone(f"timm_{VIT}", weights_file=str(path), img_size=(32, 32))
+    said = capsys.readouterr().out
+    assert "resampled to this input size, as timm does: pos_embed" in said
+    torch.testing.assert_close(net.model.patch_embed.proj.weight, made.patch_embed.proj.weight, rtol=0, atol=0)
+    from timm.layers import resample_abs_pos_embed
+
+    want = resample_abs_pos_embed(made.pos_embed, new_size=(2, 2), num_prefix_tokens=1)
+    torch.testing.assert_close(net.model.pos_embed, want)
+    # a convolutional model takes the size as it is (no img_size argument)
+    assert build_backbone("timm_resnet18", img_size=(32, 32)).out_features == 512
+
+
+def test_a_size_the_model_cannot_take_is_one_line():
+    from dael_plugin.backbones import build_backbone
+    from dael_plugin.errors import DAELConfigError
+
+    with pytest.raises(DAELConfigError) as info:
+        build_backbone(f"timm_{VIT}", img_size=(8, 8))
+    said = str(info.value)
+    assert "\n" not in said and "does not take INPUT.SIZE 8x8" in said and 'set INPUT.SIZE "[224, 224]"' in said
+
+
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+def test_dael_trains_a_tiny_vit_at_32x32(tmp_path, tiny_root, engine):
+    proc = run_here(
+        ["--engine", engine, "--trainer", "DAEL", "--root", tiny_root, "--output-dir", str(tmp_path / "run"),
+         "--dataset-config-file", os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml"),
+         "--config-file", os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml"),
+         "--source-domains", "hand", "street", "font", "--target-domains", "blend", "--seed", "1", "--",
+         "MODEL.BACKBONE.NAME", f"timm_{VIT}", "OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0",
+         "SELECTION.EVAL_FREQ", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8"]
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert record["backbone"] == f"timm_{VIT}" and record["engine"] == engine
+    assert record["backbone_weights"]["read"] is None  # PRETRAINED False: a random start, said so
+    if engine == "builtin":  # the plugin's fused pass (the Dassl engine's DAEL is the plugin's too)
+        assert "per-domain statistics do not apply: the fused pass is one plain call" in proc.stdout
+
+
+def _record(weights, path="x/results.json", file_key=""):
+    import yaml
+
+    from dael_plugin.engine.results_reader import Record
+
+    config = {"TRAINER": {"NAME": "DAEL"}, "MODEL": {"BACKBONE": {"WEIGHTS": file_key}}}
+    data = {"engine": "builtin", "backbone_weights": weights, "provenance": {"config": yaml.safe_dump(config)}}
+    return Record(path, data)
+
+
+def test_runs_of_other_weights_are_other_settings_and_a_moved_file_is_not():
+    from dael_plugin.engine.results_reader import setting_items, setting_key
+
+    a = _record({"file": "/a/w.pth", "sha256": "1" * 64}, file_key="/a/w.pth")
+    moved = _record({"file": "/b/w.pth", "sha256": "1" * 64}, file_key="/b/w.pth")
+    other = _record({"file": "/a/w.pth", "sha256": "2" * 64}, file_key="/a/w.pth")
+    assert setting_key(a) == setting_key(moved)  # the same file, elsewhere
+    assert setting_key(a) != setting_key(other)  # the same name, other contents
+    assert setting_items(other)["weights"] == "sha256:" + "2" * 12
+    v1 = _record({"timm": "resnet50.tv_in1k", "tag": "tv_in1k"})
+    v2 = _record({"timm": "resnet50.tv2_in1k", "tag": "tv2_in1k"})
+    assert setting_key(v1) != setting_key(v2)  # torchvision's V1 and V2 ImageNet weights
+    assert setting_items(_record({"read": None, "why": "MODEL.BACKBONE.PRETRAINED False"}))["weights"] == "random"

@@ -144,7 +144,28 @@ def test_a_weights_file_is_read_whenever_given_and_strictly(tmp_path, capsys):
     rec = weights_record("timm_resnet18", False, str(plain))
     assert rec["file"] == str(plain) and len(rec["sha256"]) == 64
     assert weights_record("timm_resnet18", False, "")["read"] is None
-    assert weights_record("resnet18", True, "") == {"timm": "resnet18.tv_in1k"}
+    # Dassl's ResNets are torchvision's V1 weights, named so; with no file in timm's cache, none named
+    assert weights_record("resnet18", True, "") == {"timm": "resnet18.tv_in1k", "tag": "tv_in1k"}
+
+
+def test_timms_weights_in_its_cache_are_recorded_with_their_sha256(tmp_path, monkeypatch):
+    """The file timm reads from the Hugging Face cache (a stand-in file here), and its sha256."""
+    import hashlib
+
+    from huggingface_hub import constants
+
+    from dael_plugin.engine.results import weights_record
+
+    snap = tmp_path / "models--timm--resnet18.tv_in1k" / "snapshots" / "abc"
+    snap.mkdir(parents=True)
+    (tmp_path / "models--timm--resnet18.tv_in1k" / "refs").mkdir()
+    (tmp_path / "models--timm--resnet18.tv_in1k" / "refs" / "main").write_text("abc")
+    (snap / "model.safetensors").write_bytes(b"weights")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path))
+    rec = weights_record("resnet18", True, "")
+    assert rec["timm"] == "resnet18.tv_in1k" and rec["tag"] == "tv_in1k"
+    assert rec["file"] == str(snap / "model.safetensors")
+    assert rec["sha256"] == hashlib.sha256(b"weights").hexdigest()
 
 
 def test_unknown_backbones_are_one_line_errors():

@@ -107,10 +107,6 @@ def execution_from_cfg(cfg: CN, own: Optional[Dict[str, bool]] = None, trainer: 
     values = _execution_values(cfg, own)
     e = Execution(**{BY_NAME[k].field: v for k, v in values.items()})
     check_execution(e.prec, e.compile, "EXECUTION", e.fuse_chunks)
-    if e.chunk_bn not in BY_NAME["CHUNK_BN"].choices:
-        raise DAELConfigError(
-            f"EXECUTION.CHUNK_BN={e.chunk_bn!r} is invalid; use one of {list(BY_NAME['CHUNK_BN'].choices)}"
-        )
     if trainer:
         for k in DAEL_STEP_KEYS:
             if values[k] != BY_NAME[k].default:

@@ -88,3 +88,64 @@ def test_runs_of_other_weights_are_other_settings_and_a_moved_file_is_not():
     v2 = _record({"timm": "resnet50.tv2_in1k", "tag": "tv2_in1k"})
     assert setting_key(v1) != setting_key(v2)  # torchvision's V1 and V2 ImageNet weights
     assert setting_items(_record({"read": None, "why": "MODEL.BACKBONE.PRETRAINED False"}))["weights"] == "random"
+
+
+def _cfg(tmp_path, *opts, config=None, engine="builtin"):
+    from dael_plugin.tools.train import build_parser, setup_cfg
+
+    argv = ["--engine", engine, "--trainer", "DAEL", "--root", str(tmp_path), "--seed", "1"]
+    argv += ["--dataset-config-file", os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")]
+    argv += ["--config-file", config or os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")]
+    return setup_cfg(build_parser().parse_args(argv + ["--", *opts]), engine)
+
+
+CLIP = "timm_vit_base_patch16_clip_quickgelu_224.openai"
+CLIP_MEAN, CLIP_STD = [0.48145466, 0.4578275, 0.40821073], [0.26862954, 0.26130258, 0.27577711]
+
+
+def test_pixel_stats_auto_are_the_weights_own_and_the_last_setting_wins(tmp_path):
+    """``auto`` is the pretrained_cfg's mean and std (CLIP's here, not ImageNet's); the numbers are
+    written into the config; a file's ``auto`` gives way to numbers given after it, and back."""
+    import yaml
+
+    from dael_plugin.tools import pixel_stats
+
+    cfg = _cfg(tmp_path, "MODEL.BACKBONE.NAME", CLIP, "INPUT.PIXEL_MEAN", "auto", "INPUT.PIXEL_STD", "auto")
+    assert list(cfg.INPUT.PIXEL_MEAN) == CLIP_MEAN and list(cfg.INPUT.PIXEL_STD) == CLIP_STD
+    assert yaml.safe_load(cfg.dump())["INPUT"]["PIXEL_MEAN"] == CLIP_MEAN  # what results.json records
+    # Dassl's ResNet-18 reads torchvision's weights: ImageNet's std; the mean, not set to auto, is the file's
+    tv = _cfg(tmp_path, "MODEL.BACKBONE.NAME", "resnet18", "INPUT.PIXEL_STD", "auto")
+    assert list(tv.INPUT.PIXEL_STD) == [0.229, 0.224, 0.225] and list(tv.INPUT.PIXEL_MEAN) == [0.5, 0.5, 0.5]
+    method = tmp_path / "auto.yaml"
+    with open(os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")) as f:
+        method.write_text(f.read() + "\nINPUT:\n  PIXEL_MEAN: auto\n  PIXEL_STD: auto\n")
+    from_file = _cfg(tmp_path, "MODEL.BACKBONE.NAME", CLIP, config=str(method))
+    assert list(from_file.INPUT.PIXEL_MEAN) == CLIP_MEAN
+    later = _cfg(tmp_path, "MODEL.BACKBONE.NAME", CLIP, "INPUT.PIXEL_MEAN", "[0.1, 0.2, 0.3]", config=str(method))
+    assert list(later.INPUT.PIXEL_MEAN) == [0.1, 0.2, 0.3] and list(later.INPUT.PIXEL_STD) == CLIP_STD
+    # the log line: the weights' own, or a warning naming theirs (only where pretrained weights are read)
+    later.defrost()
+    later.MODEL.BACKBONE.PRETRAINED = True
+    said = pixel_stats.note(later)
+    assert said.startswith("warning: INPUT.PIXEL_MEAN [0.1, 0.2, 0.3]") and "set INPUT.PIXEL_MEAN auto" in said
+    assert "vit_base_patch16_clip_quickgelu_224.openai" in said and "[0.4815, 0.4578, 0.4082]" in said
+    later.INPUT.PIXEL_MEAN = CLIP_MEAN
+    assert pixel_stats.note(later).startswith("Pixels normalised with the weights' own mean [0.4815")
+    later.MODEL.BACKBONE.PRETRAINED = False
+    assert pixel_stats.note(later) is None  # a random start has no weights' own
+
+
+def test_pixel_stats_auto_for_a_backbone_without_pretrained_config_is_one_line(tmp_path):
+    from dael_plugin.errors import DAELConfigError
+
+    with pytest.raises(DAELConfigError) as info:
+        _cfg(tmp_path, "INPUT.PIXEL_MEAN", "auto")  # the plugin's small CNN: no pretrained_cfg
+    said = str(info.value)
+    assert "\n" not in said and said.startswith("INPUT.PIXEL_MEAN auto: MODEL.BACKBONE.NAME dael_small_cnn has no")
+
+
+@pytest.mark.dassl
+def test_pixel_stats_auto_on_the_dassl_engine(tmp_path):
+    """Dassl's config (``get_cfg_default``) takes ``auto`` as the built-in one does."""
+    cfg = _cfg(tmp_path, "MODEL.BACKBONE.NAME", CLIP, "INPUT.PIXEL_MEAN", "auto", engine="dassl")
+    assert list(cfg.INPUT.PIXEL_MEAN) == CLIP_MEAN and list(cfg.INPUT.PIXEL_STD) == [0.5, 0.5, 0.5]

@@ -68,6 +68,35 @@ def build_backbone(name: str, pretrained: bool = False, weights_file: str = "", 
     )
 
 
+def timm_name_of(name: str):
+    """The timm model (with its tag) that ``MODEL.BACKBONE.NAME`` builds, or None (the plugin's own
+    and Dassl's digit CNNs, a user's registered backbone)."""
+    if name.startswith(TIMM_PREFIX):
+        return timm_model_name(name)
+    return TIMM_ALIASES.get(name)
+
+
+def pretrained_stats(name: str):
+    """``(mean, std, model)``: the per-channel mean and std the pretrained weights of the backbone
+    ``name`` were made with (timm's ``pretrained_cfg``: CLIP's for CLIP towers, ``0.5`` for the
+    AugReg ViTs, ImageNet's for torchvision's ResNets), and the timm model they belong to; None
+    where the backbone has no pretrained configuration."""
+    model = timm_name_of(name)
+    if model is None:
+        return None
+    import timm
+
+    try:
+        pcfg = timm.models.get_pretrained_cfg(model)
+    except Exception:  # noqa: BLE001 (an unknown tag: timm says so when it builds)
+        return None
+    if pcfg is None or not getattr(pcfg, "mean", None) or not getattr(pcfg, "std", None):
+        return None
+    tag = getattr(pcfg, "tag", None)
+    full = model if "." in model or not tag else f"{model}.{tag}"
+    return [float(v) for v in pcfg.mean], [float(v) for v in pcfg.std], full
+
+
 __all__ = [
     "DASSL_CNNS",
     "OWN_BACKBONES",
@@ -75,6 +104,8 @@ __all__ = [
     "TIMM_PREFIX",
     "TimmBackbone",
     "build_backbone",
+    "pretrained_stats",
     "register_backbone",
     "timm_model_name",
+    "timm_name_of",
 ]

@@ -20,12 +20,14 @@ from dael_plugin.config.execution import PLAIN_RUN, execution_from_cfg, resolve_
 from dael_plugin.config.keys import check_other_node, hparams_from_cfg
 from dael_plugin.config.table import EXECUTION_KEYS
 from dael_plugin.errors import DAELConfigError
+from dael_plugin.tools import pixel_stats
 from dael_plugin.tools.train_cli import check_list_flags
 
 
-def merge_file(cfg: CN, path: str, engine: str) -> dict:
+def merge_file(cfg: CN, path: str, engine: str, auto: Optional[dict] = None) -> dict:
     """Merge a config file as data: YAML read as data (:mod:`dael_plugin.config.strict_yaml`), never
-    imported (yacs's ``merge_from_file`` would import a ``.py`` file and run it)."""
+    imported (yacs's ``merge_from_file`` would import a ``.py`` file and run it). ``auto``: where
+    ``INPUT.PIXEL_MEAN`` / ``PIXEL_STD`` set to ``auto`` are noted (:mod:`dael_plugin.tools.pixel_stats`)."""
     from dael_plugin.config.strict_yaml import load_config_file
 
     if path.endswith(".py"):
@@ -41,6 +43,7 @@ def merge_file(cfg: CN, path: str, engine: str) -> dict:
             f"config file {path} holds a {type(loaded).__name__}, not a mapping of KEY: value; "
             "see configs/ for examples"
         )
+    loaded = pixel_stats.take_from_file(loaded, {} if auto is None else auto)
     try:
         cfg.merge_from_other_cfg(CN(loaded))  # yacs decodes the values as merge_from_file does
     except KeyError as exc:
@@ -163,9 +166,10 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
         cfg = get_builtin_cfg()
         clean_cfg = builtin_clean_cfg
     add_dael_config(cfg)
+    auto: dict = {}  # INPUT.PIXEL_MEAN / PIXEL_STD: auto, as the last file or option to set them says
     if args.dataset_config_file:
-        merge_file(cfg, args.dataset_config_file, engine)
-    method = merge_file(cfg, args.config_file, engine) if args.config_file else {}
+        merge_file(cfg, args.dataset_config_file, engine, auto)
+    method = merge_file(cfg, args.config_file, engine, auto) if args.config_file else {}
     reset_cfg(cfg, args)
     check_method_file_fits(method, args.config_file, str(cfg.TRAINER.NAME))
     check_list_flags(args)
@@ -181,7 +185,7 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     if len(opts) % 2:
         raise DAELConfigError(f"trailing options must be KEY VALUE pairs, got {opts}")
     try:
-        cfg.merge_from_list(coerce_opts(cfg, opts))
+        cfg.merge_from_list(coerce_opts(cfg, pixel_stats.take_from_opts(opts, auto)))
     except (KeyError, AssertionError) as exc:  # yacs asserts on unknown keys here
         raise DAELConfigError(key_error(exc, engine, "the command line", cfg)) from None
     except ValueError as exc:
@@ -203,6 +207,7 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     if engine == "builtin":
         check_builtin_values(cfg)
     check_timm_backbone(cfg.MODEL.BACKBONE.NAME)  # before either engine reads any data
+    pixel_stats.resolve(cfg, auto)  # the numbers, in the config that is recorded
     clean_cfg(cfg, cfg.TRAINER.NAME)
     resolve_run_execution(cfg, engine)
     cfg.freeze()

@@ -28,10 +28,14 @@ def say_config(cfg: CN, extra: str = "") -> None:
     """The whole config (and Dassl's system info) to the run's log file; a few lines on the terminal:
     what trains on what, for how long, and where the rest is written."""
     from dael_plugin.builtin.runlog import log_only
+    from dael_plugin.tools import pixel_stats
 
     logged = log_only("** Config **\n" + str(cfg) + "\n" + extra)
     if not logged:
         return
+    said = pixel_stats.note(cfg)  # the weights' own mean and std, or others
+    if said:
+        print(said)
     batch = cfg.DATALOADER.TRAIN_X.BATCH_SIZE
     target = list(cfg.DATASET.TARGET_DOMAINS)
     print(

@@ -81,6 +81,7 @@ SLOW = (
     "seed_minus_one",
     "backbone_weights_on_the_dassl_engine",
     "another_trainer_into_a_finished",
+    "offline_with",
 )
 
 

@@ -110,7 +110,7 @@ def test_a_weights_file_is_read_whenever_given_and_strictly(tmp_path, capsys):
     fills part of the backbone are one line each."""
     import timm
 
-    from dael_plugin.engine.results import weights_record
+    from dael_plugin.backbones.record import weights_record
 
     torch.manual_seed(1)
     src = timm.create_model("resnet18", pretrained=False, num_classes=10)
@@ -154,7 +154,7 @@ def test_timms_weights_in_its_cache_are_recorded_with_their_sha256(tmp_path, mon
 
     from huggingface_hub import constants
 
-    from dael_plugin.engine.results import weights_record
+    from dael_plugin.backbones.record import weights_record
 
     snap = tmp_path / "models--timm--resnet18.tv_in1k" / "snapshots" / "abc"
     snap.mkdir(parents=True)

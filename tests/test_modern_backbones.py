@@ -149,3 +149,102 @@ def test_pixel_stats_auto_on_the_dassl_engine(tmp_path):
     """Dassl's config (``get_cfg_default``) takes ``auto`` as the built-in one does."""
     cfg = _cfg(tmp_path, "MODEL.BACKBONE.NAME", CLIP, "INPUT.PIXEL_MEAN", "auto", engine="dassl")
     assert list(cfg.INPUT.PIXEL_MEAN) == CLIP_MEAN and list(cfg.INPUT.PIXEL_STD) == [0.5, 0.5, 0.5]
+
+
+def _hub_cache(root, model="test_resnet.r160_in1k"):
+    """A Hugging Face cache holding timm's ``model`` (random weights in timm's layout), as
+    ``huggingface_hub`` lays it out: ``models--timm--<model>/{refs/main, snapshots/<rev>/}``."""
+    import timm
+    from safetensors.torch import save_file
+
+    repo = os.path.join(str(root), "hub", f"models--timm--{model}")
+    os.makedirs(os.path.join(repo, "refs"))
+    os.makedirs(os.path.join(repo, "snapshots", "0" * 40))
+    with open(os.path.join(repo, "refs", "main"), "w") as f:
+        f.write("0" * 40)
+    torch.manual_seed(7)
+    state = {k: v.contiguous() for k, v in timm.create_model(model.split(".")[0]).state_dict().items()}
+    path = os.path.join(repo, "snapshots", "0" * 40, "model.safetensors")
+    save_file(state, path)
+    return path, state
+
+
+def _offline_env(home):
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(home), "TORCH_HOME": str(home / "torch")}
+    env.pop("HF_HUB_CACHE", None)
+    env.pop("HUGGINGFACE_HUB_CACHE", None)
+    return env
+
+
+def _pretrained_run(tmp_path, tiny_root, env, out="run"):
+    import subprocess
+    import sys
+
+    args = [sys.executable, os.path.join(ROOT, "scripts", "train.py"), "--engine", "builtin", "--trainer", "DAEL",
+            "--root", tiny_root, "--output-dir", str(tmp_path / out),
+            "--dataset-config-file", os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml"),
+            "--config-file", os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml"),
+            "--source-domains", "hand", "street", "font", "--target-domains", "blend", "--seed", "1", "--",
+            "MODEL.BACKBONE.NAME", "timm_test_resnet", "MODEL.BACKBONE.PRETRAINED", "True", "OPTIM.MAX_EPOCH", "1",
+            "DATALOADER.NUM_WORKERS", "0", "SELECTION.EVAL_FREQ", "0", "INPUT.PIXEL_MEAN", "auto",
+            "INPUT.PIXEL_STD", "auto", "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8"]  # fmt: skip
+    env = {**env, "DAEL_PLUGIN_HIDE_DASSL": "1", "PYTHONPATH": ROOT}
+    return subprocess.run(args, cwd=str(tmp_path), env=env, capture_output=True, text=True, timeout=600)
+
+
+def test_offline_with_no_local_weights_is_one_line_naming_the_file_and_the_cache(tmp_path, tiny_root):
+    """``HF_HUB_OFFLINE=1`` set in the shell (before the hub library is imported) and an empty
+    cache: the run stops at once, naming the file it expected and the folder it searched."""
+    proc = _pretrained_run(tmp_path, tiny_root, _offline_env(tmp_path / "home"))
+    assert proc.returncode != 0
+    said = proc.stderr.strip()
+    assert "\n" not in said and "Traceback" not in said, said[-2000:]
+    assert "timm/test_resnet.r160_in1k/model.safetensors" in said and "HF_HUB_OFFLINE is set" in said
+    assert f"the Hugging Face cache {tmp_path / 'home' / 'hub'}" in said
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+def test_offline_with_weights_in_the_cache_reads_and_records_them(tmp_path, tiny_root):
+    """The second place the weights are resolved from: timm's file in the Hugging Face cache, read
+    offline. ``results.json`` and the checkpoint name the model, its tag, the source and the
+    file's sha256; normalisation ``auto`` is the model's own. (timm's ``test_resnet``, 0.4M
+    parameters, has a pretrained tag as the large models do.)"""
+    import hashlib
+
+    from dael_plugin.engine.checkpoint import load_checkpoint
+
+    path, _ = _hub_cache(tmp_path / "home")
+    proc = _pretrained_run(tmp_path, tiny_root, _offline_env(tmp_path / "home"))
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    with open(path, "rb") as f:
+        sha = hashlib.sha256(f.read()).hexdigest()
+    want = {"timm": "test_resnet", "tag": "r160_in1k", "source": "cache", "file": os.path.realpath(path), "sha256": sha}
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert record["backbone_weights"] == want
+    assert load_checkpoint(str(tmp_path / "run" / "checkpoint.pth.tar"))["backbone_weights"] == want
+    assert "Pixels normalised with the weights' own mean [0.5, 0.5, 0.5]" in proc.stdout
+
+
+def test_weights_from_the_hub_cache_are_the_files_and_a_resume_onto_other_weights_is_refused(tmp_path, monkeypatch):
+    """In-process: a pretrained build reads the cached file's tensors (not a random start); a
+    checkpoint whose file now holds other bytes does not resume."""
+    from huggingface_hub import constants
+    from yacs.config import CfgNode as CN
+
+    from dael_plugin.backbones import build_backbone
+    from dael_plugin.backbones.record import weights_record
+    from dael_plugin.engine.checkpoint import CheckpointError, check_same_weights
+
+    path, state = _hub_cache(tmp_path)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    net = build_backbone("timm_test_resnet", pretrained=True)
+    for k, v in net.model.state_dict().items():
+        torch.testing.assert_close(v, state[k], rtol=0, atol=0)
+    rec = weights_record("timm_test_resnet", True, "")
+    assert rec["source"] == "cache" and rec["file"] == os.path.realpath(path)
+    cfg = CN({"MODEL": CN({"BACKBONE": CN({"NAME": "timm_test_resnet", "PRETRAINED": True, "WEIGHTS": ""})})})
+    check_same_weights({"backbone_weights": rec, "engine": "builtin"}, cfg, "ckpt")  # the same bytes: resumes
+    with pytest.raises(CheckpointError, match="now holds others") as info:
+        check_same_weights({"backbone_weights": {**rec, "sha256": "f" * 64}, "engine": "builtin"}, cfg, "ckpt")
+    assert "\n" not in str(info.value)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import difflib
 import os
 import socket
-from typing import Optional, Sequence, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 from urllib.parse import urlparse
 
 from torch import nn
@@ -13,6 +13,14 @@ from torch import nn
 from dael_plugin.errors import DAELConfigError
 
 PREFIX = "timm_"
+# timm model -> "cache" or "hub": where this process's builds found its pretrained weights.
+_SOURCES: Dict[str, str] = {}
+
+
+def weights_source(model_name: str) -> Optional[str]:
+    """``cache`` or ``hub`` where a build in this process read ``model_name``'s pretrained weights
+    from a local cache or downloaded them; None where none did."""
+    return _SOURCES.get(model_name)
 
 
 def timm_model_name(backbone_name: str) -> str:
@@ -101,14 +109,21 @@ def check_pretrained_reachable(model_name: str) -> None:
         from huggingface_hub import constants
 
         url = constants.ENDPOINT
-        offline = bool(getattr(constants, "HF_HUB_OFFLINE", False))
+        offline = bool(getattr(constants, "HF_HUB_OFFLINE", False))  # read when the hub library was imported
+        expected = f"{pcfg.hf_hub_id.split('@')[0]}/model.safetensors (or pytorch_model.bin)"
+        searched = f"the Hugging Face cache {constants.HF_HUB_CACHE}"
     else:
+        import torch
+
         url, offline = pcfg.url, False
+        expected = os.path.basename(pcfg.url)
+        searched = f"the torch hub cache {os.path.join(torch.hub.get_dir(), 'checkpoints')}"
     if offline or not _host_resolves(url):
+        why = "HF_HUB_OFFLINE is set" if offline else f"{url} cannot be reached"
         raise DAELConfigError(
-            f"pretrained weights for timm model {model_name!r} are not on this machine and {url} cannot be "
-            "reached; give a local file with MODEL.BACKBONE.WEIGHTS /path/to/weights.pth (or .safetensors), "
-            "put them in the Hugging Face cache, or set MODEL.BACKBONE.PRETRAINED False"
+            f"pretrained weights for timm model {model_name!r} ({expected}) are not in {searched} and {why}; "
+            "give a local file with MODEL.BACKBONE.WEIGHTS /path/to/weights.pth (or .safetensors), put them in "
+            "that cache, or set MODEL.BACKBONE.PRETRAINED False"
         )
 
 
@@ -189,8 +204,10 @@ class TimmBackbone(nn.Module):
         # A file is read whenever it is given, strictly, by backbones/weights.py (timm's overlay
         # loads non-strictly with num_classes=0: another model's keys where they fit, or none)
         from_hub = pretrained and not weights_file
+        cached = None
         if from_hub:
             check_pretrained_reachable(model_name)
+            cached = cached_weights_file(model_name)
         try:
             self.model = create_at_size(model_name, from_hub, img_size, **kwargs)
         except DAELConfigError:
@@ -207,6 +224,8 @@ class TimmBackbone(nn.Module):
             from dael_plugin.backbones.weights import load_backbone_weights
 
             load_backbone_weights(self.model, weights_file)
+        elif from_hub:  # for the record: found in a cache, or downloaded by this build
+            _SOURCES[model_name] = "cache" if cached else "hub"
         self.model_name = model_name
         # With num_classes=0 the model returns its pre-logits features: for most
         # models that is num_features, but models with a head conv (MobileNetV3,

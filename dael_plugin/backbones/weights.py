@@ -27,7 +27,20 @@ PREFIXES = ("", "module.", "backbone.", "encoder.", "model.", "F.", "F.model.", 
 CLASSIFIER_PREFIXES = ("fc.", "head.", "head.fc.", "classifier.", "last_linear.", "heads.")
 
 
+_HASHED: Dict[Tuple[str, int, int], str] = {}  # (real path, size, mtime) -> sha256, for this process
+
+
 def sha256_of(path: str) -> str:
+    """The file's sha256, read once per process while its size and modification time stay (a
+    ViT-B's 350 MB are hashed for the record and each checkpoint, about a second each time)."""
+    st = os.stat(path)
+    key = (os.path.realpath(path), st.st_size, st.st_mtime_ns)
+    if key not in _HASHED:
+        _HASHED[key] = _sha256(path)
+    return _HASHED[key]
+
+
+def _sha256(path: str) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for block in iter(lambda: f.read(1 << 20), b""):

@@ -29,6 +29,7 @@ import torch
 import yaml
 from yacs.config import CfgNode as CN
 
+from dael_plugin.backbones.record import weights_record
 from dael_plugin.backbones.weights import sha256_of as file_sha256
 from dael_plugin.config.keys import TRAINER_NODES
 from dael_plugin.config.table import DATASET_KEYS, IN_EVERY_CHECKPOINT, KEYS, SELECTION_KEYS, TOP_KEYS
@@ -265,6 +266,7 @@ def check_resume_config(state: dict, cfg: CN, path: str) -> None:
         now = str(cfg.MODEL.INIT_WEIGHTS)
         if now and os.path.isfile(now) and file_sha256(now) == moved["sha256"]:  # the same file, moved
             diff = [d for d in diff if d[0] != "MODEL.INIT_WEIGHTS"]
+    check_same_weights(state, cfg, path)
     was = state.get("trainer")
     if was and str(was) != str(cfg.TRAINER.NAME):  # another method into this folder: say that first
         done = isinstance(state.get("epoch"), int) and state["epoch"] >= int(cfg.OPTIM.MAX_EPOCH)
@@ -278,6 +280,23 @@ def check_resume_config(state: dict, cfg: CN, path: str) -> None:
         raise CheckpointError(
             f"cannot resume from {path}: the config differs from the checkpoint's in {shown}{more}; "
             "rerun with the checkpoint's settings to resume, or pass a new --output-dir to start fresh"
+        )
+
+
+def check_same_weights(state: dict, cfg: CN, path: str) -> None:
+    """Refuse a resume where the file the backbone started from now holds other weights: training
+    goes on from the checkpoint's, so the run's record would name weights it never read."""
+    saved = state.get("backbone_weights")
+    if not isinstance(saved, dict) or not saved.get("sha256") or not saved.get("file"):
+        return  # a checkpoint from before the record, or a random start
+    b = cfg.MODEL.BACKBONE
+    engine = str(state.get("engine") or "builtin")
+    now = weights_record(str(b.NAME), bool(b.get("PRETRAINED", False)), str(b.get("WEIGHTS", "") or ""), engine)
+    if now.get("sha256") and now["sha256"] != saved["sha256"]:
+        raise CheckpointError(
+            f"cannot resume from {path}: the run started from the weights in {saved['file']} (sha256 "
+            f"{saved['sha256'][:12]}), and {now.get('file')} now holds others (sha256 {now['sha256'][:12]}); "
+            "put the run's file back to resume, or pass a new --output-dir to start fresh"
         )
 
 
@@ -395,6 +414,12 @@ def run_state(
         **weights,
         "rng": rng_ranks[0],
         "config": cfg.dump(),
+        "backbone_weights": weights_record(
+            str(cfg.MODEL.BACKBONE.NAME),
+            bool(cfg.MODEL.BACKBONE.get("PRETRAINED", False)),
+            str(cfg.MODEL.BACKBONE.get("WEIGHTS", "") or ""),
+            engine,
+        ),
         "data": data,
         "bad_images": sorted(bad_images),
         "classnames": list(classnames),

@@ -91,45 +91,10 @@ def provenance(cfg: CN) -> Dict[str, object]:
     }
 
 
-def weights_record(name: str, pretrained: bool, weights_file: str, engine: str = "builtin") -> Optional[dict]:
-    """What ``results.json`` says the backbone started from: the file (with its sha256) when
-    ``MODEL.BACKBONE.WEIGHTS`` is given, timm's pretrained model name, Dassl's own pretrained
-    backbone (the Dassl engine), or that no weights were read (a random start)."""
-    from dael_plugin.backbones import TIMM_ALIASES, TIMM_PREFIX
-    from dael_plugin.backbones.weights import sha256_of
+def backbone_weights(cfg: CN, engine: str) -> dict:
+    """The run's ``backbone_weights`` record (:mod:`dael_plugin.backbones.record`)."""
+    from dael_plugin.backbones.record import weights_record
 
-    if weights_file:
-        return {"file": os.path.abspath(weights_file), "sha256": sha256_of(weights_file)}
-
-    if engine == "dassl" and not name.startswith(TIMM_PREFIX):
-        return {"dassl": name, "pretrained": bool(pretrained)}
-    timm_name = name[len(TIMM_PREFIX) :] if name.startswith(TIMM_PREFIX) else TIMM_ALIASES.get(name)
-    if pretrained and timm_name:
-        from dael_plugin.backbones.timm_backbone import cached_weights_file
-
-        record = {"timm": timm_name, "tag": _timm_tag(timm_name)}
-        path = cached_weights_file(timm_name)  # what timm read (it reads from its cache, once fetched)
-        if path:
-            record.update(file=os.path.realpath(path), sha256=sha256_of(path))
-        return record
-    return {
-        "read": None,
-        "why": "MODEL.BACKBONE.PRETRAINED False" if not pretrained else f"{name} has no pretrained weights here",
-    }
-
-
-def _timm_tag(model_name: str) -> Optional[str]:
-    """timm's pretrained tag for ``model_name`` (its default where the name gives none)."""
-    try:
-        import timm
-
-        pcfg = timm.models.get_pretrained_cfg(model_name)
-    except Exception:  # noqa: BLE001 (an unknown tag)
-        return None
-    return getattr(pcfg, "tag", None) if pcfg is not None else None
-
-
-def _weights_record(cfg: CN, engine: str) -> Optional[dict]:
     b = cfg.MODEL.BACKBONE
     return weights_record(str(b.NAME), bool(b.get("PRETRAINED", False)), str(b.get("WEIGHTS", "") or ""), engine)
 
@@ -163,7 +128,7 @@ def results_record(
         "target_domains": list(cfg.DATASET.TARGET_DOMAINS),
         "seed": int(cfg.SEED),
         "backbone": cfg.MODEL.BACKBONE.NAME,
-        "backbone_weights": _weights_record(cfg, engine),
+        "backbone_weights": backbone_weights(cfg, engine),
         "accuracy": None if accuracy is None else round(float(accuracy), 4),
         "expert_accuracy": {n: round(float(a), 4) for n, a in zip(names, expert_accuracy)},
         # class name -> % for the ensemble; the same per expert under per_class_expert_accuracy

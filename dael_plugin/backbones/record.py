@@ -1,0 +1,75 @@
+"""What a run's ``results.json`` and its checkpoints say the backbone started from
+(``backbone_weights``): the model and its pretrained tag, where the weights came from and the
+sha256 of the file read.
+
+``source`` is ``file`` (``MODEL.BACKBONE.WEIGHTS``), ``cache`` (timm's pretrained weights, found in
+the Hugging Face or torch hub cache before the build) or ``hub`` (downloaded by this run's build);
+the builds of this process note which (``timm_backbone.weights_source``)."""
+
+from __future__ import annotations
+
+import os
+from typing import Optional
+
+from dael_plugin.backbones import TIMM_PREFIX, timm_name_of
+from dael_plugin.backbones.timm_backbone import cached_weights_file, weights_source
+from dael_plugin.backbones.weights import sha256_of
+
+
+def _timm_tag(model_name: str) -> Optional[str]:
+    """timm's pretrained tag for ``model_name`` (its default where the name gives none)."""
+    try:
+        import timm
+
+        pcfg = timm.models.get_pretrained_cfg(model_name)
+    except Exception:  # noqa: BLE001 (an unknown tag)
+        return None
+    return getattr(pcfg, "tag", None) if pcfg is not None else None
+
+
+def _dassl_cached_file(name: str) -> Optional[str]:
+    """The torch hub cache file Dassl's own ImageNet ResNet ``name`` reads (``model_zoo.load_url``)."""
+    try:
+        from dassl.modeling.backbone.resnet import model_urls
+    except ImportError:
+        return None
+    url = model_urls.get(name)
+    if not url:
+        return None
+    import torch
+
+    path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(url))
+    return path if os.path.isfile(path) else None
+
+
+def weights_record(name: str, pretrained: bool, weights_file: str, engine: str = "builtin") -> dict:
+    """The ``backbone_weights`` record of a run whose backbone is ``name``: the file given (its
+    sha256), timm's pretrained model with its tag, its source and the cached file read (its sha256),
+    Dassl's own pretrained backbone (the Dassl engine; the torch hub file it read, where there), or
+    that none were read (a random start)."""
+    if weights_file:
+        return {
+            "model": name,
+            "source": "file",
+            "file": os.path.abspath(weights_file),
+            "sha256": sha256_of(weights_file),
+        }
+    if engine == "dassl" and not name.startswith(TIMM_PREFIX):
+        record = {"dassl": name, "pretrained": bool(pretrained)}
+        path = _dassl_cached_file(name) if pretrained else None
+        if path:  # Dassl's load_url reads the torch hub cache (downloading there first where missing)
+            record.update(source="cache", file=os.path.realpath(path), sha256=sha256_of(path))
+        return record
+    timm_name = timm_name_of(name)
+    if pretrained and timm_name:
+        record = {"timm": timm_name, "tag": _timm_tag(timm_name)}
+        if weights_source(timm_name):
+            record["source"] = weights_source(timm_name)
+        path = cached_weights_file(timm_name)  # what timm read (it reads from its cache, once fetched)
+        if path:
+            record.update(file=os.path.realpath(path), sha256=sha256_of(path))
+        return record
+    return {
+        "read": None,
+        "why": "MODEL.BACKBONE.PRETRAINED False" if not pretrained else f"{name} has no pretrained weights here",
+    }

@@ -82,6 +82,7 @@ SLOW = (
     "backbone_weights_on_the_dassl_engine",
     "another_trainer_into_a_finished",
     "offline_with",
+    "every_shipped_configs_backbone",
 )
 
 

@@ -248,3 +248,135 @@ def test_weights_from_the_hub_cache_are_the_files_and_a_resume_onto_other_weight
     with pytest.raises(CheckpointError, match="now holds others") as info:
         check_same_weights({"backbone_weights": {**rec, "sha256": "f" * 64}, "engine": "builtin"}, cfg, "ckpt")
     assert "\n" not in str(info.value)
+
+
+def test_channels_last_is_skipped_for_a_vit_in_one_line(capsys):
+    """A ViT's one convolution is its patch embedding: no channels_last, one line; a ResNet's
+    convolutions still take it."""
+    from dael_plugin.backbones import build_backbone
+    from dael_plugin.engine import execution as ex
+
+    vit = build_backbone(f"timm_{VIT}", img_size=(32, 32))
+    assert not ex.use_channels_last(vit, (3, 32, 32), torch.device("cpu"), VIT)
+    said = capsys.readouterr().out
+    assert said.count("CHANNELS_LAST does not apply to vit_tiny_patch16_224: its only convolution is a patch") == 1
+    assert vit.model.patch_embed.proj.weight.is_contiguous()
+    assert ex.use_channels_last(build_backbone("timm_resnet18"), (3, 32, 32), torch.device("cpu"))
+
+
+def _vit_model(dev, k=3, c=5):
+    from dael_plugin.backbones import build_backbone
+    from dael_plugin.core import DAELHparams, build_heads
+
+    torch.manual_seed(0)
+    net = build_backbone(f"timm_{VIT}", img_size=(32, 32))
+    return net.to(dev), build_heads(net.out_features, c, k, DAELHparams(conf_thre=0.0)).to(dev)
+
+
+@pytest.mark.parametrize("setting", ["da", "dg"])
+def test_a_vit_step_on_the_meta_device_mixes_no_cpu_tensor(setting):
+    """A ViT's step (LayerNorm only: the fused pass is one plain call) with every tensor on a
+    non-CPU device: forward, backward and the optimiser step; a CPU tensor in the math raises (the
+    position embeddings, the class token and attention's masks included)."""
+    from test_gpu_stand_ins import _batches
+
+    from dael_plugin.core import DAEL, DAELHparams
+    from dael_plugin.engine.step import DAELStep
+
+    dev = torch.device("meta")
+    net, heads = _vit_model(dev)
+    algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="grouped")
+    opt = torch.optim.AdamW(list(net.parameters()) + list(heads.parameters()), lr=1e-4)
+    da = setting == "da"
+    out = DAELStep(algo, [opt], dev, 3, 4, da)(*_batches()[: 2 if da else 1], *([] if da else [None]))
+    assert all(v.device.type == "meta" for v in out.values()) and ("loss_u" in out) == da
+    assert all(p.grad is not None and p.grad.device.type == "meta" for p in net.parameters())
+
+
+def test_a_vit_steps_losses_on_fake_cuda_tensors(monkeypatch):
+    """The ViT step's forward pass and losses on fake CUDA tensors, built on CUDA as the engines
+    build it (``CHUNK_BN auto`` -> grouped, the fused AdamW). The backward needs a real CUDA context."""
+    from test_gpu_stand_ins import _batches
+    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+
+    from dael_plugin.core import DAEL, DAELHparams
+    from dael_plugin.engine import step as step_module
+    from dael_plugin.engine.execution import fused_optimizer
+
+    split = step_module.split_domains
+
+    def on_host(*args, **kwargs):  # the host-side chunk check reads the loader's CPU tensors
+        with unset_fake_temporarily():
+            return split(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "split_domains", on_host)
+    x, u = _batches()
+    net, heads = _vit_model(torch.device("cpu"))  # (timm's constructor reads values: built on the CPU)
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cuda"):
+        dev = torch.device("cuda")
+        net, heads = net.to(dev), heads.to(dev)  # every parameter and buffer a fake CUDA tensor
+        assert all(t.is_cuda for t in [*net.parameters(), *net.buffers(), *heads.parameters()])
+        algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="auto")
+        opt = fused_optimizer(torch.optim.AdamW(list(net.parameters()) + list(heads.parameters()), lr=1e-4))
+        assert opt.param_groups[0]["fused"]
+        step = step_module.DAELStep(algo, [opt], dev, 3, 4, True, check_first_step=False)
+        out, us = step.losses(x, u)
+        assert all(v.is_cuda for v in out.values()) and us is not None
+        assert net.model.pos_embed.is_cuda and all(k in out for k in step.keys)
+
+
+def _shipped_pairs():
+    """(trainer config, its dataset config) for every shipped trainer config: the dataset config
+    of the same setting whose name the trainer config's begins with (``mini_domainnet_vit_small``
+    -> ``mini_domainnet``), the longest such."""
+    import glob
+
+    pairs = []
+    for path in sorted(glob.glob(os.path.join(ROOT, "configs", "trainers", "*", "*", "*.yaml"))):
+        setting, stem = path.split(os.sep)[-3], os.path.basename(path)[:-5]
+        names = [
+            os.path.basename(d)[:-5] for d in glob.glob(os.path.join(ROOT, "configs", "datasets", setting, "*.yaml"))
+        ]
+        name = max((n for n in names if stem == n or stem.startswith(n + "_")), key=len)
+        pairs.append((path, os.path.join(ROOT, "configs", "datasets", setting, name + ".yaml")))
+    return pairs
+
+
+def test_every_shipped_configs_backbone_builds_at_its_size(tmp_path):
+    """Each shipped trainer config with its dataset config, merged as ``train.py`` merges them: its
+    backbone (weights off) is built for ``INPUT.SIZE`` and takes a batch of that size; a ViT or
+    CLIP config's ``auto`` normalisation is its weights' own."""
+    from dael_plugin.backbones import DASSL_CNNS, build_backbone
+    from dael_plugin.tools.train import build_parser, setup_cfg
+
+    pairs, built = _shipped_pairs(), {}
+    assert len(pairs) >= 38 and any("clip_vit_b16" in p for p, _ in pairs)
+    for method, dataset in pairs:
+        name = os.path.basename(os.path.dirname(method))
+        trainer = {"dael": "DAEL", "daeldg": "DAELDG", "source_only": "SourceOnly", "m3sda": "M3SDA", "mme": "MME",
+                   "ddaig": "DDAIG", "vanilla": "Vanilla", "adabn": "AdaBN", "adda": "ADDA", "dann": "DANN",
+                   "mcd": "MCD", "se": "SE", "cross_grad": "CrossGrad", "domain_mix": "DomainMix"}[name]  # fmt: skip
+        argv = ["--engine", "builtin", "--trainer", trainer, "--root", str(tmp_path), "--seed", "1",
+                "--dataset-config-file", dataset, "--config-file", method]  # fmt: skip
+        cfg = setup_cfg(build_parser().parse_args(argv), "builtin")
+        size = tuple(int(v) for v in cfg.INPUT.SIZE)
+        key = (str(cfg.MODEL.BACKBONE.NAME), size)
+        if key not in built:
+            net = build_backbone(key[0], img_size=size)
+            net.eval()
+            with torch.no_grad():
+                out = net(torch.zeros(2, 3, *size))
+            built[key] = (out.shape, net.out_features)
+        shape, features = built[key]
+        assert shape == (2, features), (method, key)
+        if "vit" in os.path.basename(method):
+            assert key[0].startswith("timm_vit") and size == (224, 224) and cfg.MODEL.BACKBONE.PRETRAINED
+            assert list(cfg.INPUT.PIXEL_MEAN) == (CLIP_MEAN if "clip" in key[0] else [0.5, 0.5, 0.5]), method
+            assert features == (768 if "clip" in key[0] else 384)  # CLIP's pre-projection features, not its 512
+    assert {k[0] for k in built} >= {
+        "cnn_digitsdg",
+        "resnet18",
+        "timm_vit_small_patch16_224.augreg_in21k_ft_in1k",
+        CLIP,
+    }
+    assert not any(k[0] in DASSL_CNNS and k[1] != (32, 32) for k in built)

@@ -11,15 +11,26 @@ from dael_plugin.bench.common import SHAPES, Dassl, K, Plugin, _models, configs,
 from dael_plugin.bench.step import _paper_views
 
 
-def launch_counts(size: int = 32, per_domain: int = 64, dassl=None):
+def launch_counts(size: int = 32, per_domain: int = 64, dassl=None, backbone_name: str = ""):
     """``{label: LaunchCount}`` of one training step at miniDomainNet's shape, on CPU, each
-    configuration as it runs on a GPU (module docstring); Dassl's DAEL first when installed."""
+    configuration as it runs on a GPU (module docstring); Dassl's DAEL first when installed.
+    ``backbone_name``: another backbone than ResNet-18 (``timm_vit_small_patch16_224``: a model
+    without batch norm), built by the plugin for ``size`` and given to both."""
     from dael_plugin.core.chunk_norm import resolve_impl
     from dael_plugin.engine.profiling import count_launches
 
     dassl = has_dassl() if dassl is None else dassl
     device = torch.device("cpu")
     backbone, experts, _ = _models("minidomainnet", device, dassl)
+    if backbone_name:
+        from dael_plugin.backbones import build_backbone
+
+        torch.manual_seed(0)
+        backbone = build_backbone(backbone_name, img_size=(size, size)).to(device)
+        if dassl:
+            from dassl.engine.da.dael import Experts
+
+            experts = Experts(K, backbone.out_features, SHAPES["minidomainnet"][3]).to(device)
     classes = SHAPES["minidomainnet"][3]
     bx, bu = make_batch(per_domain, per_domain, size, classes)
     on_gpu = resolve_impl("auto", "cuda")
@@ -113,10 +124,11 @@ DEFAULT_LAUNCH_LABEL = "+ channels_last"  # the defaults: fused pass, fused opti
 
 def bench_launches(args):
     n = args.launch_per_domain
-    counts = launch_counts(args.launch_size, n)
+    name = getattr(args, "launch_backbone", "") or ""
+    counts = launch_counts(args.launch_size, n, backbone_name=name)
     base = counts.get("dassl DAEL")
     print(
-        f"\n== launches per step, miniDomainNet's shape (ResNet-18, {K} x {n} + {n}, {args.launch_size}x"
+        f"\n== launches per step, miniDomainNet's shape ({name or 'ResNet-18'}, {K} x {n} + {n}, {args.launch_size}x"
         f"{args.launch_size}), counted on CPU as on a GPU (CHUNK_BN auto -> grouped) =="
     )
     print(

@@ -73,6 +73,13 @@ def main():
         "--launch-size", type=int, default=32, help="spatial size for counting (the count does not depend on it)"
     )
     p.add_argument(
+        "--launch-backbone",
+        default="",
+        metavar="NAME",
+        help="count the launches with this MODEL.BACKBONE.NAME instead of ResNet-18 (e.g. timm_vit_small_patch16_224: "
+        "a backbone without batch norm, whose fused pass is one plain call), built for --launch-size",
+    )
+    p.add_argument(
         "--launch-per-domain",
         type=int,
         default=64,

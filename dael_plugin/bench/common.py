@@ -81,7 +81,7 @@ class Plugin:
         views=None,
     ):
         from dael_plugin.core import DAEL, DAELHparams, ExpertHeads
-        from dael_plugin.engine.execution import channels_last_reason
+        from dael_plugin.engine.execution import channels_last_reason, patch_embedding_only
         from dael_plugin.engine.step import DAELStep
 
         self.name = name
@@ -90,6 +90,8 @@ class Plugin:
         if heads_init is not None:
             self.E.load_from_linears(heads_init.linears)
         self.note = ""
+        if channels_last and patch_embedding_only(self.F):  # as the runs decide (a ViT: skipped)
+            channels_last, self.note = False, "channels_last n/a: the only convolution is a patch embedding"
         if channels_last:
             reason = channels_last_reason(self.F, (3, size, size), device)
             if reason is not None:

@@ -158,13 +158,19 @@ def channels_last_reason(module: nn.Module, sample_shape: Sequence[int], device:
     return reason
 
 
+def patch_embedding_only(module: nn.Module) -> bool:
+    """Whether every convolution of ``module`` is a patch embedding (kernel = stride), as in ViT,
+    DeiT, CLIP towers and EVA: ``channels_last`` does not apply."""
+    convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]
+    return bool(convs) and all(tuple(m.kernel_size) == tuple(m.stride) for m in convs)
+
+
 def use_channels_last(module: nn.Module, sample_shape: Sequence[int], device: torch.device, name: str = "") -> bool:
     """Put ``module`` in ``channels_last`` where it runs in it and it applies; else one log line and
     no change. It does not apply where every convolution is a patch embedding (kernel = stride: ViT,
     DeiT, CLIP towers, EVA): the layout would only add copies (4 launches a DAEL step for ViT-S)."""
     name = name or type(module).__name__
-    convs = [m for m in module.modules() if isinstance(m, nn.Conv2d)]
-    if convs and all(tuple(m.kernel_size) == tuple(m.stride) for m in convs):
+    if patch_embedding_only(module):
         print(
             f"dael_plugin: CHANNELS_LAST does not apply to {name}: its only convolution is a patch embedding; "
             "running in the default layout"

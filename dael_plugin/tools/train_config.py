@@ -207,11 +207,28 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     if engine == "builtin":
         check_builtin_values(cfg)
     check_timm_backbone(cfg.MODEL.BACKBONE.NAME)  # before either engine reads any data
+    check_weights_reachable(cfg, engine)
     pixel_stats.resolve(cfg, auto)  # the numbers, in the config that is recorded
     clean_cfg(cfg, cfg.TRAINER.NAME)
     resolve_run_execution(cfg, engine)
     cfg.freeze()
     return cfg
+
+
+def check_weights_reachable(cfg: CN, engine: str) -> None:
+    """timm's pretrained weights neither on this machine nor reachable: one line before the output
+    folder is made or any data read (the build would say the same, later)."""
+    from dael_plugin.backbones import TIMM_PREFIX, timm_name_of
+    from dael_plugin.backbones.timm_backbone import check_pretrained_reachable
+
+    b = cfg.MODEL.BACKBONE
+    name = str(b.NAME)
+    timm_name = timm_name_of(name)
+    if not timm_name or not bool(b.get("PRETRAINED", False)) or str(b.get("WEIGHTS", "") or ""):
+        return
+    if engine == "dassl" and not name.startswith(TIMM_PREFIX):
+        return  # Dassl's own backbone, with Dassl's own weights
+    check_pretrained_reachable(timm_name)
 
 
 def resolve_run_execution(cfg: CN, engine: str) -> None:

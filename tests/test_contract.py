@@ -144,3 +144,42 @@ def test_every_registered_method_runs_bf16_compiled(name, tiny_root, tmp_path, s
     monkeypatch.setattr(Strategy, "compile_backend", "aot_eager")
     init = source_model if getattr(trainer_class(name), "needs_init_weights", False) else None
     check_bf16_compiled(name, tiny_root, tmp_path, init_weights=init)
+
+
+@pytest.mark.parametrize("name", trainer_names())
+def test_every_registered_method_steps_with_a_vit(name, tiny_root, tmp_path, source_model):
+    """Every method on a ViT at the embedded set's 32x32 (a backbone without batch norm): two finite
+    steps that move its weights. ADDA and AdaBN start from a ViT SourceOnly run's model; AdaBN,
+    which re-estimates batch-norm statistics, refuses a backbone without any in one line."""
+    from dael_plugin.builtin.trainer import trainer_class
+
+    vit = ["MODEL.BACKBONE.NAME", "timm_vit_tiny_patch16_224"]
+    init = None
+    if getattr(trainer_class(name), "needs_init_weights", False):
+        from conftest import run_here
+
+        src = tmp_path / "source"
+        proc = run_here(
+            ["--engine", "builtin", "--trainer", "SourceOnly", "--root", tiny_root, "--output-dir", str(src),
+             "--dataset-config-file", DATASETS["DA"],
+             "--config-file", os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.yaml"),
+             "--source-domains", "hand", "street", "font", "--target-domains", "blend", "--seed", "1", "--",
+             "DATALOADER.NUM_WORKERS", "0", "OPTIM.MAX_EPOCH", "1", "SELECTION.EVAL_FREQ", "0", *vit]
+        )  # fmt: skip
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        init = str(src / "model.pth.tar-1")
+    if name == "AdaBN":
+        from dael_plugin.errors import DAELConfigError
+
+        with pytest.raises(DAELConfigError, match="has no batch-norm layer; choose a backbone with batch norm"):
+            build(name, tiny_root, tmp_path / "run", None, init, *vit)
+        return
+    tr = build(name, tiny_root, tmp_path / "run", None, init, *vit)
+    assert "VisionTransformer" in {type(m).__name__ for m in tr.modules.modules()}
+    before = {k: v.clone() for k, v in tr.modules.state_dict().items()}
+    tr.modules.train()
+    batches = tr._batches()
+    for _ in range(2):
+        out = tr.forward_backward(*next(batches))
+        assert all(torch.isfinite(v) for v in out.values()), (name, out)
+    assert any(not torch.equal(v, before[k]) for k, v in tr.modules.state_dict().items()), name

@@ -25,14 +25,17 @@ class AdaBNBuiltin(DasslBaseline):
     needs_init_weights = True
     ddp_reason = "its batch-norm statistics would be each process's own share of the target"
 
+    def build_step(self) -> None:
+        super().build_step()
+        if not any(isinstance(m, torch.nn.modules.batchnorm._NormBase) for m in self.modules.modules()):
+            raise DAELConfigError(  # before the first batch, not at it
+                f"AdaBN re-estimates batch-norm statistics, and {self.cfg.MODEL.BACKBONE.NAME} has no "
+                "batch-norm layer; choose a backbone with batch norm"
+            )
+
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         if self.global_step == 0:
-            n = reset_batch_norm_stats(self.modules)
-            if n == 0:
-                raise DAELConfigError(
-                    f"AdaBN re-estimates batch-norm statistics, and {self.cfg.MODEL.BACKBONE.NAME} has no "
-                    "batch-norm layer; choose a backbone with batch norm"
-                )
+            reset_batch_norm_stats(self.modules)
         xu = batch_u["img"].to(self.device, non_blocking=True)
         with torch.no_grad():
             self.modules["C"](self.modules["F"](xu))

@@ -47,19 +47,21 @@ def test_a_size_the_model_cannot_take_is_one_line():
     assert "\n" not in said and "does not take INPUT.SIZE 8x8" in said and 'set INPUT.SIZE "[224, 224]"' in said
 
 
+@pytest.mark.parametrize("backbone", [VIT, "vit_base_patch16_clip_quickgelu_224.openai"])
 @pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
-def test_dael_trains_a_tiny_vit_at_32x32(tmp_path, tiny_root, engine):
+def test_dael_trains_a_tiny_vit_at_32x32(tmp_path, tiny_root, engine, backbone):
+    """A ViT and a CLIP image tower train DAEL for an epoch at the embedded set's size, on both engines."""
     proc = run_here(
         ["--engine", engine, "--trainer", "DAEL", "--root", tiny_root, "--output-dir", str(tmp_path / "run"),
          "--dataset-config-file", os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml"),
          "--config-file", os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml"),
          "--source-domains", "hand", "street", "font", "--target-domains", "blend", "--seed", "1", "--",
-         "MODEL.BACKBONE.NAME", f"timm_{VIT}", "OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0",
+         "MODEL.BACKBONE.NAME", f"timm_{backbone}", "OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0",
          "SELECTION.EVAL_FREQ", "0", "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8"]
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert record["backbone"] == f"timm_{VIT}" and record["engine"] == engine
+    assert record["backbone"] == f"timm_{backbone}" and record["engine"] == engine
     assert record["backbone_weights"]["read"] is None  # PRETRAINED False: a random start, said so
     if engine == "builtin":  # the plugin's fused pass (the Dassl engine's DAEL is the plugin's too)
         assert "per-domain statistics do not apply: the fused pass is one plain call" in proc.stdout
@@ -381,3 +383,37 @@ def test_every_shipped_configs_backbone_builds_at_its_size(tmp_path):
         CLIP,
     }
     assert not any(k[0] in DASSL_CNNS and k[1] != (32, 32) for k in built)
+
+
+FAMILIES = [
+    "timm_deit_tiny_patch16_224",  # DeiT
+    "timm_swin_tiny_patch4_window7_224",  # Swin (windows fitted to the size by timm)
+    "timm_convnext_atto",  # ConvNeXt (LayerNorm)
+    "timm_eva02_tiny_patch14_224",  # EVA-02 (rotary position embeddings)
+    "timm_vit_base_patch16_clip_quickgelu_224.openai",  # CLIP's image tower, QuickGELU
+]
+
+
+@pytest.mark.parametrize("name", FAMILIES)
+def test_each_encoder_family_takes_a_dael_step_at_32x32(name):
+    """DeiT, Swin, ConvNeXt, EVA and a CLIP tower, each built for the embedded set's 32x32 and run
+    through DAEL's fused step (no batch norm in any: one plain call), with a gradient in every
+    parameter that the loss reaches and finite losses; the CLIP tower's features are its 768
+    before the projection."""
+    from test_gpu_stand_ins import _batches
+
+    from dael_plugin.backbones import build_backbone
+    from dael_plugin.core import DAEL, DAELHparams, build_heads
+    from dael_plugin.engine.step import DAELStep
+
+    torch.manual_seed(0)
+    net = build_backbone(name, img_size=(32, 32))
+    heads = build_heads(net.out_features, 5, 3, DAELHparams(conf_thre=0.0))
+    algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True)
+    opt = torch.optim.AdamW(list(net.parameters()) + list(heads.parameters()), lr=1e-4)
+    before = [p.detach().clone() for p in net.parameters()]
+    out = DAELStep(algo, [opt], torch.device("cpu"), 3, 4, True)(*_batches())
+    assert all(torch.isfinite(v) for v in out.values()) and "loss_u" in out
+    assert sum(not torch.equal(b, p) for b, p in zip(before, net.parameters())) > len(before) // 2
+    if "clip" in name:
+        assert net.out_features == 768

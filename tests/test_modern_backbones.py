@@ -347,8 +347,8 @@ def _shipped_pairs():
 def test_every_shipped_configs_backbone_builds_at_its_size(tmp_path):
     """Each shipped trainer config with its dataset config, merged as ``train.py`` merges them: its
     backbone (weights off) is built for ``INPUT.SIZE`` and takes a batch of that size; a ViT or
-    CLIP config's ``auto`` normalisation is its weights' own."""
-    from dael_plugin.backbones import DASSL_CNNS, build_backbone
+    CLIP config's normalisation is its weights' own (what ``auto`` gives)."""
+    from dael_plugin.backbones import DASSL_CNNS, build_backbone, pretrained_stats
     from dael_plugin.tools.train import build_parser, setup_cfg
 
     pairs, built = _shipped_pairs(), {}
@@ -374,7 +374,9 @@ def test_every_shipped_configs_backbone_builds_at_its_size(tmp_path):
         assert shape == (2, features), (method, key)
         if "vit" in os.path.basename(method):
             assert key[0].startswith("timm_vit") and size == (224, 224) and "PRETRAINED: True" in open(method).read()
-            assert list(cfg.INPUT.PIXEL_MEAN) == (CLIP_MEAN if "clip" in key[0] else [0.5, 0.5, 0.5]), method
+            mean, std, _ = pretrained_stats(key[0])  # what INPUT.PIXEL_MEAN auto gives, written out
+            assert (list(cfg.INPUT.PIXEL_MEAN), list(cfg.INPUT.PIXEL_STD)) == (mean, std), method
+            assert mean == (CLIP_MEAN if "clip" in key[0] else [0.5, 0.5, 0.5])
             assert features == (768 if "clip" in key[0] else 384)  # CLIP's pre-projection features, not its 512
     assert {k[0] for k in built} >= {
         "cnn_digitsdg",

@@ -7,9 +7,9 @@ count is pinned here). Split: sources hand, street, font; target blend (the
 demo's).
 
 What it asserts: the MEAN gain (DAEL - SourceOnly, target test accuracy in
-points) over seeds 1 and 2 is at least MARGIN = 3.0.
+points) over seeds 1, 2 and 3 is at least MARGIN = 3.0.
 
-Why a mean of two seeds, and this margin. A run is bitwise repeatable on one
+Why a mean of three seeds, and this margin. A run is bitwise repeatable on one
 machine, but another CPU (or a GPU) follows another trajectory from the same
 seed, so a machine change acts like a seed change. Gains measured for this
 split and schedule (15 epochs):
@@ -24,6 +24,8 @@ split and schedule (15 epochs):
     2-core AMD EPYC, torch 2.14.1        0.4.0, 1 thr. +4.6   +6.7    +13.3
     2-core AMD EPYC, torch 2.14.1        c78e1fc, DAEL's views on the device, 1 thr.:
                                                       +6.7   +7.5    +6.7   (seeds 4-6: +5.4 +5.4 +9.2)
+    2-core AMD EPYC, torch 2.14.1        ec2a441 (Dassl's RandomDomainSampler epoch), as this test runs:
+                                                      +0.8   +4.6    +7.5   (seeds 4-6: +11.7 +7.1 +3.8)
     (per-draw seeding, issue 7, changed every trajectory; so did 0.3's fused
     pass, fused optimiser and channels_last, issue 8; and so does the thread
     count. The last three rows run as this test does: two runs side by
@@ -41,17 +43,25 @@ split and schedule (15 epochs):
   one with the shipped 2 give the same accuracies (checked on the last row's
   seeds 1 and 2, both trainers).
 
-- Single-seed gains range from +1.7 to +13.3 (mean about 7.0). The old test
+- Since 366d3ad the built-in epoch is Dassl's (fewer steps than the epoch that
+  covered the largest source domain), and DAEL's lead is smaller and wider
+  spread: on the AMD VM, seeds 1 and 2 gave +0.8 and +4.6, a two-seed mean of
+  +2.7, under the old MARGIN although DAEL leads on all six seeds (mean +5.9).
+  So the test takes three seeds (SourceOnly 71.25 / 66.25 / 64.17, DAEL
+  72.08 / 70.83 / 71.67 there: mean +4.3, 1.3 above MARGIN). At ec2a441 the
+  two-seed test passed on the Xeon CI machine and failed on this AMD VM.
+- A DAEL that only ties SourceOnly has a three-seed mean gain of 0 +- about
+  1.9 (the two-seed figure below, times sqrt(2/3)), so it passes with a chance
+  of about 1 in 18; at two seeds it was 1 in 10.
+- Older single-seed gains range from +1.7 to +13.3 (mean about 7.0). The old test
   asserted +4 on seed 1 alone: it fails on the fourth row (+3.8) although
   DAEL leads there on every seed.
-- The mean over seeds 1 and 2 was +9.2, +6.3, +6.0, +6.7, +6.45, +8.1, +5.6 and +7.1
-  on the rows above: at least 2.6 points above MARGIN everywhere. A DAEL that only ties SourceOnly has a two-seed mean gain of
-  0 +- about 2.3 (SourceOnly alone varies 63.3-72.1 over seeds and machines),
-  so it passes with a chance of about 1 in 10.
+- A DAEL that ties SourceOnly has a two-seed mean gain of 0 +- about 2.3
+  (SourceOnly alone varies 63.3-72.1 over seeds and machines).
 - Pinning one thread per run makes the result independent of the machine's
-  core count (the default thread count follows it), and running the two seeds
-  side by side takes about 2 minutes on 2 cores instead of 3.
-- A third seed would tighten both sides, but costs another 1.5-2 minutes.
+  core count (the default thread count follows it); the three seeds run side
+  by side, one thread each, as scripts/sweep.py runs them.
+- The third seed costs about a minute of the suite on 2 cores.
 - Fewer epochs do not hold the margin: at 10 epochs (0.4.0, AMD EPYC) the
   gains were +3.3, +6.3, +7.1, +5.0 on seeds 1-4 (two-seed mean +4.8, 1.8
   above MARGIN); at 8, -3.8, +7.1, -2.5, +5.0 (DAEL underfits).
@@ -71,7 +81,7 @@ from conftest import ROOT
 pytestmark = pytest.mark.accuracy
 
 EPOCHS = 15
-SEEDS = (1, 2)
+SEEDS = (1, 2, 3)
 MARGIN = 3.0
 THREADS = "1"  # pinned: a thread count changes float sums, so the trajectory
 

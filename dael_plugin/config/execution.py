@@ -61,8 +61,8 @@ def check_execution(prec: str, compile_mode: str, prefix: str, fuse_chunks: bool
 PLAIN_EXECUTION: Dict[str, bool] = {"CHANNELS_LAST": False, "FUSED_OPTIM": False}
 
 
-# A trainer's Execution with nothing set: how Dassl's trainers run.
-PLAIN_RUN = Execution(channels_last=False, fused_optim=False)
+# A trainer's Execution with nothing set: how Dassl's trainers run (PLAIN_EXECUTION's choices).
+PLAIN_RUN = Execution(**{BY_NAME[k].field: v for k, v in PLAIN_EXECUTION.items()})
 
 
 def _execution_values(cfg: CN, own: Optional[Dict[str, bool]]) -> Dict[str, object]:

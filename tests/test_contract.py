@@ -117,6 +117,17 @@ def test_every_registered_method_keeps_the_contract(name, tiny_root, tmp_path, s
     check_contract(name, tiny_root, tmp_path, init_weights=init)
 
 
+def two_steps_move_weights(tr, name):
+    """Two training steps with finite losses, and some weight (or statistic) moved."""
+    before = {k: v.clone() for k, v in tr.modules.state_dict().items()}
+    tr.modules.train()
+    batches = tr._batches()
+    for _ in range(2):
+        out = tr.forward_backward(*next(batches))
+        assert all(torch.isfinite(v) for v in out.values()), (name, out)
+    assert any(not torch.equal(v, before[k]) for k, v in tr.modules.state_dict().items()), name
+
+
 def check_bf16_compiled(name, root, tmp_path, cfg_file=None, init_weights=None):
     """``EXECUTION.PREC bf16`` and ``EXECUTION.COMPILE default``: two finite steps that move the
     weights, every module compiled (DAEL: its step). Call with ``Strategy.compile_backend`` set."""
@@ -126,13 +137,7 @@ def check_bf16_compiled(name, root, tmp_path, cfg_file=None, init_weights=None):
     assert tr.execution.prec == "bf16" and tr.execution.compile == "default"
     compiled = [m._compiled_call_impl is not None for m in tr.modules.values()]
     assert tr.step.compiled if tr.dael_step else all(compiled), name
-    before = {k: v.clone() for k, v in tr.modules.state_dict().items()}
-    tr.modules.train()
-    batches = tr._batches()
-    for _ in range(2):
-        out = tr.forward_backward(*next(batches))
-        assert all(torch.isfinite(v) for v in out.values()), (name, out)
-    assert any(not torch.equal(v, before[k]) for k, v in tr.modules.state_dict().items()), name
+    two_steps_move_weights(tr, name)
 
 
 @pytest.mark.parametrize("name", trainer_names())
@@ -176,10 +181,4 @@ def test_every_registered_method_steps_with_a_vit(name, tiny_root, tmp_path, sou
         return
     tr = build(name, tiny_root, tmp_path / "run", None, init, *vit)
     assert "VisionTransformer" in {type(m).__name__ for m in tr.modules.modules()}
-    before = {k: v.clone() for k, v in tr.modules.state_dict().items()}
-    tr.modules.train()
-    batches = tr._batches()
-    for _ in range(2):
-        out = tr.forward_backward(*next(batches))
-        assert all(torch.isfinite(v) for v in out.values()), (name, out)
-    assert any(not torch.equal(v, before[k]) for k, v in tr.modules.state_dict().items()), name
+    two_steps_move_weights(tr, name)

@@ -297,25 +297,34 @@ def test_a_step_on_the_meta_device_mixes_no_cpu_tensor(setting):
     assert all(p.grad is not None and p.grad.device.type == "meta" for p in net.parameters())
 
 
+def split_on_the_host(monkeypatch):
+    """Under FakeTensorMode, the step's host-side chunk check reads the loader's CPU tensors as real."""
+    from torch._subclasses.fake_tensor import unset_fake_temporarily
+
+    from dael_plugin.engine import step as step_module
+
+    split = step_module.split_domains
+
+    def on_host(*args, **kwargs):
+        with unset_fake_temporarily():
+            return split(*args, **kwargs)
+
+    monkeypatch.setattr(step_module, "split_domains", on_host)
+
+
 @pytest.mark.parametrize("setting", SETTINGS)
 def test_a_steps_losses_on_fake_cuda_tensors_with_cudas_defaults(setting, monkeypatch):
     """The step's forward pass and losses on fake CUDA tensors (FakeTensorMode), as the engines build
     it on CUDA: ``CHUNK_BN auto`` resolving to ``grouped``, ``channels_last``, the fused optimiser
     chosen, the views moved with non-blocking copies. The backward pass needs a real CUDA context."""
-    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from dael_plugin.core import DAEL
     from dael_plugin.core.chunk_norm import resolve_impl
     from dael_plugin.engine import step as step_module
     from dael_plugin.engine.execution import fused_optimizer
 
-    split = step_module.split_domains
-
-    def on_host(*args, **kwargs):  # the host-side chunk check reads the loader's CPU tensors
-        with unset_fake_temporarily():
-            return split(*args, **kwargs)
-
-    monkeypatch.setattr(step_module, "split_domains", on_host)
+    split_on_the_host(monkeypatch)
     x, u = _batches()
     with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cuda"):
         dev = torch.device("cuda")

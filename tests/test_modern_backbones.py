@@ -298,20 +298,14 @@ def test_a_vit_step_on_the_meta_device_mixes_no_cpu_tensor(setting):
 def test_a_vit_steps_losses_on_fake_cuda_tensors(monkeypatch):
     """The ViT step's forward pass and losses on fake CUDA tensors, built on CUDA as the engines
     build it (``CHUNK_BN auto`` -> grouped, the fused AdamW). The backward needs a real CUDA context."""
-    from test_gpu_stand_ins import _batches
-    from torch._subclasses.fake_tensor import FakeTensorMode, unset_fake_temporarily
+    from test_gpu_stand_ins import _batches, split_on_the_host
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from dael_plugin.core import DAEL, DAELHparams
     from dael_plugin.engine import step as step_module
     from dael_plugin.engine.execution import fused_optimizer
 
-    split = step_module.split_domains
-
-    def on_host(*args, **kwargs):  # the host-side chunk check reads the loader's CPU tensors
-        with unset_fake_temporarily():
-            return split(*args, **kwargs)
-
-    monkeypatch.setattr(step_module, "split_domains", on_host)
+    split_on_the_host(monkeypatch)
     x, u = _batches()
     net, heads = _vit_model(torch.device("cpu"))  # (timm's constructor reads values: built on the CPU)
     with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cuda"):

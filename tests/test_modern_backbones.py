@@ -413,3 +413,20 @@ def test_each_encoder_family_takes_a_dael_step_at_32x32(name):
     assert sum(not torch.equal(b, p) for b, p in zip(before, net.parameters())) > len(before) // 2
     if "clip" in name:
         assert net.out_features == 768
+
+
+@pytest.mark.dassl
+def test_dassls_own_baseline_trains_a_vit_at_32x32_on_the_dassl_engine(tmp_path, tiny_root):
+    """Dassl's own MME builds the ViT through Dassl's ``build_backbone`` (the plugin's registered
+    factory carries INPUT.SIZE) and trains an epoch."""
+    proc = run_here(
+        ["--engine", "dassl", "--trainer", "MME", "--root", tiny_root, "--output-dir", str(tmp_path / "run"),
+         "--dataset-config-file", os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml"),
+         "--config-file", os.path.join(ROOT, "configs/trainers/da/mme/embedded_digits.yaml"),
+         "--source-domains", "hand", "street", "font", "--target-domains", "blend", "--seed", "1", "--",
+         "MODEL.BACKBONE.NAME", f"timm_{VIT}", "OPTIM.MAX_EPOCH", "1", "DATALOADER.NUM_WORKERS", "0",
+         "SELECTION.EVAL_FREQ", "0"]
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    record = json.loads((tmp_path / "run" / "results.json").read_text())
+    assert record["trainer"] == "MME" and record["engine"] == "dassl" and record["backbone"] == f"timm_{VIT}"

@@ -17,6 +17,7 @@ from dael_plugin.core import DAEL, DAELHparams, build_heads  # noqa: E402
 from dael_plugin.core.chunk_norm import set_sync  # noqa: E402
 from dael_plugin.engine import distributed  # noqa: E402
 from dael_plugin.engine.step import DAELStep  # noqa: E402
+from steps import strategy  # noqa: E402
 
 
 def shard(t: torch.Tensor, chunk: int, rank: int, world: int) -> torch.Tensor:
@@ -42,18 +43,8 @@ def run(args, w, setting: str, fuse: int, chunk_bn: str, out_path: str) -> None:
     is_da = setting in ("da", "da-cs")
     if args.channels_last:
         backbone.to(memory_format=torch.channels_last)
-    step = DAELStep(
-        algo,
-        [opt],
-        torch.device("cpu"),
-        k,
-        args.per_domain // w.size,
-        is_da,
-        prec=args.prec,
-        channels_last=bool(args.channels_last),
-        compile_mode=args.compile,
-        compile_backend=args.compile_backend,
-    )
+    how = strategy("cpu", args.prec, args.compile, bool(args.channels_last), args.compile_backend)
+    step = DAELStep(algo, [opt], how, k, args.per_domain // w.size, is_da)
     g = torch.Generator().manual_seed(args.data_seed)
     held = mask if mask is not None else torch.ones(k, c, dtype=torch.bool)
     record = {"loss": [], "grads": [], "parts": []}

@@ -255,7 +255,7 @@ def test_step_memory_estimate_is_a_floor_of_what_the_gpu_allocates(prec):
     dev = torch.device("cuda")
     n = 64
     state = torch.cuda.get_rng_state()
-    need = check_step_memory(feat, heads, dev, (96, 96), n, prec, "gpu test")
+    need = check_step_memory(torch.nn.Sequential(feat, heads), dev, (96, 96), n, prec, "gpu test")
     assert torch.equal(torch.cuda.get_rng_state(), state)
     torch.cuda.synchronize()
     base = torch.cuda.memory_allocated()
@@ -271,5 +271,5 @@ def test_step_memory_estimate_is_a_floor_of_what_the_gpu_allocates(prec):
     assert need >= 0.5 * held, (need, held)
     t0 = time.monotonic()
     with pytest.raises(DAELConfigError, match="and this GPU has") as e:
-        check_step_memory(feat, heads, dev, (96, 96), 10**7, prec, "gpu test")
+        check_step_memory(torch.nn.Sequential(feat, heads), dev, (96, 96), 10**7, prec, "gpu test")
     assert "\n" not in str(e.value) and time.monotonic() - t0 < 30

@@ -28,6 +28,7 @@ import pytest
 import torch
 
 from conftest import ROOT
+from steps import strategy
 
 DS = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 CFG = os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")
@@ -229,7 +230,7 @@ def test_reduce_overhead_under_torchrun_is_refused_in_one_line(monkeypatch):
     opt = torch.optim.SGD(net.parameters(), lr=0.1)
     monkeypatch.setattr(distributed, "_WORLD", distributed.World(0, 2, 0, True))
     with pytest.raises(DAELConfigError, match="reduce-overhead is refused under torchrun"):
-        DAELStep(algo, [opt], torch.device("cpu"), 2, 4, True, compile_mode="reduce-overhead")
+        DAELStep(algo, [opt], strategy(compile_mode="reduce-overhead"), 2, 4, True)
 
 
 # -- a step on devices that are not the CPU --------------------------------------------------------
@@ -288,7 +289,7 @@ def test_a_step_on_the_meta_device_mixes_no_cpu_tensor(setting):
     algo = DAEL(net, heads, hp, fuse_chunks=True, chunk_bn="grouped", class_mask=mask)
     opt = torch.optim.SGD(list(net.parameters()) + list(heads.parameters()), lr=0.1, momentum=0.9)
     da = setting != "dg"
-    step = DAELStep(algo, [opt], dev, 3, 4, da, channels_last=True)
+    step = DAELStep(algo, [opt], strategy(dev, channels_last=True), 3, 4, da)
     x, u = _batches()
     out = step(x, u if da else None)
     assert all(v.device.type == "meta" for v in out.values())
@@ -339,8 +340,10 @@ def test_a_steps_losses_on_fake_cuda_tensors_with_cudas_defaults(setting, monkey
         assert opt.param_groups[0]["fused"]
         # The first-step check (engine/first_step_check.py) runs real kernels in float64: not on fake tensors.
         da = setting != "dg"
-        step = step_module.DAELStep(algo, [opt], dev, 3, 4, da, channels_last=True, check_first_step=False)
-        assert step_module.DAELStep(algo, [opt], dev, 3, 4, True)._first_step_check is not None  # on by default
+        step = step_module.DAELStep(algo, [opt], strategy(dev, channels_last=True, check_first_step=False), 3, 4, da)
+        assert (
+            step_module.DAELStep(algo, [opt], strategy(dev), 3, 4, True)._first_step_check is not None
+        )  # on by default
         xs, _ = step.views(x, None)
         assert all(v.is_cuda and v.is_contiguous(memory_format=torch.channels_last) for v in xs)
         out, us = step.losses(x, u)  # DG: the step never reads a target batch
@@ -358,7 +361,7 @@ def _checked_step(check, setting="da"):
     net, heads = _model()
     algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="grouped")
     opt = torch.optim.SGD(list(net.parameters()) + list(heads.parameters()), lr=0.1, momentum=0.9)
-    step = DAELStep(algo, [opt], torch.device("cpu"), 3, 4, setting == "da", check_first_step=check)
+    step = DAELStep(algo, [opt], strategy(check_first_step=check), 3, 4, setting == "da")
     return step, net
 
 
@@ -474,7 +477,7 @@ def test_the_first_step_check_sees_one_layer_off(monkeypatch, capsys, prec, fact
     _plant_on_one_layer(monkeypatch, layer, factor, what)
     algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="grouped")
     opt = torch.optim.SGD(list(net.parameters()) + list(heads.parameters()), lr=0.1, momentum=0.9)
-    step = DAELStep(algo, [opt], torch.device("cpu"), 3, 4, True, prec=prec, check_first_step=True)
+    step = DAELStep(algo, [opt], strategy(prec=prec, check_first_step=True), 3, 4, True)
     x, u = _batches()
     step(x, u)
     found = step.fast_path_check
@@ -561,7 +564,7 @@ def test_the_first_step_check_checks_the_steps_own_layout(monkeypatch, losses, v
 
     algo.encode = fused_call
     opt = torch.optim.SGD(list(net.parameters()) + list(heads.parameters()), lr=0.1)
-    step = DAELStep(algo, [opt], torch.device("cpu"), 3, 4, True, check_first_step=True)
+    step = DAELStep(algo, [opt], strategy(check_first_step=True), 3, 4, True)
     x, u = _batches()
     g = torch.Generator().manual_seed(1)
     x["img3"], u["img3"] = torch.randn(x["img"].shape, generator=g), torch.randn(u["img"].shape, generator=g)

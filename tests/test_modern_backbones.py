@@ -10,6 +10,7 @@ import pytest
 import torch
 
 from conftest import ROOT, run_here
+from steps import strategy
 
 VIT = "vit_tiny_patch16_224"
 
@@ -290,7 +291,7 @@ def test_a_vit_step_on_the_meta_device_mixes_no_cpu_tensor(setting):
     algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="grouped")
     opt = torch.optim.AdamW(list(net.parameters()) + list(heads.parameters()), lr=1e-4)
     da = setting == "da"
-    out = DAELStep(algo, [opt], dev, 3, 4, da)(*_batches()[: 2 if da else 1], *([] if da else [None]))
+    out = DAELStep(algo, [opt], strategy(dev), 3, 4, da)(*_batches()[: 2 if da else 1], *([] if da else [None]))
     assert all(v.device.type == "meta" for v in out.values()) and ("loss_u" in out) == da
     assert all(p.grad is not None and p.grad.device.type == "meta" for p in net.parameters())
 
@@ -315,7 +316,7 @@ def test_a_vit_steps_losses_on_fake_cuda_tensors(monkeypatch):
         algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True, chunk_bn="auto")
         opt = fused_optimizer(torch.optim.AdamW(list(net.parameters()) + list(heads.parameters()), lr=1e-4))
         assert opt.param_groups[0]["fused"]
-        step = step_module.DAELStep(algo, [opt], dev, 3, 4, True, check_first_step=False)
+        step = step_module.DAELStep(algo, [opt], strategy(dev, check_first_step=False), 3, 4, True)
         out, us = step.losses(x, u)
         assert all(v.is_cuda for v in out.values()) and us is not None
         assert net.model.pos_embed.is_cuda and all(k in out for k in step.keys)
@@ -408,7 +409,7 @@ def test_each_encoder_family_takes_a_dael_step_at_32x32(name):
     algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True)
     opt = torch.optim.AdamW(list(net.parameters()) + list(heads.parameters()), lr=1e-4)
     before = [p.detach().clone() for p in net.parameters()]
-    out = DAELStep(algo, [opt], torch.device("cpu"), 3, 4, True)(*_batches())
+    out = DAELStep(algo, [opt], strategy(), 3, 4, True)(*_batches())
     assert all(torch.isfinite(v) for v in out.values()) and "loss_u" in out
     assert sum(not torch.equal(b, p) for b, p in zip(before, net.parameters())) > len(before) // 2
     if "clip" in name:

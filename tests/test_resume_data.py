@@ -102,7 +102,7 @@ def test_a_resume_onto_changed_data_is_one_line(tmp_path, tiny_root, engine, cha
             # what results.json holds: results_record writes it on both engines (an eval-only record has none)
             cfg = _cfg(out, root, engine)
             assert results.results_record(cfg, engine, 50.0)["data_changes"] == [mark]
-            assert results.results_record(cfg, engine, 50.0, eval_only=True)["data_changes"] == []
+            assert results.results_record(cfg, engine, 50.0, model_dir=str(tmp_path))["data_changes"] == []
             check_same_data({"data_changes": [mark]}, "later.pth.tar", None, None, None)  # no change since
             assert data_changes() == [mark]
     finally:

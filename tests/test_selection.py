@@ -1,6 +1,7 @@
 """Model selection's inputs: the source validation split, the per-epoch records and the protocols'
 best checkpoints (engine/selection.py), on both engines."""
 
+import dataclasses
 import functools
 import json
 import os
@@ -61,7 +62,8 @@ def test_no_protocol_but_the_oracle_reads_target_labels():
     names = ["hand", "street", "font"]
 
     def record(tgt, tst):
-        return S.epoch_record(4, names, tst, 4, 0.5, 7, src_val, tgt, src_train)
+        outs = {"test": tst, "source_val": src_val, "target": tgt, "source_train": src_train}
+        return S.epoch_record(4, outs, S.Scoring(names, 4, 0.5, 7))
 
     base = record(target, test)
     flipped = record(
@@ -250,7 +252,7 @@ def test_dassls_baselines_write_the_same_records_from_their_own_predictions(tmp_
     x = next(iter(tr.test_loader))["img"]
     tr.set_model_mode("eval")
     with torch.no_grad():
-        feats, probs = tr.selection.encode(x)
+        feats, probs = tr.selection.model.encode(x)
         theirs = tr.model_inference(x)
     assert probs.shape == (len(x), experts, tr.num_classes) and feats.shape[0] == len(x)
     expected = theirs if name == "M3SDA" else torch.softmax(theirs, 1)
@@ -290,7 +292,7 @@ def test_dassls_dg_baselines_write_records_from_their_label_net(tmp_path, tiny_r
     x = next(iter(tr.test_loader))["img"]
     tr.set_model_mode("eval")
     with torch.no_grad():
-        feats, probs = tr.selection.encode(x)
+        feats, probs = tr.selection.model.encode(x)
         theirs = tr.model_inference(x)
     assert probs.shape == (len(x), 1, tr.num_classes) and feats.shape[0] == len(x)
     torch.testing.assert_close(probs.mean(1), torch.softmax(theirs, 1))
@@ -374,7 +376,7 @@ def test_eval_only_select_evaluates_the_model_the_protocol_chose(tmp_path, tiny_
             shutil.copy(path, first)
 
     tr._save_best = keep_epoch_1
-    tr.selection.save_best = keep_epoch_1
+    tr.selection.model = dataclasses.replace(tr.selection.model, save_best=keep_epoch_1)
     tr.train()
     recs = [json.loads(line) for line in open(run / S.EPOCHS)]
     assert torch.load(first, weights_only=True)["epoch"] == 1

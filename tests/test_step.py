@@ -12,6 +12,7 @@ from dael_plugin.core import DAEL, DAELHparams, ExpertHeads
 from dael_plugin.engine import execution as ex
 from dael_plugin.engine.evaluate import ExpertTally
 from dael_plugin.engine.step import DAELStep, DeviceMeters
+from steps import strategy
 
 # What the installed torch lacks is skipped with the reason, not failed (README: which torch runs what).
 needs_cpu_fp16 = pytest.mark.skipif(
@@ -41,7 +42,7 @@ def _batch(seed=0, per=8, size=32):
     return bx, bu
 
 
-def _make(fuse=True, fused_optim=False, **kw):
+def _make(fuse=True, fused_optim=False, device_views=None, **kw):
     torch.manual_seed(0)
     f = build_backbone("dael_small_cnn")
     h = ExpertHeads(f.out_features, 10, 3)
@@ -52,7 +53,7 @@ def _make(fuse=True, fused_optim=False, **kw):
     if fused_optim:
         opt = ex.fused_optimizer(opt)
     alg = DAEL(f, h, DAELHparams(conf_thre=0.0), fuse_chunks=fuse)
-    return DAELStep(alg, [opt], torch.device("cpu"), 3, 8, True, channels_last=cl, **kw), f, h
+    return DAELStep(alg, [opt], strategy(channels_last=cl, **kw), 3, 8, True, device_views), f, h
 
 
 def _run(step, n=3):

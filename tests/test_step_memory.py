@@ -34,7 +34,9 @@ def test_batch_norm_statistics_are_left_alone():
     heads = nn.Linear(4, 5)
     feat.eval()
     before = {k: v.clone() for k, v in feat.state_dict().items()}
-    need = check_step_memory(feat, heads, torch.device("cpu"), (8, 8), 10, "fp32", "test", available=2**40)
+    need = check_step_memory(
+        nn.Sequential(feat, heads), torch.device("cpu"), (8, 8), 10, "fp32", "test", available=2**40
+    )
     assert need is not None and need > 0
     after = feat.state_dict()
     assert all(torch.equal(before[k], after[k]) for k in before)
@@ -48,7 +50,7 @@ def test_the_check_leaves_the_random_state_alone():
     feat = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 16), nn.Dropout(0.5), nn.ReLU())
     heads = nn.Linear(16, 5)
     before = torch.get_rng_state()
-    check_step_memory(feat, heads, torch.device("cpu"), (8, 8), 10, "fp32", "t", available=2**40)
+    check_step_memory(nn.Sequential(feat, heads), torch.device("cpu"), (8, 8), 10, "fp32", "t", available=2**40)
     assert torch.equal(torch.get_rng_state(), before)
 
 
@@ -59,9 +61,16 @@ def test_refuses_exactly_past_the_memory_available():
     model = nn.Sequential(feat, heads)
     two, four = (saved_activation_bytes(model, torch.randn(n, 3, 8, 8)) for n in (2, 4))
     need = two + (four - two) / 2 * 998  # two images' bytes, and what each of 998 more adds
-    assert check_step_memory(feat, heads, torch.device("cpu"), (8, 8), 1000, "fp32", "w", available=int(need)) == need
+    assert (
+        check_step_memory(
+            nn.Sequential(feat, heads), torch.device("cpu"), (8, 8), 1000, "fp32", "w", available=int(need)
+        )
+        == need
+    )
     with pytest.raises(DAELConfigError) as e:
-        check_step_memory(feat, heads, torch.device("cpu"), (8, 8), 1000, "fp32", "3 x 4", available=int(need) - 1)
+        check_step_memory(
+            nn.Sequential(feat, heads), torch.device("cpu"), (8, 8), 1000, "fp32", "3 x 4", available=int(need) - 1
+        )
     line = str(e.value)
     assert "\n" not in line and "1000 images with gradients" in line and "lower the batch sizes" in line
     assert "(3 x 4: 1000" in line and "INPUT.SIZE (8, 8)" in line
@@ -77,8 +86,8 @@ def test_autocasts_weight_copies_count_once_not_per_image():
     feat = nn.Sequential(nn.Flatten(), nn.Linear(3 * 8 * 8, 4096), nn.ReLU())
     heads = nn.Linear(4096, 5)
     cpu = torch.device("cpu")
-    fp32 = check_step_memory(feat, heads, cpu, (8, 8), 1000, "fp32", "t", available=2**40)
-    bf16 = check_step_memory(feat, heads, cpu, (8, 8), 1000, "bf16", "t", available=2**40)
+    fp32 = check_step_memory(nn.Sequential(feat, heads), cpu, (8, 8), 1000, "fp32", "t", available=2**40)
+    bf16 = check_step_memory(nn.Sequential(feat, heads), cpu, (8, 8), 1000, "bf16", "t", available=2**40)
     assert bf16 < fp32, (bf16, fp32)
 
 
@@ -150,7 +159,7 @@ def test_on_a_gpu_memory_the_allocator_holds_unused_counts_as_available(monkeypa
     real_randn = torch.randn
     monkeypatch.setattr(torch, "randn", lambda *a, device=None, **k: real_randn(*a, **k))  # the probe on the CPU
     # free need/2 + cached need/2 = need: exactly enough
-    assert ex.check_step_memory(feat, heads, fake, (8, 8), 1000, "fp32", "w") == need
+    assert ex.check_step_memory(nn.Sequential(feat, heads), fake, (8, 8), 1000, "fp32", "w") == need
     monkeypatch.setattr(torch.cuda, "memory_allocated", lambda device=None: int(need) // 2 + 8)
     with pytest.raises(DAELConfigError, match="and this GPU has"):
-        ex.check_step_memory(feat, heads, fake, (8, 8), 1000, "fp32", "w")
+        ex.check_step_memory(nn.Sequential(feat, heads), fake, (8, 8), 1000, "fp32", "w")

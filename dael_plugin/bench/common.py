@@ -80,9 +80,11 @@ class Plugin:
         foreach=None,
         views=None,
     ):
+        from dael_plugin.config.execution import Execution
         from dael_plugin.core import DAEL, DAELHparams, ExpertHeads
         from dael_plugin.engine.execution import channels_last_reason, patch_embedding_only
         from dael_plugin.engine.step import DAELStep
+        from dael_plugin.engine.strategy import Strategy
 
         self.name = name
         self.F = backbone
@@ -100,18 +102,8 @@ class Plugin:
                 self.note = f"channels_last up to {self.F._dael_channels_last_boundary}: the backbone .views after it"
         alg = DAEL(self.F, self.E, DAELHparams(conf_thre=0.0), fuse_chunks=fuse, chunk_bn=chunk_bn)
         opts = [_sgd(self.F.parameters(), fused_optim, foreach), _sgd(self.E.parameters(), fused_optim, foreach)]
-        self.step = DAELStep(
-            alg,
-            opts,
-            device,
-            K,
-            per_domain,
-            True,
-            prec=prec,
-            channels_last=channels_last,
-            compile_mode=compile_mode,
-            device_views=views,
-        )
+        how = Strategy(Execution(prec=prec, compile=compile_mode), device, channels_last)
+        self.step = DAELStep(alg, opts, how, K, per_domain, True, views)
         self.F.train(), self.E.train()
 
     def __call__(self, bx, bu):

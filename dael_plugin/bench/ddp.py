@@ -104,7 +104,9 @@ def time_overhead(recipe: str, size: int, device: torch.device, steps: int) -> t
     batch norm in a one-process group: what several processes cost before any other process."""
     import time
 
+    from dael_plugin.config.execution import Execution
     from dael_plugin.engine.step import DAELStep
+    from dael_plugin.engine.strategy import Strategy
 
     name, k, per_domain, b_u, classes = RECIPES[recipe]
     out = []
@@ -115,7 +117,7 @@ def time_overhead(recipe: str, size: int, device: torch.device, steps: int) -> t
         algo = DAEL(backbone, heads, DAELHparams(), fuse_chunks=True, chunk_bn="auto")
         model = torch.nn.ModuleList([backbone, heads])
         opt = torch.optim.SGD(model.parameters(), lr=1e-3, momentum=0.9)
-        step = DAELStep(algo, [opt], device, k, per_domain, True)
+        step = DAELStep(algo, [opt], Strategy(Execution(), device), k, per_domain, True)
         if ddp:
             from torch.nn.parallel import DistributedDataParallel as DDP
 

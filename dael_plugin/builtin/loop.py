@@ -35,11 +35,11 @@ from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
 from dael_plugin.engine import around_step, distributed
 from dael_plugin.engine import checkpoint as ckpt
-from dael_plugin.engine.evaluate import macro_f1
+from dael_plugin.engine.evaluate import evaluate_experts, macro_f1, report_experts
 from dael_plugin.engine.execution import cuda_settings
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
 from dael_plugin.engine.loop import end_sync_batch_norm, pick_eval_split, sync_batch_norm, train_epoch
-from dael_plugin.engine.selection import Selection, keep_list, record_loaders, split_sources
+from dael_plugin.engine.selection import EvaluatedModel, Selection, record_loaders, split_sources
 from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
 from dael_plugin.engine.strategy import Strategy
 from dael_plugin.errors import DAELConfigError
@@ -242,25 +242,17 @@ class BuiltinTrainer:
             cap,
             self.seed,
         )
-        da = self.is_da
-        return Selection(
-            self.cfg.OUTPUT_DIR,
-            self.eval_freq,
-            self.cfg.OPTIM.MAX_EPOCH,
-            self.sources,
-            self.num_classes,
-            float(self.pseudo_label_threshold),
-            self.seed,
-            da,
+        model = EvaluatedModel(
             self.features_and_experts,
             self.device,
             loaders,
-            [str(v).lower() for v in sel.VALIDATORS],
-            keep_list(sel.KEEP_BEST, da),
             self.modules.eval,
             self._save_best,
             self.bad_images,
-            class_mask=self.ensemble_mask,
+            self.ensemble_mask,
+        )
+        return Selection.from_cfg(
+            self.cfg, self.eval_freq, self.num_classes, self.pseudo_label_threshold, self.is_da, model
         )
 
     def _save_best(self, path: str) -> None:
@@ -342,19 +334,18 @@ class BuiltinTrainer:
     # -- checkpoints -----------------------------------------------------
     def _state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
         return ckpt.run_state(
-            "builtin",
-            self.cfg,
+            self._run_id(),
             epochs_done,
             self.bad_images,
             self._data_state(epochs_done),
-            self.classnames,
             self.scaler,
             rng_ranks,
-            self._train_counts(),
-            self.data_fingerprint,
             model=self.modules.state_dict(),
             **self._optim_state(),
         )
+
+    def _run_id(self) -> ckpt.RunId:
+        return ckpt.RunId("builtin", self.cfg, self.classnames, self._train_counts(), self.data_fingerprint)
 
     def _optim_state(self) -> dict:
         """One optimiser: ``optim`` and ``sched``, as every checkpoint before several optimisers
@@ -419,18 +410,7 @@ class BuiltinTrainer:
             for loader, gen in zip(self._loaders(), state["data"]["loader_generators"]):
                 loader.generator.set_state(gen)
 
-        return around_step.resume_run(
-            path,
-            "builtin",
-            self.cfg,
-            ("model", "data"),
-            self.classnames,
-            self._train_counts(),
-            self.data_fingerprint,
-            load,
-            self.scaler,
-            self.bad_images,
-        )
+        return around_step.resume_run(path, self._run_id(), ("model", "data"), load, self.scaler, self.bad_images)
 
     def load_model(self, directory: str, epoch: Optional[int] = None, name: Optional[str] = None) -> int:
         """Load weights for evaluation (the last checkpoint, epoch ``epoch``'s or the file ``name``,
@@ -580,38 +560,26 @@ class BuiltinTrainer:
         split, loader = pick_eval_split(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
         print(f"Evaluate on the *{split}* set")
 
-        def summarise(tally, skipped: int) -> float:  # Dassl's evaluator's lines, without Dassl
-            if tally.total == 0:
-                raise DAELConfigError(
-                    f"no readable image in the {split} split; run with --check-data to list the bad files"
-                )
-            yt, yp = (t.numpy() for t in tally.labels())
-            total = len(yt)
-            n_correct = int((yt == yp).sum())
-            acc = 100.0 * n_correct / total
-            f1 = macro_f1(yt, yp)
-            print(
-                f"=> result\n* total: {total:,}\n* correct: {n_correct:,}\n* accuracy: {acc:.1f}%\n"
-                f"* error: {100 - acc:.1f}%\n* macro_f1: {f1:.1f}%"
+        tally, skipped = evaluate_experts(
+            self.predict_experts, loader, self.device, self.bad_images, show_progress(), self.ensemble_mask
+        )
+        if tally.total == 0:
+            raise DAELConfigError(
+                f"no readable image in the {split} split; run with --check-data to list the bad files"
             )
-            if skipped:
-                print(f"* unreadable images left out: {skipped}")
-            return acc
-
-        mask = self.ensemble_mask
+        yt, yp = (t.numpy() for t in tally.labels())  # Dassl's evaluator's lines, without Dassl
+        total = len(yt)
+        n_correct = int((yt == yp).sum())
+        acc = 100.0 * n_correct / total
+        print(
+            f"=> result\n* total: {total:,}\n* correct: {n_correct:,}\n* accuracy: {acc:.1f}%\n"
+            f"* error: {100 - acc:.1f}%\n* macro_f1: {macro_f1(yt, yp):.1f}%"
+        )
+        if skipped:
+            print(f"* unreadable images left out: {skipped}")
         names = self.sources if self.num_experts > 1 else []
-        acc, self.per_class_accuracy, self.expert_accuracy = around_step.evaluate(
-            self.predict_experts,
-            loader,
-            self.device,
-            self.bad_images,
-            show_progress(),
-            mask,
-            split,
-            self.classnames,
-            names,
-            self._write,
-            summarise,
+        self.per_class_accuracy, self.expert_accuracy = report_experts(
+            tally, self.classnames, names, self._write, split
         )
         self._write(f"{split}/accuracy", acc)
         self.last_accuracy = acc

@@ -78,19 +78,17 @@ class DAELBuiltin(BuiltinTrainer):
         return {"F": backbone, "E": heads}
 
     def prepare_model(self) -> None:
-        self.channels_last = prepare_model(self.execution, self.modules["F"], self.cfg, self.device)
+        prepare_model(self.strategy, self.modules["F"], self.cfg)
 
     def build_step(self) -> None:
         self.step = make_step(
-            self.execution,
+            self.strategy,
             self.algorithm,
             [self.optim],
-            self.device,
             len(self.sources),
             self.per_domain,
             self.is_da,
             self.guard,
-            self.channels_last,
             self.cfg,
         )
 
@@ -106,10 +104,6 @@ class DAELBuiltin(BuiltinTrainer):
         return self.algorithm.ensemble_mask
 
     step = None  # the DAELStep, from build_step
-
-    @property
-    def scaler(self):
-        return self.step.scaler if self.step is not None else None
 
     def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         return self.algorithm.predict_experts(x)

@@ -21,7 +21,7 @@ from torch.utils.data import DataLoader
 
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed
-from dael_plugin.engine.selection import Selection, keep_list, record_loaders, split_sources
+from dael_plugin.engine.selection import EvaluatedModel, Selection, record_loaders, split_sources
 from dael_plugin.errors import DAELConfigError
 
 Encode = Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
@@ -82,25 +82,16 @@ def build_selection(
         cap,
         seed,
     )
-    return Selection(
-        trainer.output_dir,
-        trainer.eval_freq,
-        trainer.max_epoch,
-        list(cfg.DATASET.SOURCE_DOMAINS),
-        trainer.num_classes,
-        conf_thre,
-        seed,
-        is_da,
+    model = EvaluatedModel(
         encode,
         trainer.device,
         loaders,
-        [str(v).lower() for v in sel.VALIDATORS],
-        keep_list(sel.KEEP_BEST, is_da),
         lambda: trainer.set_model_mode("eval"),
         save_best,
         getattr(trainer, "bad_images", None),
-        class_mask=getattr(getattr(trainer, "algorithm", None), "ensemble_mask", None),
+        getattr(getattr(trainer, "algorithm", None), "ensemble_mask", None),
     )
+    return Selection.from_cfg(cfg, trainer.eval_freq, trainer.num_classes, conf_thre, is_da, model)
 
 
 # -- Dassl's baselines --------------------------------------------------------------------------

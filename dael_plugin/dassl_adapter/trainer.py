@@ -47,10 +47,12 @@ from dael_plugin.data.fingerprint import dataset_fingerprint
 from dael_plugin.data.sampling import SeededRandomBatchSampler, source_batch_sampler
 from dael_plugin.engine import around_step, distributed
 from dael_plugin.engine import checkpoint as ckpt
-from dael_plugin.engine.execution import cuda_settings, fused_optimizer
+from dael_plugin.engine.evaluate import evaluate_experts, report_experts
+from dael_plugin.engine.execution import cuda_settings
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
 from dael_plugin.engine.loop import end_sync_batch_norm, local_share, pick_eval_split, sync_batch_norm, train_epoch
 from dael_plugin.engine.step import DeviceMeters, format_meters, make_step, prepare_model
+from dael_plugin.engine.strategy import Strategy
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_train_views, check_transform_names
 
@@ -205,9 +207,9 @@ class DAELTrainer(TrainerXU):
         self.F = SimpleNet(cfg, cfg.MODEL, 0)
         self.F.to(self.device)
         print(f"# params: {count_num_param(self.F):,}")
-        self.channels_last = prepare_model(self.execution, self.F, cfg, self.device)
-        scaling = self.execution.prec == "fp16"
-        fuse_optim = (lambda o: fused_optimizer(o, scaling)) if self.execution.fused_optim else (lambda o: o)
+        self.strategy = Strategy(self.execution, self.device)  # EXECUTION.* (engine/strategy.py)
+        prepare_model(self.strategy, self.F, cfg)
+        fuse_optim = self.strategy.optimizer  # FUSED_OPTIM: PyTorch's fused kernels, where it has them
         self.optim_F = fuse_optim(build_optimizer(self.F, cfg.OPTIM))
         self.sched_F = build_lr_scheduler(self.optim_F, cfg.OPTIM)
         self.register_model("F", self.F, self.optim_F, self.sched_F)
@@ -226,15 +228,13 @@ class DAELTrainer(TrainerXU):
             self.F, self.E, self.hparams, fuse_chunks=e.fuse_chunks, chunk_bn=e.chunk_bn, class_mask=mask
         )
         self.step = make_step(
-            e,
+            self.strategy,
             self.algorithm,
             [self.optim_F, self.optim_E],
-            self.device,
             self.num_source_domains,
             self.split_batch_size(),
             self.is_da,
             self.guard,
-            self.channels_last,
             cfg,
         )
 
@@ -346,20 +346,19 @@ class DAELTrainer(TrainerXU):
     def _run_state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
         names = self.get_model_names()
         return ckpt.run_state(
-            "dassl",
-            self.cfg,
+            self._run_id(),
             epochs_done,
             self.bad_images,
             {"sampler_seed": self.data_seed, "next_epoch": epochs_done},
-            self._classnames(),
-            self.step.scaler,
+            self.strategy.scaler,
             rng_ranks,
-            self._train_counts(),
-            self.data_fingerprint,
             models={n: self._models[n].state_dict() for n in names},
             optims={n: self._optims[n].state_dict() for n in names if self._optims[n] is not None},
             scheds={n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None},
         )
+
+    def _run_id(self) -> ckpt.RunId:
+        return ckpt.RunId("dassl", self.cfg, self._classnames(), self._train_counts(), self.data_fingerprint)
 
     def resume_model_if_exist(self, directory):
         path = osp.join(directory, ckpt.LAST)
@@ -379,16 +378,7 @@ class DAELTrainer(TrainerXU):
                         loader.generator.manual_seed(self.data_seed)
 
             return around_step.resume_run(
-                path,
-                "dassl",
-                self.cfg,
-                ("models",),
-                self._classnames(),
-                self._train_counts(),
-                self.data_fingerprint,
-                load,
-                self.step.scaler,
-                self.bad_images,
+                path, self._run_id(), ("models",), load, self.strategy.scaler, self.bad_images
             )
         if any(osp.isfile(osp.join(directory, n, "checkpoint")) for n in self.get_model_names()):
             epoch = load_dassl_checkpoints(self, directory, None, resume=True)
@@ -444,25 +434,17 @@ class DAELTrainer(TrainerXU):
         split, data_loader = pick_eval_split(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
         print(f"Evaluate on the *{split}* set")
 
-        def summarise(tally, _skipped: int) -> dict:
-            if tally.total:  # Dassl's evaluator sees the whole (gathered) set once: its argmax is the ensemble's
-                yt, yp = tally.labels()
-                self.evaluator.process(torch.nn.functional.one_hot(yp, self.num_classes).float(), yt)
-            return self.evaluator.evaluate()
-
+        algo = self.algorithm
+        tally, _ = evaluate_experts(
+            algo.predict_experts, data_loader, self.device, self.bad_images, sys.stderr.isatty(), algo.ensemble_mask
+        )
+        if tally.total:  # Dassl's evaluator sees the whole (gathered) set once: its argmax is the ensemble's
+            yt, yp = tally.labels()
+            self.evaluator.process(torch.nn.functional.one_hot(yp, self.num_classes).float(), yt)
+        results = self.evaluator.evaluate()
         names = list(self.cfg.DATASET.SOURCE_DOMAINS) if self.E.num_experts > 1 else ["single"]
-        results, self.per_class_accuracy, self.expert_accuracy = around_step.evaluate(
-            self.algorithm.predict_experts,
-            data_loader,
-            self.device,
-            self.bad_images,
-            sys.stderr.isatty(),
-            self.algorithm.ensemble_mask,
-            split,
-            self._classnames(),
-            names,
-            lambda tag, v: self.write_scalar(tag, v, self.epoch),
-            summarise,
+        self.per_class_accuracy, self.expert_accuracy = report_experts(
+            tally, self._classnames(), names, lambda tag, v: self.write_scalar(tag, v, self.epoch), split
         )
         for k, v in results.items():
             self.write_scalar(f"{split}/{k}", v, self.epoch)

@@ -3,21 +3,20 @@
 ``engine/loop.py`` holds the epoch itself; this module holds what each trainer did around it, in
 its own copy, until both called these: the images a batch replaced, the target loader cycled,
 the end-of-epoch divergence check, the checkpoint that gathers every rank's random states before
-rank 0 writes, the resume that reads a checkpoint back into the modules, and the evaluation that
-tallies the experts and reports them. The trainers keep only what differs: Dassl's registries, log
-format and evaluator on one side, the built-in data and model set-up on the other.
+rank 0 writes, and the resume that reads a checkpoint back into the modules. The trainers keep
+only what differs: Dassl's registries, log format and evaluator on one side, the built-in data
+and model set-up on the other (each tallies its evaluation with ``engine/evaluate.py``).
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, List, Optional, Sequence, Tuple
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
 import torch
 
 from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed
-from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.guard import FiniteGuard, divergence_error, weights_finite
 
 
@@ -61,43 +60,11 @@ def save_run(state_of: Callable[[list], dict], paths: Sequence[str]) -> None:
 
 
 def resume_run(
-    path: str,
-    engine: str,
-    cfg: Any,
-    required: Tuple[str, ...],
-    classnames: List[str],
-    counts: dict,
-    fingerprint: Optional[dict],
-    load: Callable[[dict], None],
-    scaler: Any,
-    bad_images: set,
+    path: str, run: ckpt.RunId, required: Tuple[str, ...], load: Callable[[dict], None], scaler: Any, bad_images: set
 ) -> int:
     """Read a run's last checkpoint (refused, in one line, when it is another run's: config, data,
     classes, engine), hand it to ``load`` for the trainer's modules, optimisers and loaders, then
     restore the random states and the loss scaler; returns the epochs it holds."""
-    state = ckpt.read_resumable(path, engine, cfg, required, classnames, counts, fingerprint)
+    state = ckpt.read_resumable(path, run, required)
     load(state)
     return ckpt.restore_run_state(state, path, scaler, bad_images)
-
-
-def evaluate(
-    predict_experts: Callable[[torch.Tensor], torch.Tensor],
-    loader: Iterable,
-    device: torch.device,
-    bad_images: set,
-    tty: bool,
-    mask: Optional[torch.Tensor],
-    split: str,
-    classnames: List[str],
-    expert_names: List[str],
-    write: Callable[[str, float], None],
-    summarise: Callable[[Any, int], Any],
-) -> Tuple[Any, dict, List[float]]:
-    """Tally the experts' predictions over ``loader`` (gathered across processes), let the trainer
-    say the result in its own format (``summarise(tally, images left out)``: Dassl's evaluator, or
-    the built-in engine's lines), then report the per-class and per-expert accuracies. Returns
-    the trainer's result and the two reports, which the trainer keeps for results.json."""
-    tally, skipped = evaluate_experts(predict_experts, loader, device, bad_images, tty, mask)
-    result = summarise(tally, skipped)
-    per_class, experts = report_experts(tally, classnames, expert_names, write, split)
-    return result, per_class, experts

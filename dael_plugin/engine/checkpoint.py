@@ -22,6 +22,7 @@ import collections
 import os
 import pickle
 import random
+from dataclasses import dataclass
 from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 import numpy as np
@@ -387,17 +388,26 @@ def model_state(state: dict) -> dict:
     return {k: v for k, v in state.items() if k not in RESUME_ONLY}
 
 
+@dataclass(frozen=True)
+class RunId:
+    """What makes a checkpoint this run's: :func:`run_state` writes it and :func:`read_resumable`
+    refuses a checkpoint that differs (another engine, a config key that shapes the run, other
+    classes, other training images per domain or another data fingerprint)."""
+
+    engine: str
+    cfg: Any
+    classnames: Sequence[str]
+    train_counts: Optional[Dict[str, int]] = None
+    data_fingerprint: Optional[dict] = None
+
+
 def run_state(
-    engine: str,
-    cfg: Any,
+    run: RunId,
     epochs_done: int,
     bad_images: Iterable[str],
     data: dict,
-    classnames: List[str],
     scaler: Any = None,
     rng_ranks: Optional[list] = None,
-    train_counts: Optional[Dict[str, int]] = None,
-    data_fingerprint: Optional[dict] = None,
     **weights: Any,
 ) -> dict:
     """A "last" checkpoint: the engine's ``weights`` (model, optimiser and scheduler states, by the
@@ -406,6 +416,7 @@ def run_state(
     from dael_plugin.engine.distributed import world
 
     rng_ranks = rng_ranks if rng_ranks is not None else [rng_state()]
+    engine, cfg = run.engine, run.cfg
     state = {
         "format": FORMAT,
         "engine": engine,
@@ -422,13 +433,13 @@ def run_state(
         ),
         "data": data,
         "bad_images": sorted(bad_images),
-        "classnames": list(classnames),
+        "classnames": list(run.classnames),
         "world_size": world().size,
     }
-    if train_counts is not None:  # training images per domain: a resume onto other data is refused
-        state["train_counts"] = dict(train_counts)
-    if data_fingerprint is not None:  # which images, per split and domain (data/fingerprint.py)
-        state["data_fingerprint"] = data_fingerprint
+    if run.train_counts is not None:  # training images per domain: a resume onto other data is refused
+        state["train_counts"] = dict(run.train_counts)
+    if run.data_fingerprint is not None:  # which images, per split and domain (data/fingerprint.py)
+        state["data_fingerprint"] = run.data_fingerprint
     if len(rng_ranks) > 1:  # each process's own streams (device views, dropout) continue on resume
         state["rng_ranks"] = rng_ranks
     if scaler is not None:  # fp16's loss scale and its growth counter: resume continues them
@@ -438,15 +449,7 @@ def run_state(
     return state
 
 
-def read_resumable(
-    path: str,
-    engine: str,
-    cfg: Any,
-    needs: Sequence[str],
-    classnames: Optional[Sequence[str]] = None,
-    train_counts: Optional[Dict[str, int]] = None,
-    data_fingerprint: Optional[dict] = None,
-) -> dict:
+def read_resumable(path: str, run: RunId, needs: Sequence[str]) -> dict:
     """Load a "last" checkpoint for exact resume, or refuse it in one line: another engine's, an
     older format, one without ``needs``, or one whose config differs in a key that shapes the run.
 
@@ -454,6 +457,7 @@ def read_resumable(
     must stay CPU tensors, and ``load_state_dict`` moves weights and optimiser states to their
     parameters' device."""
     state = load_checkpoint(path)
+    engine = run.engine
     if state.get("engine") not in (None, engine):
         raise CheckpointError(
             f"{path} was written by the {state['engine']} engine; resume it with "
@@ -466,8 +470,8 @@ def read_resumable(
             "resumed exactly; pass a new --output-dir to start fresh (it still loads with "
             "--eval-only)"
         )
-    check_resume_config(state, cfg, path)
-    check_same_data(state, path, classnames, train_counts, data_fingerprint)
+    check_resume_config(state, run.cfg, path)
+    check_same_data(state, path, run.classnames, run.train_counts, run.data_fingerprint)
     from dael_plugin.engine.distributed import world
 
     saved, now = int(state.get("world_size", 1)), world().size

@@ -90,8 +90,7 @@ def saved_activation_bytes(module: nn.Module, images: torch.Tensor, prec: str = 
 
 
 def check_step_memory(
-    featurizer: nn.Module,
-    heads: nn.Module,
+    model: nn.Module,
     device: torch.device,
     size: Sequence[int],
     images_with_grad: int,
@@ -100,7 +99,8 @@ def check_step_memory(
     available: Optional[int] = None,
     local_processes: int = 1,
 ) -> Optional[int]:
-    """Refuse, in one line, a step whose activations alone cannot fit in the memory available now.
+    """Refuse, in one line, a step whose activations alone cannot fit in the memory available now
+    (``model``: the backbone and the heads, as one module).
 
     A step keeps, for its backward pass, what autograd saves for each image that passes the
     backbone with gradients (``images_with_grad``: the source views and the target's prediction
@@ -114,7 +114,6 @@ def check_step_memory(
     could not be measured: a backbone that cannot run two images alone is left to the step)."""
     from dael_plugin.errors import DAELConfigError
 
-    model = nn.Sequential(featurizer, heads)
     modes = [(m, m.training) for m in model.modules()]
     model.train()
     # The probe draws its images and any dropout from forked streams: the run's random state is

@@ -16,7 +16,8 @@ import os
 import socket
 import subprocess
 import time
-from typing import Dict, List, Optional, Sequence
+from dataclasses import dataclass
+from typing import Any, Dict, List, Optional, Sequence
 
 from yacs.config import CfgNode as CN
 
@@ -99,19 +100,40 @@ def backbone_weights(cfg: CN, engine: str) -> dict:
     return weights_record(str(b.NAME), bool(b.get("PRETRAINED", False)), str(b.get("WEIGHTS", "") or ""), engine)
 
 
+@dataclass(frozen=True)
+class Evaluation:
+    """What a trainer's last test found beside the ensemble's accuracy: each expert's accuracy, the
+    per-class accuracies (``{"ensemble": {class: %}, expert: {...}}``) and the images left out."""
+
+    expert_accuracy: Sequence[float] = ()
+    per_class_accuracy: Optional[Dict[str, Dict[str, float]]] = None
+    unreadable_images: Sequence[str] = ()
+
+    @classmethod
+    def of(cls, trainer: Any) -> "Evaluation":
+        """A trainer's (Dassl's own trainers keep none of it: the record says so by empty fields)."""
+        return cls(
+            list(getattr(trainer, "expert_accuracy", []) or []),
+            getattr(trainer, "per_class_accuracy", None),
+            sorted(getattr(trainer, "bad_images", ()) or ()),
+        )
+
+
 def results_record(
     cfg: CN,
     engine: str,
     accuracy: Optional[float],
-    expert_accuracy: Sequence[float] = (),
+    evaluation: Evaluation = Evaluation(),
+    setting: Optional[str] = None,
     wall_seconds: float = 0.0,
     epochs: Optional[int] = None,
-    eval_only: bool = False,
-    unreadable_images: Sequence[str] = (),
     model_dir: Optional[str] = None,
-    per_class_accuracy: Optional[Dict[str, Dict[str, float]]] = None,
-    setting: Optional[str] = None,
 ) -> Dict[str, object]:
+    """A run's ``results.json``; ``model_dir``: the run whose model an ``--eval-only`` evaluated
+    (None: this run trained it). ``setting``: DA or DG, as the trainer says."""
+    eval_only = model_dir is not None
+    expert_accuracy, per_class_accuracy = evaluation.expert_accuracy, evaluation.per_class_accuracy
+    unreadable_images = evaluation.unreadable_images
     sources = list(cfg.DATASET.SOURCE_DOMAINS)
     names: List[str] = (
         sources if len(expert_accuracy) == len(sources) else [f"expert{i}" for i in range(len(expert_accuracy))]

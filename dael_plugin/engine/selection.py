@@ -362,20 +362,26 @@ def validator_scores(
     return {k: round(float(next(it) if isinstance(v, torch.Tensor) else v), 6) for k, v in out.items()}
 
 
-def epoch_record(
-    epoch: int,
-    source_names: Sequence[str],
-    test: Optional[Outputs],
-    num_classes: int,
-    conf_thre: float,
-    seed: int,
-    source_val: Optional[Outputs] = None,
-    target: Optional[Outputs] = None,
-    source_train: Optional[Outputs] = None,
-    validators: Sequence[str] = VALIDATORS,
-    da: bool = True,
-) -> Dict[str, Any]:
-    """One epoch's record (module docstring). ``epoch``: epochs done (1-based)."""
+@dataclass(frozen=True)
+class Scoring:
+    """How an epoch is scored (:func:`epoch_record`): the sources' names (the experts' and the
+    per-domain figures'), the classes, the pseudo-label threshold the validators use, the seed of
+    their draws, which validators, and whether the run is DA (only then do they score the target)."""
+
+    source_names: Sequence[str]
+    num_classes: int
+    conf_thre: float
+    seed: int
+    validators: Sequence[str] = VALIDATORS
+    da: bool = True
+
+
+def epoch_record(epoch: int, outs: Dict[str, Optional[Outputs]], scoring: Scoring) -> Dict[str, Any]:
+    """One epoch's record (module docstring). ``epoch``: epochs done (1-based); ``outs``: the
+    splits' outputs by :func:`record_loaders`' names (``test``, ``source_val``, ``target``,
+    ``source_train``; a split that is absent or None is not scored)."""
+    test, source_val, target = outs.get("test"), outs.get("source_val"), outs.get("target")
+    source_names = scoring.source_names
     rec: Dict[str, Any] = {"epoch": int(epoch)}
     if source_val is not None:
         per = {}
@@ -388,9 +394,10 @@ def epoch_record(
         rec["source_val_size"] = int(source_val.labels.numel())
     if target is not None:
         rec["classifiers"] = int(target.probs.shape[1])
-        if da:
+        if scoring.da:
+            sc = scoring
             rec["validators"] = validator_scores(
-                target, num_classes, conf_thre, seed, validators, source_val, source_train
+                target, sc.num_classes, sc.conf_thre, sc.seed, sc.validators, source_val, outs.get("source_train")
             )
         rec["target_val_accuracy"] = round(float(_accuracy(target.ensemble, target.labels)), 4)
         rec["target_val_size"] = int(target.labels.numel())
@@ -535,40 +542,52 @@ class EpochRecords:
         return moved
 
 
+@dataclass(frozen=True)
+class EvaluatedModel:
+    """What the records read of a trainer: ``encode`` (images -> features and the experts'
+    probabilities), the device, the loaders (:func:`record_loaders`, test-time transforms),
+    ``set_eval`` (its modules in eval mode), ``save_best(path)`` (writes a protocol's chosen
+    model), the images its loaders could not read, and the category-shift ensemble's class mask."""
+
+    encode: Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]]
+    device: torch.device
+    loaders: Dict[str, Any]
+    set_eval: Callable[[], None]
+    save_best: Callable[[str], None]
+    bad_images: Optional[set] = None
+    class_mask: Optional[torch.Tensor] = None
+
+
 class Selection:
-    """What a host runs for the records: given its loaders (built with test-time transforms) and an
-    ``encode`` function, evaluates every ``eval_freq`` epochs and writes the record and the best
-    checkpoints. The host calls :meth:`resume` once and :meth:`after_epoch` after each epoch,
-    before its "last" checkpoint."""
+    """What a trainer runs for the records: evaluates its model every ``eval_freq`` epochs, then
+    writes the record and the best checkpoints of the protocols in ``keep``. The trainer calls
+    :meth:`resume` once and :meth:`after_epoch` after each epoch, before its "last" checkpoint."""
 
     def __init__(
         self,
         output_dir: str,
         eval_freq: int,
         max_epoch: int,
-        source_names: Sequence[str],
-        num_classes: int,
-        conf_thre: float,
-        seed: int,
-        da: bool,
-        encode: Callable[[torch.Tensor], Tuple[torch.Tensor, torch.Tensor]],
-        device: torch.device,
-        loaders: Dict[str, Any],
-        validators: Sequence[str],
         keep: Sequence[str],
-        set_eval: Callable[[], None],
-        save_best: Callable[[str], None],
-        bad_images: Optional[set] = None,
-        class_mask: Optional[torch.Tensor] = None,
+        scoring: Scoring,
+        model: EvaluatedModel,
     ) -> None:
         self.records = EpochRecords(output_dir)
         self.eval_freq, self.max_epoch = int(eval_freq), int(max_epoch)
-        self.source_names, self.num_classes = list(source_names), int(num_classes)
-        self.conf_thre, self.seed, self.da = float(conf_thre), int(seed), bool(da)
-        self.encode, self.device, self.loaders = encode, device, loaders
-        self.validators, self.keep = list(validators), list(keep)
-        self.set_eval, self.save_best, self.bad_images = set_eval, save_best, bad_images
-        self.class_mask = class_mask
+        self.keep, self.scoring, self.model = list(keep), scoring, model
+
+    @classmethod
+    def from_cfg(
+        cls, cfg: Any, eval_freq: int, num_classes: int, conf_thre: float, da: bool, model: EvaluatedModel
+    ) -> "Selection":
+        """Both engines' records, from the run's config (``SELECTION``, the sources, the seed)."""
+        sel = cfg.SELECTION
+        validators = [str(v).lower() for v in sel.VALIDATORS]
+        seed = max(int(cfg.SEED), 0)
+        scoring = Scoring(
+            list(cfg.DATASET.SOURCE_DOMAINS), int(num_classes), float(conf_thre), seed, validators, bool(da)
+        )
+        return cls(cfg.OUTPUT_DIR, eval_freq, cfg.OPTIM.MAX_EPOCH, keep_list(sel.KEEP_BEST, da), scoring, model)
 
     def resume(self, epochs_done: int) -> None:
         self.records.truncate(epochs_done)
@@ -582,28 +601,17 @@ class Selection:
         import time
 
         start = time.perf_counter()
-        self.set_eval()
-        cuda = [self.device] if self.device.type == "cuda" else []
+        m = self.model
+        m.set_eval()
+        cuda = [m.device] if m.device.type == "cuda" else []
         with torch.random.fork_rng(devices=cuda):  # evaluation draws nothing from the training streams
             outs = {
-                k: (collect(self.encode, ld, self.device, self.bad_images, self.class_mask) if ld is not None else None)
-                for k, ld in self.loaders.items()
+                k: (collect(m.encode, ld, m.device, m.bad_images, m.class_mask) if ld is not None else None)
+                for k, ld in m.loaders.items()
             }
             forward = time.perf_counter() - start
-            rec = epoch_record(
-                epochs_done,
-                self.source_names,
-                outs.get("test"),
-                self.num_classes,
-                self.conf_thre,
-                self.seed,
-                source_val=outs.get("source_val"),
-                target=outs.get("target"),
-                source_train=outs.get("source_train"),
-                validators=self.validators,
-                da=self.da,
-            )
-        moved = self.records.append(rec, self.save_best, self.keep)
+            rec = epoch_record(epochs_done, outs, self.scoring)
+        moved = self.records.append(rec, m.save_best, self.keep)
         if distributed.world().is_main:
             shown = {k: rec.get(k) for k in ("source_val_accuracy", "target_val_accuracy") if rec.get(k) is not None}
             print(

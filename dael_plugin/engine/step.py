@@ -27,7 +27,6 @@ import torch
 from yacs.config import CfgNode as CN
 
 from dael_plugin.config import trainer_node
-from dael_plugin.config.execution import Execution
 from dael_plugin.core import DAEL
 from dael_plugin.core.chunk_norm import resolve_impl
 from dael_plugin.data.batching import split_domains
@@ -49,14 +48,14 @@ class DAELStep:
     Args:
         algorithm: the core :class:`~dael_plugin.core.DAEL`.
         optimizers: every optimiser of the model (stepped together).
-        device: the training device.
+        strategy: where and how the step runs (:class:`~dael_plugin.engine.strategy.Strategy`):
+            the device, ``PREC`` (autocast, fp16's loss scaler; weights stay fp32), ``COMPILE``
+            (``torch.compile`` of the forward and losses, and of the views made on the device;
+            the backward is compiled with it), the views fed in ``channels_last`` and the first
+            step's check of the fused pass.
         num_domains: number of source domains (experts).
         per_domain: images per domain chunk in a source batch.
         is_da: use target batches (L_u).
-        prec: ``fp32``, ``bf16`` or ``fp16`` (autocast; weights stay fp32).
-        channels_last: feed the views in ``channels_last`` (set when the model was converted).
-        compile_mode: ``none``, ``default`` or ``reduce-overhead`` (``torch.compile``
-            of the forward and losses; the backward is compiled with it).
         device_views: makes the views on the device from uint8 images
             (``AUG_ON_DEVICE``), or None when the loader made them.
         guard: the divergence flag to update.
@@ -66,40 +65,37 @@ class DAELStep:
         self,
         algorithm: DAEL,
         optimizers: Sequence[torch.optim.Optimizer],
-        device: torch.device,
+        strategy: Strategy,
         num_domains: int,
         per_domain: int,
         is_da: bool,
-        prec: str = "fp32",
-        channels_last: bool = False,
-        compile_mode: str = "none",
         device_views: Optional[Callable[[torch.Tensor], List[torch.Tensor]]] = None,
         guard: Optional[FiniteGuard] = None,
-        compile_backend: str = "inductor",
-        check_first_step: Optional[bool] = None,
     ) -> None:
         self.algorithm = algorithm
         self.optimizers = list(optimizers)
-        self.device = device
+        self.strategy = strategy
+        self.device = device = strategy.device
         self.num_domains = num_domains
         self.per_domain = per_domain
         self.is_da = is_da
-        self.prec = prec
-        self.channels_last = channels_last
+        self.prec = prec = strategy.execution.prec
+        compile_mode, compile_backend = strategy.execution.compile, strategy.compile_backend
+        self.channels_last = strategy.views_channels_last
         self.device_views = device_views
         self.guard = guard if guard is not None else FiniteGuard()
-        self.scaler = ex.grad_scaler(prec, device)
+        self.scaler = strategy.scaler
         self.num_views = algorithm.hparams.num_views
         self.keys = ["loss_x", "acc_x", "loss_cr"] + (["loss_u", "mask_u"] if is_da else [])
         if algorithm.class_mask is not None and algorithm.hparams.masks("other"):
             self.keys.append("loss_other")
         # The fused grouped pass checked against per-chunk batch norm on the first batch (on CUDA by
         # default: engine/first_step_check.py); its finding lands in results.json.
-        check = device.type == "cuda" if check_first_step is None else check_first_step
         grouped = algorithm.fuse_chunks and resolve_impl(algorithm.chunk_bn, device.type) == "grouped"
         # A compiled step runs the fused kernel's compiled branch: the check compiles the fused pass too.
         checked_backend = compile_backend if compile_mode != "none" else None
-        self._first_step_check = FirstStepCheck(prec, checked_backend) if check and grouped else None
+        check = strategy.check_first_step and grouped
+        self._first_step_check = FirstStepCheck(prec, checked_backend) if check else None
         self.fast_path_check: Optional[Dict[str, object]] = None
         self._losses = self._forward
         self.compiled = compile_mode != "none"
@@ -157,7 +153,7 @@ class DAELStep:
         chunk_sizes: Sequence[int],
         u_views: Optional[List[torch.Tensor]],
     ) -> Dict[str, torch.Tensor]:
-        with ex.autocast(self.prec, self.device):
+        with self.strategy.autocast():
             out = self.algorithm.losses(x_views, labels, expert_idx, chunk_sizes, u_views)
         return out
 
@@ -180,7 +176,7 @@ class DAELStep:
         check, self._first_step_check = self._first_step_check, None
         parts, part_chunks = self.algorithm.gradient_parts(x_views, chunk_sizes, u_views)  # the step's own layout
         sizes = [c for cs in part_chunks for c in cs]
-        check(self.algorithm, torch.cat(parts), sizes, lambda: ex.autocast(self.prec, self.device))
+        check(self.algorithm, torch.cat(parts), sizes, self.strategy.autocast)
         self.fast_path_check = check.result
         if check.result["fell_back"] and world().distributed:
             raise DAELConfigError(
@@ -191,19 +187,7 @@ class DAELStep:
 
     def __call__(self, batch_x: dict, batch_u: Optional[dict] = None) -> Dict[str, torch.Tensor]:
         out, u_views = self.losses(batch_x, batch_u)
-        loss = out["loss"]
-        self.guard.update(loss)
-        for o in self.optimizers:
-            o.zero_grad(set_to_none=True)
-        if self.scaler is None:
-            loss.backward()
-            for o in self.optimizers:
-                o.step()
-        else:
-            self.scaler.scale(loss).backward()
-            for o in self.optimizers:
-                self.scaler.step(o)
-            self.scaler.update()
+        self.strategy.backward_and_update(out["loss"], self.optimizers, self.guard)
         # Copies: under CUDA graphs the next replay overwrites the graph's outputs.
         result = {k: out[k].detach().float().clone() if self.compiled else out[k].detach().float() for k in self.keys}
         if u_views is not None and "pseudo_label_u" in out and "label" in batch_u:
@@ -293,61 +277,42 @@ def short_meters(means: Dict[str, float]) -> str:
     return " ".join(f"{_SHORT.get(k, k)} {format_meter(k, v)}" for k, v in means.items())
 
 
-def prepare_model(execution: Execution, backbone: torch.nn.Module, cfg: CN, device: torch.device) -> bool:
-    """Put the backbone in ``channels_last`` where that is on and it runs in it; returns whether it is."""
-    if not execution.channels_last:
-        return False
-    shape = (3, *[int(s) for s in cfg.INPUT.SIZE])
-    return ex.use_channels_last(backbone, shape, device, name=str(cfg.MODEL.BACKBONE.NAME))
+def prepare_model(strategy: Strategy, backbone: torch.nn.Module, cfg: CN) -> bool:
+    """Put the backbone in ``channels_last`` where that is on and it runs in it; the step's views
+    follow it (``strategy.views_channels_last``, returned)."""
+    if strategy.execution.channels_last:
+        shape = (3, *[int(s) for s in cfg.INPUT.SIZE])
+        name = str(cfg.MODEL.BACKBONE.NAME)
+        strategy.views_channels_last = ex.use_channels_last(backbone, shape, strategy.device, name=name)
+    return strategy.views_channels_last
 
 
 def make_step(
-    execution: Execution,
+    strategy: Strategy,
     algorithm: DAEL,
     optimizers: Sequence[torch.optim.Optimizer],
-    device: torch.device,
     num_domains: int,
     per_domain: int,
     is_da: bool,
     guard: FiniteGuard,
-    channels_last: bool,
     cfg: CN,
 ) -> DAELStep:
-    """The step for an engine, from the ``Execution`` options (``TRAINER.<NAME>.*``)."""
-    check_memory(execution, algorithm, device, num_domains, per_domain, is_da, cfg)
+    """The step for an engine, on the run's strategy (its ``EXECUTION`` options)."""
+    check_memory(strategy, algorithm, num_domains, per_domain, is_da, cfg)
     device_views = None
-    if execution.aug_on_device:
-        device_views = build_device_views(cfg, algorithm.hparams.num_views, device)
-    return DAELStep(
-        algorithm,
-        optimizers,
-        device,
-        num_domains,
-        per_domain,
-        is_da,
-        prec=execution.prec,
-        channels_last=channels_last,
-        compile_mode=execution.compile,
-        device_views=device_views,
-        guard=guard,
-        compile_backend=Strategy.compile_backend,
-    )
+    if strategy.execution.aug_on_device:
+        device_views = build_device_views(cfg, algorithm.hparams.num_views, strategy.device)
+    return DAELStep(algorithm, optimizers, strategy, num_domains, per_domain, is_da, device_views, guard)
 
 
 def check_memory(
-    execution: Execution,
-    algorithm: DAEL,
-    device: torch.device,
-    num_domains: int,
-    per_domain: int,
-    is_da: bool,
-    cfg: CN,
+    strategy: Strategy, algorithm: DAEL, num_domains: int, per_domain: int, is_da: bool, cfg: CN
 ) -> Optional[int]:
     """Before the first batch: a step whose activations cannot fit in the memory available is one
     line (:func:`~dael_plugin.engine.memory.check_step_memory`). A compiled step keeps less
     (inductor recomputes; 1033 against 4910 MiB on the H200 at miniDomainNet's shape), so it is
     not checked: the figure would be no floor for it."""
-    if execution.compile != "none":
+    if strategy.execution.compile != "none":
         return None
     hp = algorithm.hparams
     d = cfg.DATALOADER
@@ -360,12 +325,11 @@ def check_memory(
         + (f" and {target} target images" if is_da and hp.use_u else "")
     )
     return memory.check_step_memory(
-        algorithm.featurizer,
-        algorithm.heads,
-        device,
+        torch.nn.Sequential(algorithm.featurizer, algorithm.heads),
+        strategy.device,
         cfg.INPUT.SIZE,
         images,
-        execution.prec,
+        strategy.execution.prec,
         what,
         local_processes=int(os.environ.get("LOCAL_WORLD_SIZE", "1")),
     )

@@ -10,8 +10,9 @@ it steps and in which order); the strategy gives it, from ``EXECUTION.*``:
 - ``CHANNELS_LAST``: the modules that take images in ``channels_last``, where they run in it;
 - ``COMPILE``: ``torch.compile`` of each module, in place (its state dict keeps its keys).
 
-DAEL's own step (``engine/step.py``) goes further with the same options: one graph over the
-forward and the losses, the fused per-domain pass and the views on the device.
+DAEL's own step (``engine/step.py``) runs on the same strategy and goes further with the same
+options: one graph over the forward and the losses, the fused per-domain pass, its views fed in
+``channels_last`` and made on the device, and the fused pass checked on the first batch.
 """
 
 from __future__ import annotations
@@ -31,10 +32,25 @@ class Strategy:
 
     compile_backend = "inductor"  # torch.compile's own; the tests set aot_eager (the same graph, no C++ build)
 
-    def __init__(self, execution: Execution, device: torch.device) -> None:
+    def __init__(
+        self,
+        execution: Execution,
+        device: torch.device,
+        views_channels_last: bool = False,
+        compile_backend: Optional[str] = None,
+        check_first_step: Optional[bool] = None,
+    ) -> None:
+        """``views_channels_last``: DAEL's step feeds its views in ``channels_last`` (the trainer
+        sets it once the backbone runs in it); ``compile_backend``: this run's ``torch.compile``
+        backend, where not the class's; ``check_first_step``: DAEL's fused pass checked against
+        per-chunk batch norm on the first batch (None: on CUDA, engine/first_step_check.py)."""
         self.execution = execution
         self.device = device
         self.scaler: Optional[torch.amp.GradScaler] = ex.grad_scaler(execution.prec, device)
+        self.views_channels_last = views_channels_last
+        if compile_backend is not None:
+            self.compile_backend = compile_backend
+        self.check_first_step = device.type == "cuda" if check_first_step is None else check_first_step
 
     def autocast(self) -> contextlib.AbstractContextManager:
         """Autocast to ``PREC`` (nothing at fp32); weights and optimiser state stay fp32."""

@@ -30,6 +30,7 @@ from dael_plugin.engine.atomic import remove_stale_temps
 from dael_plugin.engine.checkpoint import accept_data_change
 from dael_plugin.engine.memory import cap_host_memory, is_host_oom, restore_host_memory
 from dael_plugin.engine.results import (
+    Evaluation,
     remove_failure,
     results_record,
     write_failure,
@@ -239,14 +240,11 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         cfg,
         engine,
         recorded.get("accuracy"),
-        getattr(trainer, "expert_accuracy", []) or [],
-        setting=run_setting(trainer),
+        Evaluation.of(trainer),
+        run_setting(trainer),
         wall_seconds=time.time() - start,
         epochs=epochs,
-        eval_only=args.eval_only,
-        unreadable_images=sorted(getattr(trainer, "bad_images", ()) or ()),
         model_dir=os.path.abspath(args.model_dir) if args.eval_only else None,
-        per_class_accuracy=getattr(trainer, "per_class_accuracy", None),
     )
     record["data"] = run_fingerprint(trainer, cfg)
     record["data_digest"] = one_digest(record["data"])

@@ -1,6 +1,7 @@
 """The house rules of the package layout (README, "Layout"): imports run one way, with no cycle
 between modules (imports inside functions count), the core never imports anything above it,
-leaves import nothing of the plugin, and the one key table is what the docs list."""
+leaves import nothing of the plugin, the one key table is what the docs list, and no function of
+the engine takes more than eight parameters."""
 
 import ast
 import os
@@ -150,6 +151,31 @@ def test_a_long_module_says_why_it_is_long():
         if "Long because" not in doc:
             unexplained.append(f"{name} ({n} lines)")
     assert not unexplained, "over 400 lines without a 'Long because' sentence: " + ", ".join(unexplained)
+
+
+MOST_PARAMETERS = 8  # a function's, self and cls not counted; *args and **kwargs count one each
+NARROW_ROOMS = ("engine",)  # the loop's rooms (and methods/ when it comes: issue 49)
+
+
+def _parameters(fn) -> int:
+    a = fn.args
+    names = [x.arg for x in a.posonlyargs + a.args + a.kwonlyargs]
+    if names and names[0] in ("self", "cls"):
+        names = names[1:]
+    return len(names) + (a.vararg is not None) + (a.kwarg is not None)
+
+
+def test_no_function_of_the_loop_takes_more_than_eight_parameters():
+    """What a function of the engine needs comes as a few objects with names (a run's identity,
+    its strategy, its scoring), not as a long list of loose values and closures."""
+    wide = []
+    for name, path in sorted(_modules().items()):
+        if _room(name) not in NARROW_ROOMS:
+            continue
+        for node in ast.walk(ast.parse(open(path).read())):
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and _parameters(node) > MOST_PARAMETERS:
+                wide.append(f"{name}.{node.name} ({_parameters(node)})")
+    assert not wide, f"over {MOST_PARAMETERS} parameters: " + ", ".join(wide)
 
 
 def test_dassls_private_registry_state_is_touched_in_one_module():

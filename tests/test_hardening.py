@@ -910,7 +910,9 @@ def test_bench_without_dassl_times_the_plugin_alone(tmp_path):
     """Without Dassl, scripts/bench.py times the plugin's own configurations, the built-in
     engine's epoch included (a trainer driven epoch by epoch, as the bench drives it), and says
     that the ratio needs Dassl's DAEL instead of failing."""
-    env = dict(os.environ, DAEL_PLUGIN_HIDE_DASSL="1")
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    env = dict(os.environ, DAEL_PLUGIN_HIDE_DASSL="1", TMPDIR=str(scratch))
     proc = subprocess.run(
         [
             sys.executable,
@@ -951,6 +953,8 @@ def test_bench_without_dassl_times_the_plugin_alone(tmp_path):
     assert proc.stdout.strip().splitlines()[-1] == (
         "speedup_vs_dassl_dael: needs Dassl's DAEL as the reference (install Dassl; see README)"
     )
+    # The epochs' images and output folders are gone with the bench (they once piled up in /tmp).
+    assert [p.name for p in scratch.iterdir() if p.name.startswith("dael_bench")] == []
 
 
 def test_an_error_line_is_written_whole(monkeypatch, tmp_path):

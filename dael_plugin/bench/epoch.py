@@ -6,6 +6,7 @@ from __future__ import annotations
 import contextlib
 import io
 import os
+import shutil
 import sys
 import tempfile
 import time
@@ -42,12 +43,21 @@ class TimedLoader:
             yield batch
 
 
+_SCRATCH = []  # the folders this process's epochs made, removed when bench_epoch returns
+
+
+def _scratch(prefix):
+    path = tempfile.mkdtemp(prefix=prefix)
+    _SCRATCH.append(path)
+    return path
+
+
 def _synthetic_root(shape, images):
     import numpy as np
     from PIL import Image
 
     _, _, size, classes, _ = SHAPES[shape]
-    root = tempfile.mkdtemp(prefix="dael_bench_")
+    root = _scratch("dael_bench_")
     rng = np.random.default_rng(0)
     for d in ("d0", "d1", "d2", "t"):
         for split in ("train", "val", "test"):
@@ -86,7 +96,7 @@ def _epoch_cfg(engine, shape, args, device, data_root, on_device=False, fastest=
         "VERBOSE",
         False,
         "OUTPUT_DIR",
-        tempfile.mkdtemp(prefix="dael_bench_out_"),
+        _scratch("dael_bench_out_"),
         "TEST.NO_TEST",
         True,
         "TRAINER.NAME",
@@ -204,12 +214,19 @@ def _epoch_runner(t):
 
 
 def bench_epoch(shape, args, device):
-    """Epochs through Dassl's own DAEL trainer and the plugin's trainers on both engines."""
+    """Epochs through Dassl's own DAEL trainer and the plugin's trainers on both engines; the images
+    and output folders it makes are removed when it returns, as it fails too."""
+    try:
+        return _bench_epoch(shape, args, device)
+    finally:
+        while _SCRATCH:
+            shutil.rmtree(_SCRATCH.pop(), ignore_errors=True)
+
+
+def _bench_epoch(shape, args, device):
     dassl = has_dassl()
     data_root = (
-        tempfile.mkdtemp(prefix="dael_bench_data_")
-        if args.epoch_data == "embedded"
-        else _synthetic_root(shape, args.epoch_images)
+        _scratch("dael_bench_data_") if args.epoch_data == "embedded" else _synthetic_root(shape, args.epoch_images)
     )
     runs = []
     if dassl:

@@ -813,6 +813,51 @@ def test_console_script_is_declared():
         assert proc.returncode == 0 and "--check-data" in proc.stdout
 
 
+_SPY = """
+import gc, runpy, sys
+from dael_plugin import startup
+resume = startup.resume_after_imports
+def spy():
+    print("at main: collector paused", not gc.isenabled(), "torch imported", "torch" in sys.modules)
+    resume()
+    print("after: collector on", gc.isenabled(), "frozen", gc.get_freeze_count())
+startup.resume_after_imports = spy
+sys.argv = ["train", "--help"]
+try:
+    runpy.%s
+except SystemExit:
+    pass
+"""
+
+
+@pytest.mark.parametrize(
+    "entry",
+    ["run_path('scripts/train.py', run_name='__main__')", "run_module('dael_plugin.tools.train', run_name='__main__')"],
+)
+def test_a_training_process_imports_torch_with_the_gc_paused_then_freezes_and_resumes_it(entry):
+    """Both ways a run starts a process (scripts/train.py, python -m dael_plugin.tools.train)
+    pause the cyclic GC for their imports (a fifth of torch's import CPU), and main() freezes what
+    they made and turns the collector back on: a run never trains with it off."""
+    proc = subprocess.run([sys.executable, "-c", _SPY % entry], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "at main: collector paused True torch imported True" in proc.stdout, proc.stdout
+    frozen = int(re.search(r"after: collector on True frozen (\d+)", proc.stdout).group(1))
+    assert frozen > 100_000  # torch's and torchvision's objects, never scanned again
+
+
+def test_main_called_from_python_leaves_the_gc_as_it_was(capsys):
+    """In a notebook or a test, main() neither freezes the caller's objects (garbage in cycles,
+    a finished trainer's among them, would then never be freed) nor changes the collector."""
+    import gc
+
+    from dael_plugin.tools import train
+
+    frozen = gc.get_freeze_count()
+    with pytest.raises(SystemExit):
+        train.main(["--help"])
+    assert gc.isenabled() and gc.get_freeze_count() == frozen
+
+
 # -- 8. scientific validity ----------------------------------------------------
 def test_daeldg_on_a_da_dataset_never_uses_target_data(tmp_path, tiny_root, capsys):
     out = tmp_path / "dg"

@@ -35,9 +35,11 @@ BELOW = {
         "builtin",
         "dassl_adapter",
         "__init__",
+        "startup",
     },
     "__init__": {"about", "config", "errors", "dassl_adapter", "dassl_hook"},
 }
+BELOW["startup"] = set()  # a command's first import: the GC paused for torch's imports (a leaf)
 BELOW["bench"] = BELOW["tools"]  # the benchmarks and GPU checks: beside tools, neither imports the other
 
 

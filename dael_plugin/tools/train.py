@@ -15,6 +15,11 @@ own beside it:
 
 from __future__ import annotations
 
+if __name__ == "__main__":  # a process of its own: torch's imports with the GC paused (startup.py)
+    from dael_plugin import startup
+
+    startup.pause_for_imports()
+
 import argparse
 import os
 import signal
@@ -72,6 +77,9 @@ from dael_plugin.tools.train_stops import (
 
 def main(argv: Optional[List[str]] = None) -> int:
     from dael_plugin.builtin.runlog import close_logger
+    from dael_plugin.startup import resume_after_imports
+
+    resume_after_imports()  # where this process paused the GC for its imports
 
     args = build_parser().parse_args(argv)
     expand_user(args)

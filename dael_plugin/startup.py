@@ -2,8 +2,8 @@
 
 Importing torch and torchvision makes about a million objects that live as long as the process, and
 the collector scans them again and again while they are being made: on the 2-core AMD EPYC VM,
-``python -c "import torch, torchvision"`` took 5.4-6.3 s of CPU (median of five), and 4.3-4.5 s with
-the collector paused and what the imports made frozen (``gc.freeze``), about a fifth less. A process
+``python -c "import torch, torchvision"`` took 5.4 and 6.3 s of CPU (the medians of two sets of five
+runs), and 4.5 and 4.3 s with the collector paused and what the imports made frozen (``gc.freeze``). A process
 of its own (``python scripts/train.py``, ``python -m dael_plugin.tools.train``: every run a sweep,
 torchrun or a test starts, and each of torchrun's workers) pauses the collector before its first
 import and resumes it when its command starts. The frozen objects are then never scanned again, which

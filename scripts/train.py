@@ -12,9 +12,10 @@ import sys
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from dael_plugin import startup  # noqa: E402
+if __name__ == "__main__":  # a process of its own: torch's imports with the GC paused (startup.py)
+    from dael_plugin import startup
 
-startup.pause_for_imports()  # a fifth of torch's import is the cyclic GC: resumed when main starts
+    startup.pause_for_imports()  # resumed when main starts
 
 import dael_plugin  # noqa: E402,F401  (registers DAEL into Dassl when Dassl is installed)
 from dael_plugin.tools.train import main  # noqa: E402

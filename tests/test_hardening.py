@@ -10,6 +10,7 @@ import json
 import multiprocessing
 import os
 import re
+import runpy
 import shutil
 import signal
 import subprocess
@@ -856,6 +857,9 @@ def test_main_called_from_python_leaves_the_gc_as_it_was(capsys):
     with pytest.raises(SystemExit):
         train.main(["--help"])
     assert gc.isenabled() and gc.get_freeze_count() == frozen
+    # Nor does importing scripts/train.py as a module (only its own process pauses the collector).
+    runpy.run_path(os.path.join(ROOT, "scripts", "train.py"), run_name="train_script")
+    assert gc.isenabled()
 
 
 # -- 8. scientific validity ----------------------------------------------------

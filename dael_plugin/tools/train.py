@@ -70,6 +70,7 @@ from dael_plugin.tools.train_stops import (
     raise_terminated,
     stop_listening,
     torch_distributed,
+    wait_for_rank0,
     where_to_resume,
     worker_terminated,
 )
@@ -117,9 +118,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         return EXIT_BUSY
     except DAELConfigError as exc:
         # Under torchrun every rank reads the same command line and data and stops at the same
-        # line: rank 0 says it, once (the others exit 2 too, and torchrun's report names them all).
-        if distributed.from_env().is_main:
+        # line: rank 0 says it, once. The others wait for torchrun to stop them after rank 0's exit
+        # (an early exit of theirs would have torchrun stop rank 0 before it speaks).
+        w = distributed.from_env()
+        if w.is_main:
             say(f"error: {exc}")
+        elif not wait_for_rank0():
+            say(f"error: rank {w.rank}: {exc}")
         return 2
     except NonFiniteLossError as exc:  # every rank stops at the same read; rank 0 says so
         if distributed.world().is_main:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from typing import Optional
 
 from dael_plugin.engine.checkpoint import LAST, checkpoint_epoch
@@ -21,6 +22,25 @@ EXIT_LOST_PEER = 5  # under torchrun: another process of the job died or stalled
 
 def raise_terminated(signum, _frame):
     raise Terminated(signum)
+
+
+RANK0_WAIT_S = 60.0  # how long a rank other than 0 waits for rank 0 to say a stop both read
+
+
+def wait_for_rank0(seconds: Optional[float] = None) -> bool:
+    """On a rank other than 0, a config error every rank reads from the same command: wait for
+    torchrun to stop this process. Rank 0 says the line; exiting first would have torchrun stop
+    rank 0 before it does (rank 0 imports more, so on a busy machine it is seconds behind), and
+    the user would see torchrun's report and no cause. Returns whether the stop came (SIGTERM or
+    Ctrl-C); ``False`` after ``seconds`` (rank 0 did not stop at this line, or no torchrun watches
+    the ranks), and this rank then says its own line."""
+    deadline = time.monotonic() + (RANK0_WAIT_S if seconds is None else seconds)
+    try:
+        while time.monotonic() < deadline:
+            time.sleep(0.05)
+    except (Terminated, KeyboardInterrupt):
+        return True
+    return False
 
 
 def worker_terminated(exc: BaseException) -> bool:

@@ -270,6 +270,27 @@ def test_one_process_trainers_under_torchrun_are_refused_in_rank_0s_line(tmp_pat
     assert not os.path.exists(tmp_path / "run")  # refused before the output folder is made
 
 
+def test_a_divergence_under_torchrun_is_recorded_by_rank_0(tmp_path, tiny_root):
+    """Every rank reads the same NaN; rank 0's failed.json write held back 3 s: rank 1 waits for
+    torchrun, so the run is marked failed and says so once (an early exit of rank 1 had torchrun
+    stop rank 0 before its record)."""
+    slow = tmp_path / "slow_record.py"
+    slow.write_text(
+        "import os, sys, time\n"
+        "from dael_plugin.tools import train\n"
+        "if os.environ['RANK'] == '0':\n"
+        "    record = train.write_failure\n"
+        "    train.write_failure = lambda *a: (time.sleep(3), record(*a))[1]\n"
+        "sys.exit(train.main(sys.argv[1:]))\n"
+    )
+    blowup = ["OPTIM.LR", "0.05", "OPTIM.LR_SCHEDULER", "multi_step", "OPTIM.STEPSIZE", "(1,)", "OPTIM.GAMMA", "1e7"]
+    proc = torchrun([str(slow)] + _args(tiny_root, tmp_path / "run", "builtin", epochs=3, extra=blowup))
+    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
+    assert proc.returncode != 0 and len(lines) == 1 and "NaN/inf" in lines[0], proc.stderr[-2000:]
+    assert json.loads((tmp_path / "run" / "failed.json").read_text())["failed"] is True
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
 def test_a_rank_that_rank_0_does_not_follow_says_its_own_line(tmp_path, tiny_root, monkeypatch, capsys):
     """No torchrun stops it (rank 0 went on, or ranks started by hand): after its wait, rank 1
     says its error itself, named as rank 1's."""

@@ -126,11 +126,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         elif not wait_for_rank0():
             say(f"error: rank {w.rank}: {exc}")
         return 2
-    except NonFiniteLossError as exc:  # every rank stops at the same read; rank 0 says so
+    except NonFiniteLossError as exc:  # every rank stops at the same read; rank 0 records and says it
         if distributed.world().is_main:
             if state.get("output_dir"):
                 write_failure(state["output_dir"], str(exc))
             say(f"error: {exc}")
+        elif not wait_for_rank0():  # as for a config error: rank 0's record is written before torchrun stops it
+            say(f"error: rank {distributed.world().rank}: {exc}")
         return 3
     except KeyboardInterrupt:
         if distributed.world().is_main:

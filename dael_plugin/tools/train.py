@@ -68,9 +68,9 @@ from dael_plugin.tools.train_stops import (
     oom_exit,
     oom_types,
     raise_terminated,
+    say_on_rank0,
     stop_listening,
     torch_distributed,
-    wait_for_rank0,
     where_to_resume,
     worker_terminated,
 )
@@ -120,19 +120,12 @@ def main(argv: Optional[List[str]] = None) -> int:
         # Under torchrun every rank reads the same command line and data and stops at the same
         # line: rank 0 says it, once. The others wait for torchrun to stop them after rank 0's exit
         # (an early exit of theirs would have torchrun stop rank 0 before it speaks).
-        w = distributed.from_env()
-        if w.is_main:
-            say(f"error: {exc}")
-        elif not wait_for_rank0():
-            say(f"error: rank {w.rank}: {exc}")
+        say_on_rank0(distributed.from_env().rank, str(exc))
         return 2
     except NonFiniteLossError as exc:  # every rank stops at the same read; rank 0 records and says it
-        if distributed.world().is_main:
-            if state.get("output_dir"):
-                write_failure(state["output_dir"], str(exc))
-            say(f"error: {exc}")
-        elif not wait_for_rank0():  # as for a config error: rank 0's record is written before torchrun stops it
-            say(f"error: rank {distributed.world().rank}: {exc}")
+        if distributed.world().is_main and state.get("output_dir"):
+            write_failure(state["output_dir"], str(exc))
+        say_on_rank0(distributed.world().rank, str(exc))  # the others wait: the record is written first
         return 3
     except KeyboardInterrupt:
         if distributed.world().is_main:

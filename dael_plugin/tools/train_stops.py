@@ -34,13 +34,20 @@ def wait_for_rank0(seconds: Optional[float] = None) -> bool:
     the user would see torchrun's report and no cause. Returns whether the stop came (SIGTERM or
     Ctrl-C); ``False`` after ``seconds`` (rank 0 did not stop at this line, or no torchrun watches
     the ranks), and this rank then says its own line."""
-    deadline = time.monotonic() + (RANK0_WAIT_S if seconds is None else seconds)
-    try:
-        while time.monotonic() < deadline:
-            time.sleep(0.05)
+    try:  # the SIGTERM handler raises out of the sleep (PEP 475 retries it only when none raises)
+        time.sleep(RANK0_WAIT_S if seconds is None else seconds)
     except (Terminated, KeyboardInterrupt):
         return True
     return False
+
+
+def say_on_rank0(rank: int, line: str) -> None:
+    """A stop every rank reads: rank 0 says ``line``; another rank waits for torchrun to stop it
+    (:func:`wait_for_rank0`), and says it as its own only if no stop comes."""
+    if rank == 0:
+        say(f"error: {line}")
+    elif not wait_for_rank0():
+        say(f"error: rank {rank}: {line}")
 
 
 def worker_terminated(exc: BaseException) -> bool:

@@ -190,11 +190,44 @@ EPOCH = ["DATALOADER.TRAIN_X.BATCH_SIZE", "48", "DATALOADER.TRAIN_U.BATCH_SIZE",
 RECORDS = ["SELECTION.EVAL_FREQ", "1", "SELECTION.TARGET_CAP", "40", "SELECTION.KEEP_BEST", "['source_val']"]
 
 
-def _check_cli_matches(tmp_path, tiny_root, engine, trainer="DAEL", extra=()):
+# Runs scripts/train.py's ``main`` with rank 1's own extra arguments (RANK1_ARGS, split on "|"), as two
+# nodes' own commands would differ; ``--root|PATH`` replaces rank 1's root.
+PER_RANK = (
+    "import os, sys\n"
+    "from dael_plugin.tools.train import main\n"
+    "argv = sys.argv[1:]\n"
+    "extra = os.environ['RANK1_ARGS'].split('|') if os.environ['RANK'] == '1' else []\n"
+    "if extra and extra[0] == '--root':\n"
+    "    argv[argv.index('--root') + 1] = extra[1]; extra = []\n"
+    "sys.exit(main(argv + extra))\n"
+)
+
+
+def _per_rank(tmp_path):
+    wrapper = tmp_path / "per_rank.py"
+    wrapper.write_text(PER_RANK)
+    return str(wrapper)
+
+
+def _check_cli_matches(tmp_path, tiny_root, engine, trainer="DAEL", extra=(), rank1_root_elsewhere=False):
+    """The one-process run and the two-process one. ``rank1_root_elsewhere``: rank 1 reads a copy of
+    the root at another path, as a second node mounts the same data elsewhere; it is the same data,
+    so the run trains (without torch's FutureWarning for the gathered fingerprints) to the same weights."""
+    import shutil
+
     one = _Here(_args(tiny_root, tmp_path / "one", engine, extra=EPOCH + list(extra), trainer=trainer))
     assert one.returncode == 0, one.stderr[-3000:]
-    two = torchrun([TRAIN] + _args(tiny_root, tmp_path / "two", engine, extra=EPOCH + list(extra), trainer=trainer))
+    script, env = [TRAIN], None
+    if rank1_root_elsewhere:
+        same = tmp_path / "same"
+        shutil.copytree(tiny_root, same)
+        script, env = [_per_rank(tmp_path)], {"RANK1_ARGS": f"--root|{same}"}
+    two = torchrun(
+        script + _args(tiny_root, tmp_path / "two", engine, extra=EPOCH + list(extra), trainer=trainer), env=env
+    )
     assert two.returncode == 0, two.stderr[-3000:]
+    if rank1_root_elsewhere:
+        assert "FutureWarning" not in two.stderr  # torch's all_gather_into_tensor notice, per rank and run
     a = _model_state(_weights(tmp_path / "one" / "checkpoint.pth.tar"))
     b = _model_state(_weights(tmp_path / "two" / "checkpoint.pth.tar"))
     worst = max((a[k].float() - b[k].float()).abs().max().item() for k in a)
@@ -213,7 +246,7 @@ def _check_cli_matches(tmp_path, tiny_root, engine, trainer="DAEL", extra=()):
 def test_torchrun_builtin_engine_gives_the_one_process_run(tmp_path, tiny_root):
     """Also: two nodes of one process each give the two-process run bit for bit; the two-process run,
     resumed on one process, is refused in one line (its batches and random streams are split over 2)."""
-    two = _check_cli_matches(tmp_path, tiny_root, "builtin", extra=RECORDS)
+    two = _check_cli_matches(tmp_path, tiny_root, "builtin", extra=RECORDS, rank1_root_elsewhere=True)
     assert "8 images per domain per batch" in two.stdout  # each process's share of the 16
     _check_records_match(tmp_path, two)
     # Two nodes of one process each give the one-node, two-process run bit for bit, and rank 0 alone
@@ -234,7 +267,7 @@ def test_torchrun_builtin_engine_gives_the_one_process_run(tmp_path, tiny_root):
 
 @pytest.mark.dassl
 def test_torchrun_dassl_engine_gives_the_one_process_run(tmp_path, tiny_root):
-    two = _check_cli_matches(tmp_path, tiny_root, "dassl", extra=RECORDS)
+    two = _check_cli_matches(tmp_path, tiny_root, "dassl", extra=RECORDS, rank1_root_elsewhere=True)
     _check_records_match(tmp_path, two)
 
 
@@ -311,37 +344,20 @@ def test_the_ranks_of_one_job_run_one_run_or_stop(tmp_path, tiny_root, engine):
     """Rank 1 launched with another OPTIM.LR, then with a root of one image fewer (two nodes' own
     commands): every rank stops in one line naming rank 1 and what differs, before training. (Two
     `--nnodes 2` launches trained to the end so, with rank 0's settings in results.json.) The same
-    root at another path on one node is the same data and runs, without torch's FutureWarning."""
+    root at another path is the same data and runs: the torchrun tests of both engines above."""
     import shutil
 
-    wrapper = tmp_path / "per_rank.py"
-    wrapper.write_text(
-        "import os, sys\n"
-        "from dael_plugin.tools.train import main\n"
-        "argv = sys.argv[1:]\n"
-        "extra = os.environ['RANK1_ARGS'].split('|') if os.environ['RANK'] == '1' else []\n"
-        "if extra and extra[0] == '--root':\n"
-        "    argv[argv.index('--root') + 1] = extra[1]; extra = []\n"
-        "sys.exit(main(argv + extra))\n"
-    )
     short = tmp_path / "short"
     shutil.copytree(tiny_root, short)
     hand = short / "embedded_digits" / "hand" / "train" / "0"
     os.remove(hand / sorted(os.listdir(hand))[0])
-    same = tmp_path / "same"
-    shutil.copytree(tiny_root, same)
     cases = [
         ("OPTIM.LR|0.5", "rank 1 runs another run than rank 0: OPTIM.LR is 0.5 there, 0.001 on rank 0"),
         (f"--root|{short}", "rank 1 reads other data than rank 0: train_x of hand has"),
-        (f"--root|{same}", None),
     ]
+    wrapper = _per_rank(tmp_path)
     for i, (extra, said) in enumerate(cases):
-        env = dict(os.environ, RANK1_ARGS=extra)
-        proc = torchrun([str(wrapper)] + _args(tiny_root, tmp_path / f"run{i}", engine), env=env)
-        if said is None:
-            assert proc.returncode == 0, proc.stderr[-2000:]
-            assert "FutureWarning" not in proc.stderr  # torch's all_gather_into_tensor notice, per rank and run
-            continue
+        proc = torchrun([wrapper] + _args(tiny_root, tmp_path / f"run{i}", engine), env={"RANK1_ARGS": extra})
         lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
         assert proc.returncode != 0 and lines and said in lines[0], proc.stderr[-2000:]
         assert os.path.join("dael_plugin", "") not in proc.stderr  # no stack of ours (torchrun's own follows)

@@ -222,7 +222,12 @@ class BuiltinTrainer:
         own, or a stratified held-out part of each source's train split, never trained on
         (engine/selection.split_sources, shared with the Dassl engine)."""
         train, held, info, self.eval_freq = split_sources(
-            self.cfg.get("SELECTION", None), self.splits["train_x"], self.splits["val"], self.seed, self.sources
+            self.cfg.get("SELECTION", None),
+            self.splits["train_x"],
+            self.splits["val"],
+            self.seed,
+            self.sources,
+            self.cfg.DATASET.ROOT,
         )
         if len(train) != len(self.splits["train_x"]):
             self.splits = dict(self.splits, train_x=train)

@@ -39,7 +39,12 @@ def source_val_split(trainer, dataset) -> None:
     reads it."""
     cfg = trainer.cfg
     train, held, info, freq = split_sources(
-        cfg.get("SELECTION", None), dataset.train_x, dataset.val, max(int(cfg.SEED), 0), cfg.DATASET.SOURCE_DOMAINS
+        cfg.get("SELECTION", None),
+        dataset.train_x,
+        dataset.val,
+        max(int(cfg.SEED), 0),
+        cfg.DATASET.SOURCE_DOMAINS,
+        cfg.DATASET.ROOT,
     )
     if len(train) != len(dataset.train_x):
         dataset._train_x = train  # DatasetBase.train_x reads it

@@ -149,12 +149,15 @@ def resolve_selection(sel: Any, n_source_train: int) -> Tuple[int, float, bool]:
 
 
 def split_sources(
-    sel: Any, train: Sequence[Any], val: Sequence[Any], seed: int, sources: Sequence[str]
+    sel: Any, train: Sequence[Any], val: Sequence[Any], seed: int, sources: Sequence[str], root: str
 ) -> Tuple[List[Any], List[Any], Optional[Dict[str, Any]], int]:
     """The run's source validation split, shared by both engines: ``(train, held, info, eval_freq)``.
     With records on, the dataset's own ``val`` of the sources where it has one, else
     ``HOLDOUT_FRACTION`` of each source domain's ``train`` (stratified by class, from ``seed``,
-    never trained on); ``info`` is what results.json records of it. Says in one line what it chose."""
+    never trained on); ``info`` is what results.json records of it. Says in one line what it chose.
+    Under torchrun the ranks compare their held-out images by path under ``root`` (DATASET.ROOT),
+    so a node that mounts the same data at another path draws the same split."""
+    from dael_plugin.data.fingerprint import relative_path
     from dael_plugin.data.holdout import holdout_split
 
     freq, fraction, auto = resolve_selection(sel, len(train))
@@ -175,7 +178,8 @@ def split_sources(
             else "none: every source training image is trained on (SELECTION.HOLDOUT_FRACTION 0)"
         )
         if held:
-            same_on_every_rank([it.impath for it in held], "held-out source validation splits")
+            top = os.path.abspath(os.path.expanduser(root or "."))
+            same_on_every_rank([relative_path(it.impath, top) for it in held], "held-out source validation splits")
     per = {d: sum(1 for it in held if it.domain == i) for i, d in enumerate(sources)}
     if fraction and not val:
         _check_every_domain_held(train, per, fraction, sources)

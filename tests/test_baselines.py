@@ -247,7 +247,7 @@ def test_a_baseline_trains_on_the_builtin_engine_and_resumes(tmp_path, tiny_root
     scheduler's state, SE's teacher, ADDA's frozen source backbone and AdaBN's re-estimated
     statistics are in the checkpoint, and DANN's and SE's step count goes on from the epoch. ADDA
     and AdaBN resume with their MODEL.INIT_WEIGHTS file gone (it was refused so)."""
-    from dael_plugin.builtin.loop import BuiltinTrainer
+    from dael_plugin.engine.hooks import LastCheckpoint
 
     # 16x16 views: a quarter of the work a step (DDAIG's generator runs at full resolution); what this
     # test reads is the checkpoint's completeness, which does not depend on the image size
@@ -262,15 +262,15 @@ def test_a_baseline_trains_on_the_builtin_engine_and_resumes(tmp_path, tiny_root
 
         shutil.copy(source_run, tmp_path / "source.pth.tar")
         opts[opts.index(source_run)] = str(tmp_path / "source.pth.tar")
-    real_save = BuiltinTrainer.save
+    real_save = LastCheckpoint.save
 
-    def save_then_stop(self, epoch):
-        real_save(self, epoch)
+    def save_then_stop(self, epochs_done):
+        real_save(self, epochs_done)
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(BuiltinTrainer, "save", save_then_stop)
+    monkeypatch.setattr(LastCheckpoint, "save", save_then_stop)
     assert run_here(cli(trainer, tiny_root, tmp_path / "c", *opts)).returncode == 130
-    monkeypatch.setattr(BuiltinTrainer, "save", real_save)
+    monkeypatch.setattr(LastCheckpoint, "save", real_save)
     if trainer in ("ADDA", "AdaBN"):  # the source file gone: the checkpoint holds the source model
         os.remove(tmp_path / "source.pth.tar")
     again = run_here(cli(trainer, tiny_root, tmp_path / "c", *opts))

@@ -81,7 +81,7 @@ def check_contract(name, root, tmp_path, cfg_file=None, init_weights=None):
     assert probs.shape == (5, tr.num_experts, tr.num_classes), (name, probs.shape)
     torch.testing.assert_close(probs.sum(-1), torch.ones(5, tr.num_experts))
     torch.testing.assert_close(again, probs)
-    state = tr._state(1)
+    state = tr.run_state(1)
     fresh = build(name, root, tmp_path / "fresh", cfg_file, init_weights)
     fresh.modules.load_state_dict(state["model"])
     fresh._load_optim_state(state)

@@ -125,7 +125,7 @@ def test_fp16_scales_each_of_a_baselines_updates_and_checkpoints_the_scaler(tiny
     out = _steps(tr)
     assert len(calls) == 2 * 3  # two batches, three updates each (N_STEP_F 1)
     assert all(torch.isfinite(v) for o in out for v in o.values())
-    assert tr._state(1)["scaler"]["scale"] == tr.scaler.get_scale()
+    assert tr.run_state(1)["scaler"]["scale"] == tr.scaler.get_scale()
 
 
 @pytest.mark.parametrize("name", ["SourceOnly", "MCD", "DAEL"])

@@ -8,7 +8,8 @@ same weights as an uninterrupted one.
 
 Long because it is the one loop of every built-in trainer (data, optimiser, epoch, checkpoints,
 evaluation, records), as Dassl's ``SimpleTrainer`` is; the logic shared with the Dassl engine is in
-engine/around_step.py and engine/loop.py, and the trainers themselves in builtin/trainer.py.
+engine/hooks.py (what runs around the epochs) and engine/loop.py (the epoch), and the trainers
+themselves in builtin/trainer.py.
 """
 
 from __future__ import annotations
@@ -33,12 +34,20 @@ from dael_plugin.config.execution import PLAIN_EXECUTION, execution_from_cfg
 from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
 from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
-from dael_plugin.engine import around_step, distributed
 from dael_plugin.engine import checkpoint as ckpt
+from dael_plugin.engine import distributed, hooks
 from dael_plugin.engine.evaluate import evaluate_experts, macro_f1, report_experts
 from dael_plugin.engine.execution import cuda_settings
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
-from dael_plugin.engine.loop import end_sync_batch_norm, pick_eval_split, sync_batch_norm, train_epoch
+from dael_plugin.engine.hooks import DivergenceCheck, EpochRecords, EvalEachEpoch, LastCheckpoint, StepSchedulers
+from dael_plugin.engine.loop import (
+    end_sync_batch_norm,
+    next_cycled,
+    note_bad,
+    pick_eval_split,
+    sync_batch_norm,
+    train_epoch,
+)
 from dael_plugin.engine.selection import EvaluatedModel, Selection, record_loaders, split_sources
 from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
 from dael_plugin.engine.strategy import Strategy
@@ -131,6 +140,19 @@ class BuiltinTrainer:
         self.loaded_epoch: Optional[int] = None
         self.writer: Optional[SummaryWriter] = None
         self.selection = self._build_selection()
+        self.checkpointer = LastCheckpoint(every=int(cfg.TRAIN.CHECKPOINT_FREQ), epoch_files=True)
+        # After each epoch, in this order (engine/hooks.py): the schedulers, the divergence check,
+        # --eval-each-epoch, the epoch's record, then the checkpoint
+        self.hooks = hooks.register(
+            self,
+            [
+                StepSchedulers(),
+                DivergenceCheck(),
+                EvalEachEpoch() if eval_each_epoch and not cfg.TEST.NO_TEST else None,
+                EpochRecords(self.selection) if self.selection is not None else None,
+                self.checkpointer,
+            ],
+        )
         self._summary()
 
     # What a trainer reads of Dassl's per-trainer loader and model keys (a value it would ignore
@@ -261,7 +283,7 @@ class BuiltinTrainer:
         )
 
     def _save_best(self, path: str) -> None:
-        ckpt.save_checkpoint(ckpt.model_state(self._state(self.epoch + 1)), path)
+        ckpt.save_checkpoint(ckpt.model_state(self.run_state(self.epoch + 1)), path)
 
     # -- shared machinery ------------------------------------------------
     def _test_loader(self, items):
@@ -336,10 +358,18 @@ class BuiltinTrainer:
         n_params = sum(p.numel() for p in self.modules.parameters())
         print(f"Model: {self.cfg.MODEL.BACKBONE.NAME} | # params {n_params:,}")
 
-    # -- checkpoints -----------------------------------------------------
-    def _state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
+    # -- what the hooks read (engine/hooks.py) ---------------------------------
+    def trained_modules(self):
+        return [self.modules]
+
+    def schedulers(self):
+        return self.scheds.values() if self.optimises else ()
+
+    resume_keys = ("model", "data")
+
+    def run_state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
         return ckpt.run_state(
-            self._run_id(),
+            self.run_id(),
             epochs_done,
             self.bad_images,
             self._data_state(epochs_done),
@@ -349,7 +379,7 @@ class BuiltinTrainer:
             **self._optim_state(),
         )
 
-    def _run_id(self) -> ckpt.RunId:
+    def run_id(self) -> ckpt.RunId:
         return ckpt.RunId("builtin", self.cfg, self.classnames, self._train_counts(), self.data_fingerprint)
 
     def _optim_state(self) -> dict:
@@ -392,30 +422,21 @@ class BuiltinTrainer:
             "loader_generators": [ld.generator.get_state() for ld in self._loaders()],
         }
 
-    def save(self, epoch: int) -> None:
-        out = self.cfg.OUTPUT_DIR
-        paths = [os.path.join(out, CKPT)]
-        freq = self.cfg.TRAIN.CHECKPOINT_FREQ
-        if (freq > 0 and (epoch + 1) % freq == 0) or epoch + 1 == self.cfg.OPTIM.MAX_EPOCH:
-            paths.append(os.path.join(out, f"model.pth.tar-{epoch + 1}"))
-        around_step.save_run(lambda rng_ranks: self._state(epoch + 1, rng_ranks), paths)
+    def load_run_state(self, state: dict) -> None:
+        self.modules.load_state_dict(state["model"])
+        self._load_optim_state(state)
+        for loader, gen in zip(self._loaders(), state["data"]["loader_generators"]):
+            loader.generator.set_state(gen)
 
     def resume_if_exists(self) -> int:
         directory = self.cfg.RESUME or self.cfg.OUTPUT_DIR
-        path = os.path.join(directory, CKPT)
-        if not os.path.isfile(path):
-            if self.cfg.RESUME:
-                raise DAELConfigError(f"--resume {directory}: no {CKPT} there; give the OUTPUT_DIR of an earlier run")
-            print("No checkpoint found, train from scratch")
-            return 0
-
-        def load(state: dict) -> None:
-            self.modules.load_state_dict(state["model"])
-            self._load_optim_state(state)
-            for loader, gen in zip(self._loaders(), state["data"]["loader_generators"]):
-                loader.generator.set_state(gen)
-
-        return around_step.resume_run(path, self._run_id(), ("model", "data"), load, self.scaler, self.bad_images)
+        done = self.checkpointer.resume(directory)
+        if done is not None:
+            return done
+        if self.cfg.RESUME:
+            raise DAELConfigError(f"--resume {directory}: no {CKPT} there; give the OUTPUT_DIR of an earlier run")
+        print("No checkpoint found, train from scratch")
+        return 0
 
     def load_model(self, directory: str, epoch: Optional[int] = None, name: Optional[str] = None) -> int:
         """Load weights for evaluation (the last checkpoint, epoch ``epoch``'s or the file ``name``,
@@ -453,25 +474,13 @@ class BuiltinTrainer:
     def train(self) -> None:
         cfg = self.cfg
         self.start_epoch = self.resume_if_exists()
-        if self.selection is not None:
-            self.selection.resume(self.start_epoch)  # the records of epochs this run redoes go
         self.writer = SummaryWriter(os.path.join(cfg.OUTPUT_DIR, "tensorboard")) if self.world.is_main else None
-        if self.eval_each_epoch and self.eval_split_each_epoch() == "test":
-            print(
-                "Note: there is no validation split, so --eval-each-epoch reads the target *test* split; "
-                "do not choose an epoch on it"
-            )
+        hooks.run(self.hooks, "before_train")
         self._run_start, self._batches_run = time.time(), 0
         for self.epoch in range(self.start_epoch, cfg.OPTIM.MAX_EPOCH):
             self.run_epoch()
-            for sched in self.scheds.values() if self.optimises else ():
-                sched.step()
-            around_step.check_after_epoch(self.guard, [self.modules], self.epoch + 1, cfg.OPTIM.LR, cfg.OUTPUT_DIR)
-            if self.eval_each_epoch and not cfg.TEST.NO_TEST:
-                self.test(split=self.eval_split_each_epoch())
-            if self.selection is not None:
-                self.selection.after_epoch(self.epoch + 1)
-            self.save(self.epoch)  # last: the saved RNG state is the next epoch's starting state
+            hooks.run(self.hooks, "after_epoch")
+        hooks.run(self.hooks, "after_train")
         end_sync_batch_norm(self.modules)
         print("Finish training")
         if not cfg.TEST.NO_TEST:
@@ -491,7 +500,7 @@ class BuiltinTrainer:
         for batch_x in self.train_loader_x:
             batch_u = None
             if it_u is not None:  # the target split is cycled; each pass draws afresh
-                batch_u, it_u = around_step.next_cycled(it_u, self.train_loader_u)
+                batch_u, it_u = next_cycled(it_u, self.train_loader_u)
             yield batch_x, batch_u
 
     def run_epoch(self) -> None:
@@ -513,7 +522,7 @@ class BuiltinTrainer:
             # weight, SE's EMA rate) reads self.epoch * self.num_batches + self.batch_idx
             self.num_batches = n
             for self.batch_idx, (batch_x, batch_u) in enumerate(self._batches()):
-                around_step.note_bad(self.bad_images, batch_x, batch_u)
+                note_bad(self.bad_images, batch_x, batch_u)
                 yield batch_x, batch_u
                 self._batches_run += 1
                 bar.update(1)

@@ -160,8 +160,8 @@ class SingleClassifier(BuiltinTrainer):
 
     source_model_record: Optional[dict] = None  # the sha256 of the MODEL.INIT_WEIGHTS file read
 
-    def _state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
-        state = super()._state(epochs_done, rng_ranks)
+    def run_state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
+        state = super().run_state(epochs_done, rng_ranks)
         if self.source_model_record is not None:  # a resume may find the same file at another path
             state["source_model"] = dict(self.source_model_record)
         return state

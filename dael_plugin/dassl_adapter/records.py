@@ -20,7 +20,8 @@ from torch import nn
 from torch.utils.data import DataLoader
 
 from dael_plugin.engine import checkpoint as ckpt
-from dael_plugin.engine import distributed
+from dael_plugin.engine import distributed, hooks
+from dael_plugin.engine.hooks import EpochRecords
 from dael_plugin.engine.selection import EvaluatedModel, Selection, record_loaders, split_sources
 from dael_plugin.errors import DAELConfigError
 
@@ -212,12 +213,11 @@ class BaselineRecords:
 
     def before_train(self):
         super().before_train()
-        if self.selection is not None:
-            self.selection.resume(self.start_epoch)  # the records of epochs this run redoes go
+        self.record_hooks = hooks.register(self, [EpochRecords(self.selection)] if self.selection is not None else [])
+        hooks.run(self.record_hooks, "before_train")  # the records of epochs this run redoes go
 
     def after_epoch(self):
-        if self.selection is not None:
-            self.selection.after_epoch(self.epoch + 1)  # before Dassl's checkpoint of this epoch
+        hooks.run(self.record_hooks, "after_epoch")  # before Dassl's checkpoint of this epoch
         super().after_epoch()
 
 

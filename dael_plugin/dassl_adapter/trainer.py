@@ -45,12 +45,21 @@ from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
 from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
 from dael_plugin.data.fingerprint import dataset_fingerprint
 from dael_plugin.data.sampling import SeededRandomBatchSampler, source_batch_sampler
-from dael_plugin.engine import around_step, distributed
 from dael_plugin.engine import checkpoint as ckpt
+from dael_plugin.engine import distributed, hooks
 from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.execution import cuda_settings
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
-from dael_plugin.engine.loop import end_sync_batch_norm, local_share, pick_eval_split, sync_batch_norm, train_epoch
+from dael_plugin.engine.hooks import DivergenceCheck, EpochRecords, HookBase, LastCheckpoint, StepSchedulers
+from dael_plugin.engine.loop import (
+    end_sync_batch_norm,
+    local_share,
+    next_cycled,
+    note_bad,
+    pick_eval_split,
+    sync_batch_norm,
+    train_epoch,
+)
 from dael_plugin.engine.step import DeviceMeters, format_meters, make_step, prepare_model
 from dael_plugin.engine.strategy import Strategy
 from dael_plugin.errors import DAELConfigError
@@ -81,10 +90,24 @@ class DAELTrainer(TrainerXU):
         self.execution = execution_from_cfg(cfg)
         self.guard = FiniteGuard()
         self.bad_images: Set[str] = set()
+        self.checkpointer = LastCheckpoint()  # Dassl's before_train resumes from it (resume_model_if_exist)
         cuda_settings(cfg)  # also under Dassl's own tools/train.py
         super().__init__(cfg)
         self.expert_accuracy: List[float] = []
         self.selection = self._build_selection()
+        # After each epoch, in this order (engine/hooks.py, as the built-in engine's trainer): the
+        # divergence check, the schedulers, Dassl's own after_epoch (its evaluation and epoch
+        # files), the epoch's record, then the "last" checkpoint
+        self.hooks = hooks.register(
+            self,
+            [
+                DivergenceCheck(),
+                StepSchedulers(),
+                DasslsAfterEpoch(),
+                EpochRecords(self.selection) if self.selection is not None else None,
+                self.checkpointer,
+            ],
+        )
 
     def check_cfg(self, cfg: CN):
         check_dael_cfg(cfg)
@@ -151,12 +174,11 @@ class DAELTrainer(TrainerXU):
         )
 
     def _save_best(self, path: str) -> None:
-        ckpt.save_checkpoint(ckpt.model_state(self._run_state(self.epoch + 1)), path)
+        ckpt.save_checkpoint(ckpt.model_state(self.run_state(self.epoch + 1)), path)
 
     def before_train(self):
-        super().before_train()
-        if self.selection is not None:
-            self.selection.resume(self.start_epoch)  # the records of epochs this run redoes go
+        super().before_train()  # Dassl's: the resume (resume_model_if_exist), the writer, the clock
+        hooks.run(self.hooks, "before_train")
 
     def _train_loader(self, data_source, views, domains: bool) -> DataLoader:
         """Dassl's training loader, with the plugin's per-draw seeded samplers (Dassl's
@@ -282,10 +304,10 @@ class DAELTrainer(TrainerXU):
         def batches():
             nonlocal it_x, it_u
             for self.batch_idx in range(self.num_batches):
-                batch_x, it_x = around_step.next_cycled(it_x, self.train_loader_x)
+                batch_x, it_x = next_cycled(it_x, self.train_loader_x)
                 batch_u = None
                 if it_u is not None:
-                    batch_u, it_u = around_step.next_cycled(it_u, self.train_loader_u)
+                    batch_u, it_u = next_cycled(it_u, self.train_loader_u)
                 data_time.update(time.time() - clock["end"])
                 yield batch_x, batch_u
                 clock["end"] = time.time()
@@ -317,7 +339,7 @@ class DAELTrainer(TrainerXU):
         train_epoch(batches(), self.num_batches, step, self.guard, freq, report, diverged)
 
     def forward_backward(self, batch_x, batch_u: Optional[dict] = None):
-        around_step.note_bad(self.bad_images, batch_x, batch_u)
+        note_bad(self.bad_images, batch_x, batch_u)
         return self.step(batch_x, batch_u if self.is_da else None)
 
     def detect_anomaly(self, loss):
@@ -326,27 +348,21 @@ class DAELTrainer(TrainerXU):
         pass
 
     def after_epoch(self):
-        around_step.check_after_epoch(
-            self.guard, self._models.values(), self.epoch + 1, self.cfg.OPTIM.LR, self.output_dir
-        )
-        # Step the schedulers once per epoch here rather than on a batch index
-        # (Dassl's sampler length can differ from the real epoch length).
-        self.update_lr()
-        super().after_epoch()
-        if self.selection is not None:
-            self.selection.after_epoch(self.epoch + 1)
-        self.save_last(self.epoch + 1)  # last: the saved RNG state is the next epoch's starting state
+        hooks.run(self.hooks, "after_epoch")
 
-    # -- checkpoints -----------------------------------------------------
-    def save_last(self, epochs_done: int) -> None:
-        around_step.save_run(
-            lambda rng_ranks: self._run_state(epochs_done, rng_ranks), [osp.join(self.output_dir, ckpt.LAST)]
-        )
+    # -- what the hooks read (engine/hooks.py) ---------------------------------
+    def trained_modules(self):
+        return self._models.values()
 
-    def _run_state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
+    def schedulers(self):
+        return [s for s in self._scheds.values() if s is not None]
+
+    resume_keys = ("models",)
+
+    def run_state(self, epochs_done: int, rng_ranks: Optional[list] = None) -> dict:
         names = self.get_model_names()
         return ckpt.run_state(
-            self._run_id(),
+            self.run_id(),
             epochs_done,
             self.bad_images,
             {"sampler_seed": self.data_seed, "next_epoch": epochs_done},
@@ -357,29 +373,26 @@ class DAELTrainer(TrainerXU):
             scheds={n: ckpt.sched_state(self._scheds[n]) for n in names if self._scheds[n] is not None},
         )
 
-    def _run_id(self) -> ckpt.RunId:
+    def run_id(self) -> ckpt.RunId:
         return ckpt.RunId("dassl", self.cfg, self._classnames(), self._train_counts(), self.data_fingerprint)
 
+    def load_run_state(self, state: dict) -> None:
+        for name in self.get_model_names():
+            self._models[name].load_state_dict(state["models"][name])
+            if name in state.get("optims", {}):
+                self._optims[name].load_state_dict(state["optims"][name])
+            if name in state.get("scheds", {}):
+                ckpt.load_sched_state(self._scheds[name], state["scheds"][name])
+        if "data" in state:  # the draws continue from the checkpoint's seed
+            self.data_seed = int(state["data"]["sampler_seed"])
+            for loader in self._seeded_loaders():
+                loader.batch_sampler.seed = self.data_seed
+                loader.generator.manual_seed(self.data_seed)
+
     def resume_model_if_exist(self, directory):
-        path = osp.join(directory, ckpt.LAST)
-        if osp.isfile(path):
-
-            def load(state: dict) -> None:
-                for name in self.get_model_names():
-                    self._models[name].load_state_dict(state["models"][name])
-                    if name in state.get("optims", {}):
-                        self._optims[name].load_state_dict(state["optims"][name])
-                    if name in state.get("scheds", {}):
-                        ckpt.load_sched_state(self._scheds[name], state["scheds"][name])
-                if "data" in state:  # the draws continue from the checkpoint's seed
-                    self.data_seed = int(state["data"]["sampler_seed"])
-                    for loader in self._seeded_loaders():
-                        loader.batch_sampler.seed = self.data_seed
-                        loader.generator.manual_seed(self.data_seed)
-
-            return around_step.resume_run(
-                path, self._run_id(), ("models",), load, self.strategy.scaler, self.bad_images
-            )
+        done = self.checkpointer.resume(directory)
+        if done is not None:
+            return done
         if any(osp.isfile(osp.join(directory, n, "checkpoint")) for n in self.get_model_names()):
             epoch = load_dassl_checkpoints(self, directory, None, resume=True)
             print(
@@ -449,6 +462,14 @@ class DAELTrainer(TrainerXU):
         for k, v in results.items():
             self.write_scalar(f"{split}/{k}", v, self.epoch)
         return list(results.values())[0]
+
+
+class DasslsAfterEpoch(HookBase):
+    """Dassl's own ``after_epoch``: its evaluation (``TEST.FINAL_MODEL best_val``) and its epoch
+    files (``TRAIN.CHECKPOINT_FREQ``), between the plugin's hooks."""
+
+    def after_epoch(self) -> None:
+        super(DAELTrainer, self.trainer).after_epoch()
 
 
 def load_dassl_checkpoints(trainer, directory: str, epoch: Optional[int] = None, resume: bool = False) -> int:

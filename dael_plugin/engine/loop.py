@@ -1,15 +1,18 @@
-"""What both engines' training loops share, written once: the epoch over a host's batches (the step,
-the device-side meters, the divergence flag read only where the host reads anyway), the choice of
-the evaluation split, and a process's share of a domain chunk. The hosts (``builtin/loop.py``,
-``dassl_adapter/trainer.py``) feed batches and models and keep only their log formats.
+"""What both engines' training loops share, written once: the epoch over a trainer's batches (the
+step, the device-side meters, the divergence flag read only where the host reads anyway), the
+target loader cycled, the images a batch replaced, the choice of the evaluation split, and a
+process's share of a domain chunk. The trainers (``builtin/loop.py``, ``dassl_adapter/trainer.py``)
+feed batches and models and keep only their log formats; what runs around the epochs is
+engine/hooks.py.
 """
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
 
 import torch
 
+from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.engine import distributed
 from dael_plugin.engine.guard import FiniteGuard
 from dael_plugin.engine.step import DeviceMeters
@@ -40,6 +43,23 @@ def train_epoch(
                 raise diverged(i + 1)
             report(i, meters)
     return meters
+
+
+def note_bad(bad_images: set, *batches: Optional[dict]) -> None:
+    """Remember the images a batch's loader could not read (and replaced), for results.json."""
+    for b in batches:
+        if b is not None:
+            note_unreadable(bad_images, b.get("bad_path", []), REPLACED)
+
+
+def next_cycled(it: Iterator, loader: Iterable) -> Tuple[Any, Iterator]:
+    """The next batch, and the iterator: a loader that runs out starts again (a fresh pass, with
+    fresh draws), as Dassl's loop cycles the shorter of its two loaders."""
+    try:
+        return next(it), it
+    except StopIteration:
+        it = iter(loader)
+        return next(it), it
 
 
 def pick_eval_split(split: str, val_loader: Any, test_loader: Any) -> Tuple[str, Any]:

@@ -12,9 +12,11 @@ The rooms, from the bottom up (imports run downwards only):
 - ``config/``, ``data/``, ``transforms/``, ``backbones/``: the keys the plugin adds and their
   checks; folders, images, the embedded set, samplers and domain batching; the weak and strong
   views on the host and on the device; timm and the plugin's own backbones;
-- ``engine/``: what both engines share (the step, execution options, divergence guard,
-  checkpoints, run lock, run records, the one atomic writer);
-- ``builtin/`` and ``dassl_adapter/``: the two engines;
+- ``engine/``: what both engines share (the step, execution options, the hooks around the epochs,
+  divergence guard, checkpoints, run lock, run records, the one atomic writer) and the built-in
+  engine's trainer (``engine/trainer.py``);
+- ``methods/`` and ``dassl_adapter/``: the methods, one file each, on the built-in engine; the
+  plugin's trainer on Dassl's loop and registration into Dassl;
 - ``tools/``: the commands (train, sweep, collect, plots, demo).
 """
 

@@ -5,7 +5,7 @@ from PIL import Image
 
 from dael_plugin import add_dael_config
 from dael_plugin.backbones import TimmBackbone, build_backbone
-from dael_plugin.builtin.defaults import get_builtin_cfg
+from dael_plugin.config.defaults import get_builtin_cfg
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import (
     DASSL_NAMES,

@@ -184,7 +184,7 @@ def test_unsupported_names_are_one_line():
 
 
 def test_a_builtin_run_with_views_on_the_device(tmp_path, tiny_root, capsys, monkeypatch):
-    from dael_plugin.builtin import trainer as bt
+    from dael_plugin.methods import dael as bt
     from test_hardening import args_for, cli
 
     seen = []

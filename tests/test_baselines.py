@@ -1,4 +1,4 @@
-"""Dassl's baselines on the built-in engine (builtin/m3sda.py, builtin/mme.py, core/baselines.py):
+"""Dassl's baselines on the built-in engine (methods/m3sda.py, methods/mme.py, core/baselines.py):
 their losses by hand on tiny tensors, and, with Dassl, three steps against Dassl's own trainers
 from the same weights and batches."""
 
@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from conftest import ROOT, run_here
-from dael_plugin.builtin.trainer import BASELINES
 from dael_plugin.core.baselines import (
     PairHeads,
     dann_lambda,
@@ -26,11 +25,12 @@ from dael_plugin.core.baselines import (
     se_consistency,
     sigmoid_rampup,
 )
+from dael_plugin.methods import DasslBaseline, trainer_class, trainer_names
 
 DS = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 
-# Every baseline of the registry (builtin/trainer.py's BASELINES): one added there is tested here too.
-BASELINE_NAMES = sorted(BASELINES)
+# Every Dassl baseline of the registry (dael_plugin/methods/): one added there is tested here too.
+BASELINE_NAMES = [n for n in trainer_names() if issubclass(trainer_class(n), DasslBaseline)]
 
 
 def test_moment_distance_by_hand():
@@ -116,7 +116,7 @@ def test_domain_mix_partners_come_from_the_other_domains():
     three (without replacement, as Dassl's multinomial when there are enough); domain 1's three
     take partners among domain 0's two (with replacement: there are not enough). ``random``:
     a permutation of the batch."""
-    from dael_plugin.builtin.domain_mix import domain_mix_partners
+    from dael_plugin.methods.domain_mix import domain_mix_partners
 
     domain = torch.tensor([0, 0, 1, 1, 1])
     for seed in range(20):
@@ -211,13 +211,14 @@ def _cli(trainer, root, out, *opts):
 
 
 def _builtin(trainer, root, out, *opts):
-    from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+    from dael_plugin.engine.trainer import set_random_seed
+    from dael_plugin.methods import build_trainer
     from dael_plugin.tools.train import build_parser, setup_cfg
 
     cli = _dg_cli if trainer in DG_CFG else _cli
     args = build_parser().parse_args(cli(trainer, root, out, *opts))
     set_random_seed(1)
-    return build_builtin_trainer(setup_cfg(args, "builtin"))
+    return build_trainer(setup_cfg(args, "builtin"))
 
 
 @pytest.fixture(scope="module")
@@ -780,10 +781,10 @@ def test_a_baseline_step_on_the_meta_device_mixes_no_cpu_tensor(tmp_path, tiny_r
 def test_a_dg_baseline_on_a_da_dataset_never_reads_the_target(tmp_path, tiny_root):
     """Dassl's DG trainers are TrainerX: on a DA dataset neither their training nor their records
     read the target's training images (the records' validators would)."""
-    from dael_plugin.builtin.trainer import build_builtin_trainer
+    from dael_plugin.methods import build_trainer
     from dael_plugin.tools.train import build_parser, setup_cfg
 
     args = _dg_cli("DomainMix", tiny_root, tmp_path)
     args[args.index(DG_DS)] = DS
-    tr = build_builtin_trainer(setup_cfg(build_parser().parse_args(args), "builtin"))
+    tr = build_trainer(setup_cfg(build_parser().parse_args(args), "builtin"))
     assert tr.has_target_train and not tr.is_da and tr.train_loader_u is None

@@ -763,8 +763,8 @@ def test_the_rules_keys_and_their_one_line_refusals():
         DAELHparams(class_masks=("all",), pseudo_label="corroborate")
     with pytest.raises(ValueError, match="U_BALANCE must be True or False"):
         DAELHparams(u_balance="yes")
-    from dael_plugin.builtin.defaults import get_builtin_cfg
     from dael_plugin.config import hparams_from_cfg
+    from dael_plugin.config.defaults import get_builtin_cfg
 
     cfg = get_builtin_cfg()
     assert cfg.TRAINER.DAEL.U_BALANCE is False and cfg.TRAINER.DAEL.PSEUDO_LABEL == "expert"

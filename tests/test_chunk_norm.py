@@ -323,7 +323,7 @@ def test_a_featurizer_it_cannot_fuse_falls_back_with_one_line(capsys):
 
 
 def test_fuse_chunks_key_reaches_the_algorithm(tmp_path, tiny_root, capsys, monkeypatch):
-    from dael_plugin.builtin import trainer as bt
+    from dael_plugin.methods import dael as bt
     from test_hardening import args_for, cli
 
     seen = []

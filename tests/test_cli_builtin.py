@@ -250,6 +250,23 @@ def test_the_list_of_dassls_keys_is_dassls():
     assert set(_full_keys(get_cfg_default())) == DASSL_KEYS
 
 
+@pytest.mark.dassl
+def test_the_built_in_engines_nodes_of_dassls_baselines_are_dassls():
+    """Each Dassl baseline the built-in engine runs reads Dassl's own node (``TRAINER.<NAME>``) with
+    Dassl's defaults, key for key and value for value, so one YAML file is one run on both engines."""
+    pytest.importorskip("dassl")
+    from dassl.config import get_cfg_default
+
+    from dael_plugin.config.defaults import get_builtin_cfg
+    from dael_plugin.methods import DasslBaseline, trainer_class, trainer_names
+
+    theirs, ours = get_cfg_default().TRAINER, get_builtin_cfg().TRAINER
+    nodes = {n.upper() for n in trainer_names() if issubclass(trainer_class(n), DasslBaseline)} & set(theirs)
+    assert {"M3SDA", "MME", "MCD", "SE", "CROSSGRAD", "DDAIG", "DOMAINMIX"} <= nodes
+    for node in sorted(nodes):
+        assert dict(ours[node]) == dict(theirs[node]), node
+
+
 def all_yaml_files():
     return sorted(glob.glob(os.path.join(ROOT, "configs", "**", "*.yaml"), recursive=True))
 
@@ -287,7 +304,7 @@ def test_every_shipped_yaml_merges(path):
     built-in engine's defaults."""
     import dael_plugin
     from dael_plugin import add_dael_config
-    from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.config.defaults import get_builtin_cfg
 
     with open(path) as f:
         assert isinstance(yaml.safe_load(f), dict)
@@ -352,7 +369,7 @@ def test_out_of_memory_is_one_line_with_the_settings_to_lower(tmp_path, tiny_roo
 
     import torch
 
-    from dael_plugin.builtin.trainer import DAELBuiltin
+    from dael_plugin.methods.dael import DAELBuiltin
     from dael_plugin.tools.train import main
 
     exc = {
@@ -394,7 +411,7 @@ def test_a_key_value_pair_after_a_list_flag_is_named_and_the_double_dash_works(t
 
 
 def test_ctrl_c_during_eval_only_says_the_evaluation_stopped(tmp_path, tiny_root, capsys, monkeypatch):
-    from dael_plugin.builtin.loop import BuiltinTrainer
+    from dael_plugin.engine.trainer import BuiltinTrainer
     from dael_plugin.tools.train import main
 
     assert main(["--engine", "builtin"] + base_args(tiny_root, tmp_path / "run") + FAST) == 0

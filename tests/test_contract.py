@@ -1,6 +1,6 @@
 """The contract every method in the built-in engine's registry keeps, in the manner of DomainBed's
-``test_init_update_predict``: a method added to the registry (``builtin/trainer.py``: ``TRAINERS``,
-``BASELINES``, ``register``) is tested here without a line added. The method's config is the one a
+``test_init_update_predict``: a method added to the registry (``dael_plugin/methods/``: ``TRAINERS``,
+``register``) is tested here without a line added. The method's config is the one a
 sweep finds (``sweep_plan.method_config``); tests/test_plugins.py runs the same contract on methods
 from a file outside the package.
 
@@ -19,7 +19,7 @@ import pytest
 import torch
 
 from conftest import ROOT
-from dael_plugin.builtin.trainer import method_setting, trainer_names
+from dael_plugin.methods import method_setting, trainer_names
 
 DATASETS = {
     "DA": os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml"),
@@ -28,7 +28,8 @@ DATASETS = {
 
 
 def build(name, root, out, cfg_file=None, init_weights=None, *opts):
-    from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+    from dael_plugin.engine.trainer import set_random_seed
+    from dael_plugin.methods import build_trainer
     from dael_plugin.tools.sweep_plan import method_config
     from dael_plugin.tools.train import build_parser, setup_cfg
 
@@ -43,7 +44,7 @@ def build(name, root, out, cfg_file=None, init_weights=None, *opts):
          "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "8", *extra, *opts]
     )  # fmt: skip
     set_random_seed(1)
-    return build_builtin_trainer(setup_cfg(args, "builtin"))
+    return build_trainer(setup_cfg(args, "builtin"))
 
 
 def check_contract(name, root, tmp_path, cfg_file=None, init_weights=None):
@@ -111,7 +112,7 @@ def source_model(tiny_root, tmp_path_factory):
 
 @pytest.mark.parametrize("name", trainer_names())
 def test_every_registered_method_keeps_the_contract(name, tiny_root, tmp_path, source_model):
-    from dael_plugin.builtin.trainer import trainer_class
+    from dael_plugin.methods import trainer_class
 
     init = source_model if getattr(trainer_class(name), "needs_init_weights", False) else None
     check_contract(name, tiny_root, tmp_path, init_weights=init)
@@ -143,8 +144,8 @@ def check_bf16_compiled(name, root, tmp_path, cfg_file=None, init_weights=None):
 @pytest.mark.parametrize("name", trainer_names())
 def test_every_registered_method_runs_bf16_compiled(name, tiny_root, tmp_path, source_model, monkeypatch):
     """Every method at bf16, compiled (aot_eager on CPU: inductor's graph without its C++ build)."""
-    from dael_plugin.builtin.trainer import trainer_class
     from dael_plugin.engine.strategy import Strategy
+    from dael_plugin.methods import trainer_class
 
     monkeypatch.setattr(Strategy, "compile_backend", "aot_eager")
     init = source_model if getattr(trainer_class(name), "needs_init_weights", False) else None
@@ -156,7 +157,7 @@ def test_every_registered_method_steps_with_a_vit(name, tiny_root, tmp_path, sou
     """Every method on a ViT at the embedded set's 32x32 (a backbone without batch norm): two finite
     steps that move its weights. ADDA and AdaBN start from a ViT SourceOnly run's model; AdaBN,
     which re-estimates batch-norm statistics, refuses a backbone without any in one line."""
-    from dael_plugin.builtin.trainer import trainer_class
+    from dael_plugin.methods import trainer_class
 
     vit = ["MODEL.BACKBONE.NAME", "timm_vit_tiny_patch16_224"]
     init = None

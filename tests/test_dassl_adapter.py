@@ -543,7 +543,7 @@ def test_a_built_in_run_is_dassls_own_dael_step_by_step(tmp_path, tiny_root, dro
     the built-in engine's batches; test_cli_builtin.py shows the Dassl engine's loop draws these."""
     from dassl.engine.da.dael import DAEL as Reference
 
-    from dael_plugin.builtin.trainer import DAELBuiltin
+    from dael_plugin.methods.dael import DAELBuiltin
 
     strong = "randaugment2"  # Dassl's Digit-5 strong view
     steps = []

@@ -335,10 +335,11 @@ def _one_step(engine, dataset, root, out):
     cfg = setup_cfg(build_parser().parse_args(argv), engine)
     _check_names(cfg, engine)
     if engine == "builtin":
-        from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+        from dael_plugin.engine.trainer import set_random_seed
+        from dael_plugin.methods import build_trainer
 
         set_random_seed(1)
-        tr = build_builtin_trainer(cfg)
+        tr = build_trainer(cfg)
         items = {k: tr.splits[k] for k in ("train_x", "train_u", "test")}
     else:
         from dassl.utils import set_random_seed

@@ -15,7 +15,7 @@ import pytest
 import torch
 from PIL import Image
 
-from dael_plugin.builtin.defaults import get_builtin_cfg
+from dael_plugin.config.defaults import get_builtin_cfg
 from dael_plugin.transforms import dassl_pil as D
 from dael_plugin.transforms.host import DASSL_NAMES, build_train_transform
 

@@ -30,7 +30,8 @@ PAPER = [
 
 
 def _trainer(tmp_path, tiny_root, trainer="DAEL", cfg="dael", extra=()):
-    from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+    from dael_plugin.engine.trainer import set_random_seed
+    from dael_plugin.methods import build_trainer
     from dael_plugin.tools.train import build_parser, setup_cfg
 
     args = build_parser().parse_args(
@@ -65,7 +66,7 @@ def _trainer(tmp_path, tiny_root, trainer="DAEL", cfg="dael", extra=()):
         + list(extra)
     )
     set_random_seed(1)
-    tr = build_builtin_trainer(setup_cfg(args, "builtin"))
+    tr = build_trainer(setup_cfg(args, "builtin"))
     assert tr.device.type == "cuda"
     tr.modules.train()
     return tr
@@ -188,7 +189,7 @@ def test_views_on_the_device_with_the_papers_transforms():
     draws, cutout squares present, normalised, the same shapes as the loader's."""
     from yacs.config import CfgNode as CN
 
-    from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.config.defaults import get_builtin_cfg
     from dael_plugin.transforms.device import DeviceViews
 
     cfg = get_builtin_cfg()

@@ -119,10 +119,11 @@ def _cfg(tmp_path, root, engine, epochs=1):
 def _trainer(engine, cfg):
     """``engine``'s DAEL trainer for ``cfg``, built after seeding as train.py seeds (seed 1)."""
     if engine == "builtin":
-        from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+        from dael_plugin.engine.trainer import set_random_seed
+        from dael_plugin.methods import build_trainer
 
         set_random_seed(1)
-        return build_builtin_trainer(cfg)
+        return build_trainer(cfg)
     from dassl.utils import set_random_seed
 
     from dael_plugin.dassl_adapter import DAELTrainer
@@ -145,13 +146,14 @@ def _meta_rng_guard(monkeypatch):
 
 
 def test_builtin_resume_onto_another_device_keeps_host_states_on_the_cpu(tmp_path, tiny_root, monkeypatch):
-    from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+    from dael_plugin.engine.trainer import set_random_seed
+    from dael_plugin.methods import build_trainer
 
     set_random_seed(1)
-    tr = build_builtin_trainer(_cfg(tmp_path, tiny_root, "builtin"))
+    tr = build_trainer(_cfg(tmp_path, tiny_root, "builtin"))
     tr.train()
     set_random_seed(1)
-    again = build_builtin_trainer(_cfg(tmp_path, tiny_root, "builtin", epochs=2))
+    again = build_trainer(_cfg(tmp_path, tiny_root, "builtin", epochs=2))
     again.cfg.defrost()
     again.cfg.OPTIM.MAX_EPOCH = 1  # the checkpoint's settings (a resume refuses another schedule)
     again.device = torch.device("meta")  # stands in for cuda: nothing may be mapped onto it
@@ -625,7 +627,7 @@ def test_views_built_for_cuda_find_their_tables_when_a_step_runs_on_cuda_0():
     from torch._subclasses.fake_tensor import FakeTensorMode
     from yacs.config import CfgNode as CN
 
-    from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.config.defaults import get_builtin_cfg
     from dael_plugin.transforms import ops as O
     from dael_plugin.transforms.device import DeviceViews
 

@@ -681,7 +681,7 @@ BAD = [
 
 def test_the_input_size_check_against_hand_worked_memory():
     """One float32 view of a 96-image source batch at 8192x8192: 96 * 3 * 8192**2 * 4 bytes = 72.0 GiB."""
-    from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.config.defaults import get_builtin_cfg
     from dael_plugin.config.keys import check_input_size
     from dael_plugin.errors import DAELConfigError
 
@@ -923,8 +923,8 @@ def test_n_domain_below_the_number_of_sources_trains_every_expert(tmp_path, tiny
     """Two of the three source domains per batch: each batch's chunks map to the
     right experts (checked on every step), and L_cr averages the K-1 = 2 other
     experts (Eq. 2), not only the one other domain present."""
-    from dael_plugin.builtin import trainer as bt
     from dael_plugin.core import losses
+    from dael_plugin.methods import dael as bt
 
     seen, others = [], []
     real_losses = bt.DAEL.losses

@@ -56,7 +56,7 @@ def test_the_example_trainer_in_the_docs_trains(tmp_path, tiny_root):
     import re
 
     from conftest import ROOT, run_here
-    from dael_plugin.builtin.trainer import TRAINERS
+    from dael_plugin.methods import TRAINERS
 
     text = open(os.path.join(ROOT, "docs", "internals.md")).read()
     block = re.search(r"```python\n(.*?)```", text[text.index("## A trainer of your own") :], re.S).group(1)
@@ -83,7 +83,7 @@ def test_the_example_trainer_in_the_docs_trains(tmp_path, tiny_root):
         assert record["trainer"] == "EntMin" and record["setting"] == "DA"
         assert 0 <= record["accuracy"] <= 100
         with pytest.raises(Exception, match="exists"):  # a name taken is refused
-            from dael_plugin.builtin.trainer import register
+            from dael_plugin.methods import register
 
             register("EntMin")(type("Other", (cls,), {}))
     finally:

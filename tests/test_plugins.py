@@ -22,7 +22,7 @@ METHODS = textwrap.dedent(
     from torch import nn
     from torch.nn import functional as F
 
-    from dael_plugin.builtin.trainer import SingleClassifier, register
+    from dael_plugin.methods import SingleClassifier, register
 
 
     @register("PlugEntMin", config={"WEIGHT": 0.1})  # its own key: TRAINER.PLUGENTMIN.WEIGHT
@@ -104,7 +104,7 @@ def methods_file(tmp_path):
     path = folder / f"my_methods_{os.getpid()}_{abs(hash(str(tmp_path))) % 10**6}.py"
     path.write_text(METHODS)
     yield str(path)
-    from dael_plugin.builtin.trainer import TRAINERS
+    from dael_plugin.methods import TRAINERS
 
     for name in ("PlugEntMin", "PlugCritic", "PlugCriticDirect"):
         TRAINERS.pop(name, None)
@@ -174,7 +174,7 @@ def test_a_methods_own_keys_are_declared_in_its_file(tmp_path, tiny_root, method
     assert proc.returncode == 2 and "TRAINER.PLUGENTMIN.NOPE" in proc.stderr, proc.stderr[-2000:]
     assert len(proc.stderr.strip().splitlines()) == 1
     with pytest.raises(DAELConfigError, match="not a config node"):
-        from dael_plugin.builtin.trainer import SingleClassifier, register
+        from dael_plugin.methods import SingleClassifier, register
 
         register("PlugBadKeys", config={"W": object()})(type("PlugBadKeys", (SingleClassifier,), {}))
 

@@ -31,10 +31,11 @@ def _add_image(root, domain="hand", cls="3"):
 
 
 def _builtin(out, root):
-    from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+    from dael_plugin.engine.trainer import set_random_seed
+    from dael_plugin.methods import build_trainer
 
     set_random_seed(1)
-    return build_builtin_trainer(_cfg(out, root, "builtin"))
+    return build_trainer(_cfg(out, root, "builtin"))
 
 
 def _dassl(out, root):

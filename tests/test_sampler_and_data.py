@@ -47,7 +47,8 @@ def test_epoch_plan_scales_linearly_on_domainnet_sized_data():
 
     Other processes on the machine only ever slow one side of a measurement, so the
     lowest ratio of a few interleaved trials is kept (under a concurrent sweep on the
-    2-core VM single trials read 12 to 46; alone, about 12)."""
+    2-core VM single trials read 12 to 46; alone, about 12; with four training runs beside the
+    suite's two workers, the lowest of five was 30.6). A quadratic plan reads about 100."""
     small_s = DomainBalancedBatchSampler(np.repeat(np.arange(6), 10_000), batch_size=60)
     large_s = DomainBalancedBatchSampler(np.repeat(np.arange(6), 100_000), batch_size=60)
 
@@ -64,9 +65,9 @@ def test_epoch_plan_scales_linearly_on_domainnet_sized_data():
         small = min(seconds(small_s)[0] for _ in range(3))
         large = min(seconds(large_s)[0] for _ in range(3))
         ratios.append(large / small)
-        if ratios[-1] < 30:
+        if ratios[-1] < 50:
             break
-    assert min(ratios) < 30, ratios
+    assert min(ratios) < 50, ratios
 
 
 def test_draw_seeds_depend_on_seed_epoch_and_position_only():
@@ -281,8 +282,8 @@ def test_a_batch_holds_the_random_states_once_and_draws_what_each_item_draws(tmp
     from PIL import Image
     from torchvision import transforms as T
 
-    from dael_plugin.builtin.data import train_loader
     from dael_plugin.data.items import Item
+    from dael_plugin.data.loaders import train_loader
 
     items = []
     for i in range(6):
@@ -324,7 +325,7 @@ def test_a_view_that_draws_nothing_is_made_once_per_image(tmp_path, monkeypatch)
     from PIL import Image
     from torchvision import transforms as T
 
-    from dael_plugin.builtin import data as bdata
+    from dael_plugin.data import loaders
     from dael_plugin.data.items import Item
 
     items = []
@@ -351,16 +352,16 @@ def test_a_view_that_draws_nothing_is_made_once_per_image(tmp_path, monkeypatch)
     fixed = T.Compose([T.Resize((8, 8)), T.ToTensor(), T.Normalize([0.5] * 3, [0.5] * 3)])
     real_fixed = fixed.transforms[1]
     fixed.transforms[1] = type("Known", (T.ToTensor,), {})()  # a subclass is not a known step either
-    assert not bdata.draws_nothing(fixed)
+    assert not loaders.draws_nothing(fixed)
     fixed.transforms[1] = real_fixed
-    assert bdata.draws_nothing(fixed)
+    assert loaders.draws_nothing(fixed)
     drawn = T.Compose([T.Resize((8, 8)), T.RandomHorizontalFlip(), T.ToTensor()])
     unknown = T.Compose([T.Resize((8, 8)), Counted()])
     calls = []
     real_call = T.Normalize.forward
     monkeypatch.setattr(T.Normalize, "forward", lambda self, x: calls.append(1) or real_call(self, x))
     monkeypatch.setattr(T.RandomHorizontalFlip, "forward", lambda self, x: counted("drawn")(x))
-    ds = bdata.ImageList(items, [fixed, drawn, unknown], replace_bad=False)
+    ds = loaders.ImageList(items, [fixed, drawn, unknown], replace_bad=False)
     first = [ds[i] for i in range(5)]
     again = [ds[i] for i in range(5)]
     assert len(calls) == 5 + 2  # four readable images and the placeholder; then the large one and the placeholder
@@ -370,9 +371,9 @@ def test_a_view_that_draws_nothing_is_made_once_per_image(tmp_path, monkeypatch)
     assert [k for k, _ in ds._views] == [0, 0, 0] and ds._view_bytes == 3 * 3 * 8 * 8 * 4
     assert not first[4]["valid"]  # the unreadable image: its placeholder view is never kept
 
-    monkeypatch.setattr(bdata, "VIEW_CACHE_BYTES", 3 * 8 * 8 * 4)  # room for one view
+    monkeypatch.setattr(loaders, "VIEW_CACHE_BYTES", 3 * 8 * 8 * 4)  # room for one view
     calls.clear()
-    ds = bdata.ImageList(items[:3], fixed, replace_bad=False)
+    ds = loaders.ImageList(items[:3], fixed, replace_bad=False)
     for _ in range(2):
         [ds[i] for i in range(3)]
     assert len(calls) == 3 + 2 and len(ds._views) == 1
@@ -386,13 +387,13 @@ def test_kept_views_leave_a_run_unchanged_bit_for_bit(tmp_path, tiny_root, monke
     import torch
 
     from conftest import run_here
-    from dael_plugin.builtin import data as bdata
+    from dael_plugin.data import loaders
     from test_hardening import args_for
 
     so_cfg = os.path.join(os.path.dirname(__file__), "..", "configs/trainers/da/source_only/embedded_digits.yaml")
     made = {}
-    for name, budget in (("kept", bdata.VIEW_CACHE_BYTES), ("none", 0)):
-        monkeypatch.setattr(bdata, "VIEW_CACHE_BYTES", budget)
+    for name, budget in (("kept", loaders.VIEW_CACHE_BYTES), ("none", 0)):
+        monkeypatch.setattr(loaders, "VIEW_CACHE_BYTES", budget)
         out = tmp_path / name
         args = args_for(tiny_root, out, epochs=2, trainer="SourceOnly", cfg=so_cfg, extra=["SELECTION.EVAL_FREQ", "1"])
         proc = run_here(args)
@@ -421,7 +422,7 @@ def test_each_sampler_name_means_one_epoch_on_both_engines():
     a, b = (indices(source_batch_sampler("RandomDomainSampler", domains, 30, 0, seed=1)) for _ in range(2))
     assert a == b  # a function of (seed, epoch): the same plan in every process and engine
     pkg = os.path.dirname(dael_plugin.__file__)
-    for module in ("builtin/data.py", "dassl_adapter/trainer.py"):  # the adapter's source: it imports Dassl
+    for module in ("data/loaders.py", "dassl_adapter/trainer.py"):  # the adapter's source: it imports Dassl
         assert "source_batch_sampler(" in open(os.path.join(pkg, module)).read()
     with pytest.raises(DAELConfigError, match="is not one of"):
         source_batch_sampler("RandomClassSampler", domains, 30, 0, seed=1)

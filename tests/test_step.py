@@ -269,7 +269,7 @@ def test_bad_execution_keys_are_one_line(tmp_path, tiny_root, capsys, key, value
 
 def test_a_checkpoint_from_before_the_execution_keys_resumes_with_their_old_behaviour():
     from dael_plugin import add_dael_config
-    from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.config.defaults import get_builtin_cfg
     from dael_plugin.config.execution import resolve_execution
     from dael_plugin.engine.checkpoint import config_diff
 
@@ -339,7 +339,7 @@ PAPER_STRONG = ["random_flip", "cutout", "randaugment2", "normalize"]
 def _paper_views():
     from yacs.config import CfgNode as CN
 
-    from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.config.defaults import get_builtin_cfg
     from dael_plugin.transforms.device import DeviceViews
 
     cfg = get_builtin_cfg()

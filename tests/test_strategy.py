@@ -11,8 +11,8 @@ from test_contract import build
 
 
 def _cfg(trainer, *opts):
-    from dael_plugin.builtin.defaults import get_builtin_cfg
     from dael_plugin.config import add_dael_config
+    from dael_plugin.config.defaults import get_builtin_cfg
 
     cfg = add_dael_config(get_builtin_cfg())
     cfg.TRAINER.NAME = trainer

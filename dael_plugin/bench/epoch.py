@@ -77,7 +77,7 @@ def _epoch_cfg(engine, shape, args, device, data_root, on_device=False, fastest=
     from dael_plugin import add_dael_config
 
     if engine == "builtin":
-        from dael_plugin.builtin.defaults import get_builtin_cfg
+        from dael_plugin.config.defaults import get_builtin_cfg
 
         cfg = get_builtin_cfg()
     else:
@@ -251,14 +251,14 @@ def _bench_epoch(shape, args, device):
                     ),
                 )
             )
-    from dael_plugin.builtin.trainer import build_builtin_trainer
+    from dael_plugin.methods import build_trainer
 
     bb, own = SHAPES[shape][:2]
     if args.epoch_data == "embedded" or bb == own or not dassl:
         runs.append(
             (
                 "dael_plugin (built-in engine)",
-                lambda: build_builtin_trainer(_epoch_cfg("builtin", shape, args, device, data_root)),
+                lambda: build_trainer(_epoch_cfg("builtin", shape, args, device, data_root)),
             )
         )
     else:

@@ -130,7 +130,7 @@ def _print_step_table(runners, med, peak, dassl):
 def _paper_views(size, device):
     from yacs.config import CfgNode as CN
 
-    from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.config.defaults import get_builtin_cfg
     from dael_plugin.transforms.device import DeviceViews
 
     cfg = get_builtin_cfg()
@@ -152,7 +152,7 @@ def bench_aug(shape, args, device):
     from PIL import Image
     from yacs.config import CfgNode as CN
 
-    from dael_plugin.builtin.defaults import get_builtin_cfg
+    from dael_plugin.config.defaults import get_builtin_cfg
     from dael_plugin.transforms.host import build_views
 
     _, _, size, _, per = SHAPES[shape]

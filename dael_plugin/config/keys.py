@@ -33,7 +33,7 @@ DOMAIN_SAMPLERS = DASSL_DOMAIN_SAMPLERS + ("CyclingDomainSampler",)
 SOURCE_SAMPLERS = ("RandomSampler",) + DOMAIN_SAMPLERS
 
 
-# The TRAINER.<NAME> node of each method registered with keys of its own (``builtin.trainer.register``'s
+# The TRAINER.<NAME> node of each method registered with keys of its own (``methods.register``'s
 # ``config``: a method from outside the package declares its keys and defaults in its own file);
 # add_dael_config puts them into every config either engine builds, before any file is merged.
 METHOD_NODES: dict = {}

@@ -1,7 +1,7 @@
 """The losses of Dassl's DA baselines, as plain PyTorch on tensors (no loop over domains).
 
 Each follows Dassl's trainer of the same name (``dassl/engine/da/``), quirks included, and says
-which; the built-in engine's trainers (``builtin/m3sda.py``, ``builtin/mme.py``) call them, and
+which; the built-in engine's trainers (``methods/m3sda.py``, ``methods/mme.py``) call them, and
 ``tests/test_baselines.py`` holds each to hand-worked numbers and, with Dassl, to Dassl's own.
 """
 

@@ -38,7 +38,7 @@ def load_init_weights(model, weight_path: str) -> None:
     checkpoint (``F.*``, ``C.*``) is converted to Dassl's ``backbone.*`` / ``classifier.*``, a file
     that does not fill the model key for key is one line naming the keys, and the model's record
     is compared with the run's (``builtin.source_model.check_source_record``: not its target)."""
-    from dael_plugin.builtin.source_model import INIT_WEIGHTS_FIX, check_source_record, source_record
+    from dael_plugin.engine.source_model import INIT_WEIGHTS_FIX, check_source_record, source_record
     from dael_plugin.errors import DAELConfigError
 
     state = load_dassl_checkpoint(weight_path)

@@ -1,7 +1,7 @@
 """What both engines' training loops share, written once: the epoch over a trainer's batches (the
 step, the device-side meters, the divergence flag read only where the host reads anyway), the
 target loader cycled, the images a batch replaced, the choice of the evaluation split, and a
-process's share of a domain chunk. The trainers (``builtin/loop.py``, ``dassl_adapter/trainer.py``)
+process's share of a domain chunk. The trainers (``engine/trainer.py``, ``dassl_adapter/trainer.py``)
 feed batches and models and keep only their log formats; what runs around the epochs is
 engine/hooks.py.
 """

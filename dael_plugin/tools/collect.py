@@ -129,7 +129,7 @@ def read_runs(root: str, warn=print):
                 slot["values"].append(float(rec.data["accuracy"]))
                 _same_data(slot, data_seen, table, rec, names[key])
     if walk.failed or walk.pending or walk.problems:
-        from dael_plugin.builtin.trainer import method_setting
+        from dael_plugin.methods import method_setting
     for kind, paths in (
         ("failed", walk.failed),
         ("missing", walk.pending),

@@ -1,7 +1,7 @@
 """Methods from outside the package: ``--plugin MODULE`` on train and sweep, and the
 ``dael_plugin.methods`` entry-point group.
 
-A plugin is a module that registers trainers when it is imported (``builtin.trainer.register`` for
+A plugin is a module that registers trainers when it is imported (``dael_plugin.methods.register`` for
 the built-in engine, Dassl's ``TRAINER_REGISTRY`` for the Dassl engine). ``--plugin`` takes a
 module's dotted name (importable from ``sys.path``) or the path of a ``.py`` file. An installed
 package lists its modules under the entry-point group instead, as pytest's plugins do::

@@ -77,7 +77,7 @@ from dael_plugin.tools.train_stops import (
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from dael_plugin.builtin.runlog import close_logger
+    from dael_plugin.engine.runlog import close_logger
     from dael_plugin.startup import resume_after_imports
 
     resume_after_imports()  # where this process paused the GC for its imports
@@ -186,7 +186,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
             "--engine builtin"
         )
     if distributed.from_env().distributed and engine == "builtin":
-        from dael_plugin.builtin.trainer import trainer_class
+        from dael_plugin.methods import trainer_class
 
         trainer_class(cfg.TRAINER.NAME).refuse_under_torchrun(cfg.TRAINER.NAME)  # Dassl's baselines: one process
     w = distributed.init(cfg.USE_CUDA)  # under torchrun: join the run's processes (rank 0 writes)
@@ -210,8 +210,9 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         run = run_dassl(cfg, args)
         trainer, recorded = run["trainer"], run["recorded"]
     else:
-        from dael_plugin.builtin.runlog import setup_logger
-        from dael_plugin.builtin.trainer import build_builtin_trainer, set_random_seed
+        from dael_plugin.engine.runlog import setup_logger
+        from dael_plugin.engine.trainer import set_random_seed
+        from dael_plugin.methods import build_trainer
 
         if cfg.SEED >= 0:
             print(f"Setting fixed seed: {cfg.SEED}")
@@ -220,7 +221,7 @@ def _main(args: argparse.Namespace, state: dict) -> int:
             setup_logger(cfg.OUTPUT_DIR)
         say_threads()
         say_config(cfg)
-        trainer = build_builtin_trainer(cfg, eval_each_epoch=args.eval_each_epoch, eval_only=args.eval_only)
+        trainer = build_trainer(cfg, eval_each_epoch=args.eval_each_epoch, eval_only=args.eval_only)
         recorded = {}
     state["trainer"] = trainer
     distributed.seed_ranks(cfg.SEED)

@@ -161,7 +161,7 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
 
         cfg = get_cfg_default()
     else:
-        from dael_plugin.builtin.defaults import get_builtin_cfg
+        from dael_plugin.config.defaults import get_builtin_cfg
 
         cfg = get_builtin_cfg()
         clean_cfg = builtin_clean_cfg
@@ -238,7 +238,7 @@ def resolve_run_execution(cfg: CN, engine: str) -> None:
     refuse any in one line."""
     name = str(cfg.TRAINER.NAME)
     if engine == "builtin":
-        from dael_plugin.builtin.trainer import trainer_class
+        from dael_plugin.methods import trainer_class
 
         try:
             cls = trainer_class(name)
@@ -288,7 +288,7 @@ def builtin_clean_cfg(cfg: CN, trainer: str) -> None:
 
 
 def check_builtin_values(cfg: CN) -> None:
-    from dael_plugin.builtin.defaults import SUPPORTED_VALUES
+    from dael_plugin.config.defaults import SUPPORTED_VALUES
 
     for key, allowed in SUPPORTED_VALUES.items():
         node = cfg
@@ -317,8 +317,8 @@ def check_names_and_files(cfg: CN, engine: str) -> None:
 
         check_run_names(cfg)
         return
-    from dael_plugin.builtin.trainer import trainer_names
     from dael_plugin.data.folders import check_dataset_files, check_dataset_names
+    from dael_plugin.methods import trainer_names
 
     if cfg.TRAINER.NAME not in trainer_names():
         close = difflib.get_close_matches(str(cfg.TRAINER.NAME), trainer_names(), n=1)

@@ -27,7 +27,7 @@ def say_threads() -> None:
 def say_config(cfg: CN, extra: str = "") -> None:
     """The whole config (and Dassl's system info) to the run's log file; a few lines on the terminal:
     what trains on what, for how long, and where the rest is written."""
-    from dael_plugin.builtin.runlog import log_only
+    from dael_plugin.engine.runlog import log_only
     from dael_plugin.tools import pixel_stats
 
     logged = log_only("** Config **\n" + str(cfg) + "\n" + extra)
@@ -106,9 +106,9 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
         trainer = with_records(TRAINER_REGISTRY.get(cfg.TRAINER.NAME))(cfg)
     if cfg.MODEL.INIT_WEIGHTS and not args.eval_only and getattr(trainer, "dm", None) is not None:
         # The source model's images against this run's (its domains were compared as Dassl loaded it)
-        from dael_plugin.builtin.source_model import check_source_record, source_record
         from dael_plugin.dassl_adapter.checkpoints import load_dassl_checkpoint
         from dael_plugin.data.fingerprint import dataset_fingerprint
+        from dael_plugin.engine.source_model import check_source_record, source_record
 
         path = str(cfg.MODEL.INIT_WEIGHTS)
         run = dict(dassl_checkpoints.INIT_WEIGHTS_RUN, fingerprint=dataset_fingerprint(cfg, trainer.dm.dataset))

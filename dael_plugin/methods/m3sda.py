@@ -22,12 +22,14 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.core import chunk_norm
 from dael_plugin.core.baselines import PairHeads, discrepancy, moment_distance
 from dael_plugin.errors import DAELConfigError
+from dael_plugin.methods.dassl_baseline import DasslBaseline
+from dael_plugin.methods.registry import register
 
 
+@register("M3SDA")
 class M3SDABuiltin(DasslBaseline):
     reads_init_weights = False  # Dassl builds its F without loading MODEL.INIT_WEIGHTS
 

@@ -24,10 +24,12 @@ from torch import nn
 from torch.nn import functional as F
 
 from dael_plugin.backbones.ddaig_fcn import build_generator
-from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.errors import DAELConfigError
+from dael_plugin.methods.dassl_baseline import DasslBaseline
+from dael_plugin.methods.registry import register
 
 
+@register("DDAIG")
 class DDAIGBuiltin(DasslBaseline):
     image_modules = ("F", "D")  # the modules fed images (EXECUTION.CHANNELS_LAST)
     uses_target = False

@@ -26,11 +26,13 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.core.baselines import ema_rate, ema_update, se_consistency, sigmoid_rampup
 from dael_plugin.errors import DAELConfigError
+from dael_plugin.methods.dassl_baseline import DasslBaseline
+from dael_plugin.methods.registry import register
 
 
+@register("SE")
 class SEBuiltin(DasslBaseline):
     image_modules = ("F", "teacher")  # the modules fed images (EXECUTION.CHANNELS_LAST)
     frozen = ("teacher",)

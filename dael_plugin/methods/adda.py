@@ -20,10 +20,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.core.baselines import domain_critic
+from dael_plugin.methods.dassl_baseline import DasslBaseline
+from dael_plugin.methods.registry import register
 
 
+@register("ADDA")
 class ADDABuiltin(DasslBaseline):
     image_modules = ("F", "F_source")  # the modules fed images (EXECUTION.CHANNELS_LAST)
     frozen = ("F_source",)

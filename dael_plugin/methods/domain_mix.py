@@ -20,8 +20,9 @@ from typing import Dict, Optional
 import torch
 from torch.nn import functional as F
 
-from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.errors import DAELConfigError
+from dael_plugin.methods.dassl_baseline import DasslBaseline
+from dael_plugin.methods.registry import register
 
 
 def domain_mix_partners(domain: torch.Tensor, mix_type: str) -> torch.Tensor:
@@ -43,6 +44,7 @@ def domain_mix_partners(domain: torch.Tensor, mix_type: str) -> torch.Tensor:
     return perm
 
 
+@register("DomainMix")
 class DomainMixBuiltin(DasslBaseline):
     uses_target = False
     ddp_reason = "its mixing partners are drawn across the whole batch, which each process holds only a share of"

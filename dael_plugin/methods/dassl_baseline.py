@@ -8,9 +8,9 @@ from typing import Dict, Optional, Sequence, Tuple
 import torch
 from torch import nn
 
-from dael_plugin.builtin.trainer import SingleClassifier
 from dael_plugin.engine import distributed
 from dael_plugin.errors import DAELConfigError
+from dael_plugin.methods.single_classifier import SingleClassifier
 
 
 class DasslBaseline(SingleClassifier):

@@ -1,5 +1,6 @@
-"""The built-in engine's loop: epochs, the progress line, evaluation and its tallies,
-checkpoints and exact resume, shared by its trainers (``builtin/trainer.py``).
+"""The built-in engine's trainer: data, optimisers, epochs, the progress line, evaluation and its
+tallies, and the hooks around the epochs (checkpoints and exact resume, records), for every method
+of ``dael_plugin/methods/``.
 
 Resume is exact: after every epoch the "last" checkpoint holds the model,
 optimiser, scheduler, the RNG states and the config, and every data draw is
@@ -8,8 +9,8 @@ same weights as an uninterrupted one.
 
 Long because it is the one loop of every built-in trainer (data, optimiser, epoch, checkpoints,
 evaluation, records), as Dassl's ``SimpleTrainer`` is; the logic shared with the Dassl engine is in
-engine/hooks.py (what runs around the epochs) and engine/loop.py (the epoch), and the trainers
-themselves in builtin/trainer.py.
+engine/hooks.py (what runs around the epochs) and engine/loop.py (the epoch), and the methods
+themselves in dael_plugin/methods/.
 """
 
 from __future__ import annotations
@@ -29,8 +30,8 @@ from tqdm import tqdm
 from yacs.config import CfgNode as CN
 
 from dael_plugin.backbones import build_backbone
-from dael_plugin.builtin import data as bdata
 from dael_plugin.config.execution import PLAIN_EXECUTION, execution_from_cfg
+from dael_plugin.data import loaders
 from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
 from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
@@ -288,7 +289,7 @@ class BuiltinTrainer:
     # -- shared machinery ------------------------------------------------
     def _test_loader(self, items):
         c = self.cfg.DATALOADER
-        return bdata.test_loader(
+        return loaders.test_loader(
             items,
             build_test_transform(self.cfg),
             c.TEST.BATCH_SIZE,
@@ -306,7 +307,7 @@ class BuiltinTrainer:
     def _u_loader(self, transforms):
         c = self.cfg.DATALOADER
         bs = c.TRAIN_X.BATCH_SIZE if c.TRAIN_U.SAME_AS_X else c.TRAIN_U.BATCH_SIZE
-        return bdata.train_loader(self.splits["train_u"], transforms, bs, c.NUM_WORKERS, self.pin, self.seed)
+        return loaders.train_loader(self.splits["train_u"], transforms, bs, c.NUM_WORKERS, self.pin, self.seed)
 
     def _warn_small_domains(self, loader) -> None:
         sampler = loader.batch_sampler

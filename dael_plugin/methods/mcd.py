@@ -18,10 +18,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.core.baselines import discrepancy
+from dael_plugin.methods.dassl_baseline import DasslBaseline
+from dael_plugin.methods.registry import register
 
 
+@register("MCD")
 class MCDBuiltin(DasslBaseline):
     reads_init_weights = False  # Dassl builds its F without loading MODEL.INIT_WEIGHTS
 

@@ -17,10 +17,12 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.core.baselines import dann_lambda, domain_critic, reverse_grad
+from dael_plugin.methods.dassl_baseline import DasslBaseline
+from dael_plugin.methods.registry import register
 
 
+@register("DANN")
 class DANNBuiltin(DasslBaseline):
     ddp_reason = (
         "its update passes the backbone twice (source, then target) before one backward pass, which "

@@ -15,11 +15,13 @@ from typing import Dict, Optional
 
 import torch
 
-from dael_plugin.builtin.baseline_base import DasslBaseline
 from dael_plugin.core.baselines import reset_batch_norm_stats
 from dael_plugin.errors import DAELConfigError
+from dael_plugin.methods.dassl_baseline import DasslBaseline
+from dael_plugin.methods.registry import register
 
 
+@register("AdaBN")
 class AdaBNBuiltin(DasslBaseline):
     optimises = False  # Dassl's AdaBN never calls update_lr either
     needs_init_weights = True

@@ -21,9 +21,11 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dael_plugin.builtin.baseline_base import DasslBaseline
+from dael_plugin.methods.dassl_baseline import DasslBaseline
+from dael_plugin.methods.registry import register
 
 
+@register("CrossGrad")
 class CrossGradBuiltin(DasslBaseline):
     image_modules = ("F", "D")  # the modules fed images (EXECUTION.CHANNELS_LAST)
     uses_target = False

@@ -75,8 +75,9 @@ class DAEL:
                 self._bns = convert(featurizer)  # per-chunk modules in place of the layers, once
                 if not self._bns:
                     print(
-                        "dael_plugin: the backbone has no batch-norm layer (its LayerNorm or GroupNorm normalises "
-                        "each image alone), so per-domain statistics do not apply: the fused pass is one plain call"
+                        "dael_plugin: the backbone has no batch-norm layer (any LayerNorm or GroupNorm normalises "
+                        "each image alone), so per-domain statistics do not apply: the fused pass is one plain call, "
+                        "and EXECUTION.CHUNK_BN changes nothing"
                     )
             else:
                 self.fuse_chunks = False

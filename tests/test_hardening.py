@@ -387,6 +387,34 @@ def test_eval_only_writes_its_own_record_with_the_checkpoints_epoch(tmp_path, ti
     assert rec["eval_only"] and rec["epochs"] == 2 and rec["accuracy"] == json.loads(before)["accuracy"]
 
 
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+def test_eval_only_of_weights_that_do_not_fit_is_one_line(tmp_path, tiny_root, capsys, engine):
+    """--eval-only of a run's own checkpoint whose expert heads lost a key (a file edited or cut
+    by hand): one line naming the file on both engines (engine/checkpoint.load_weights), never
+    load_state_dict's traceback."""
+    if engine == "dassl":
+        pytest.importorskip("dassl")
+    import torch
+
+    from dael_plugin.engine import checkpoint as ckpt
+
+    out = tmp_path / "run"
+    argv = args_for(tiny_root, out)
+    argv[argv.index("builtin")] = engine
+    assert cli(argv, capsys)[0] == 0
+    flags = ["--eval-only", "--model-dir", str(out)]
+    path = out / ckpt.LAST
+    state = torch.load(path, map_location="cpu", weights_only=True)
+    heads = state["model"] if engine == "builtin" else state["models"]["E"]
+    heads.pop(next(k for k in heads if "E." in k or k.startswith(("linears", "weight", "w"))))
+    torch.save(state, path)
+    evaluate = args_for(tiny_root, tmp_path / "eval", flags=flags)
+    evaluate[evaluate.index("builtin")] = engine
+    code, _, err = cli(evaluate, capsys)
+    line = one_error_line(err)
+    assert code == 2 and "does not fit" in line and str(path) in line, err
+
+
 # -- 3. loud failures ----------------------------------------------------------
 def test_divergence_stops_with_nan_line_and_keeps_the_last_good_checkpoint(tmp_path, tiny_root, capsys):
     """Epoch 1 trains at lr 0.05; the step schedule then multiplies it by 1e7."""

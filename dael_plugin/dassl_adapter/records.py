@@ -249,6 +249,6 @@ def load_best(trainer, directory: str, protocol: str) -> int:
     for name in trainer.get_model_names():
         if name not in models:
             raise ckpt.CheckpointError(f"{path} has no weights for model {name}; check --trainer against its run")
-        trainer._models[name].load_state_dict(models[name])
+        ckpt.load_weights(trainer._models[name], models[name], path, what=f"model {name}")
     print(f"Loaded {path} (protocol {protocol}, epoch {state.get('epoch')})")
     return int(state.get("epoch", 0))

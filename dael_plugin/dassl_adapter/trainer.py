@@ -426,8 +426,9 @@ class DAELTrainer(TrainerXU):
                     f"{path} is not a Dassl-engine checkpoint of dael-plugin; evaluate it with --engine builtin"
                 )
             for name in self.get_model_names():
-                weights = state["models"][name]
-                self._models[name].load_state_dict(ckpt.reorder_experts(weights, order) if name == "E" else weights)
+                weights = state["models"].get(name, {})
+                weights = ckpt.reorder_experts(weights, order) if name == "E" else weights
+                ckpt.load_weights(self._models[name], weights, path, what=f"model {name}")
             print(f"Loaded {path} (epoch {state['epoch']})")
             return int(state["epoch"])
         return load_dassl_checkpoints(self, directory, epoch)
@@ -505,14 +506,7 @@ def load_dassl_checkpoints(trainer, directory: str, epoch: Optional[int] = None,
                 f"no checkpoint {path}; pass --model-dir <OUTPUT_DIR of a run> and --load-epoch <epoch>"
             )
         state = ckpt.load_checkpoint(path)
-        try:
-            trainer._models[name].load_state_dict(state["state_dict"])
-        except (KeyError, RuntimeError) as exc:
-            first = str(exc).strip().splitlines()[0][:200]
-            raise ckpt.CheckpointError(
-                f"{path} does not fit model {name} ({first}); check --trainer and "
-                "MODEL.BACKBONE.NAME against the run that wrote it"
-            ) from None
+        ckpt.load_weights(trainer._models[name], state.get("state_dict", {}), path, what=f"model {name}")
         if resume:
             if state.get("optimizer") is not None and trainer._optims[name] is not None:
                 trainer._optims[name].load_state_dict(state["optimizer"])

@@ -359,6 +359,19 @@ def check_loaded_run(
     return [was.index(d) for d in now]
 
 
+def load_weights(module: torch.nn.Module, weights: dict, path: str, what: str = "this model") -> None:
+    """``module.load_state_dict(weights)`` read from ``path`` for evaluation or resume, on either
+    engine: weights that do not fit (other keys or shapes) are one line naming the file."""
+    try:
+        module.load_state_dict(weights)
+    except (KeyError, RuntimeError) as exc:
+        first = str(exc).strip().splitlines()[0][:200]
+        raise CheckpointError(
+            f"{path} does not fit {what} ({first}); check --trainer and MODEL.BACKBONE.NAME against the run "
+            "that wrote it"
+        ) from None
+
+
 def reorder_experts(head_state: dict, order: Optional[List[int]]) -> dict:
     """The expert heads' state (``weight`` (K, C, D), ``bias`` (K, C)) with its experts in ``order``."""
     if order is None:

@@ -456,14 +456,7 @@ class BuiltinTrainer:
         if order is not None:  # the experts of this run's sources, by name
             heads = ckpt.reorder_experts({k[2:]: v for k, v in model.items() if k.startswith("E.")}, order)
             model.update({f"E.{k}": v for k, v in heads.items()})
-        try:
-            self.modules.load_state_dict(model)
-        except (KeyError, RuntimeError) as exc:
-            first = str(exc).strip().splitlines()[0][:200]
-            raise ckpt.CheckpointError(
-                f"{path} does not fit this model ({first}); check --trainer and "
-                "MODEL.BACKBONE.NAME against the run that wrote it"
-            ) from None
+        ckpt.load_weights(self.modules, model, path)
         self.loaded_epoch = int(state.get("epoch", 0))
         print(f"Loaded {path} (epoch {self.loaded_epoch})")
         return self.loaded_epoch

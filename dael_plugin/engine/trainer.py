@@ -304,6 +304,21 @@ class BuiltinTrainer:
             for loader in self._loaders():
                 loader.batch_sampler.set_shard(self.world.rank, self.world.size)
 
+    def _x_loader(self, transforms):
+        """The source loader: ``DATALOADER.TRAIN_X``'s sampler (Dassl's epoch under Dassl's names)."""
+        c = self.cfg.DATALOADER
+        x = c.TRAIN_X
+        return loaders.train_loader(
+            self.splits["train_x"],
+            transforms,
+            x.BATCH_SIZE,
+            c.NUM_WORKERS,
+            self.pin,
+            self.seed,
+            sampler=x.SAMPLER,
+            n_domain=x.N_DOMAIN,
+        )
+
     def _u_loader(self, transforms):
         c = self.cfg.DATALOADER
         bs = c.TRAIN_X.BATCH_SIZE if c.TRAIN_U.SAME_AS_X else c.TRAIN_U.BATCH_SIZE

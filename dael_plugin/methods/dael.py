@@ -13,7 +13,6 @@ from torch import nn
 
 from dael_plugin.config import check_dael_cfg, hparams_from_cfg, trainer_node
 from dael_plugin.core import DAEL, build_heads
-from dael_plugin.data import loaders
 from dael_plugin.data.sampling import sampler_summary
 from dael_plugin.engine.loop import local_share
 from dael_plugin.engine.step import make_step, prepare_model
@@ -42,16 +41,7 @@ class DAELBuiltin(BuiltinTrainer):
         node = trainer_node(cfg)
         views = build_train_views(cfg, node, self.hparams.num_views, self.execution.aug_on_device)
         c = cfg.DATALOADER
-        self.train_loader_x = loaders.train_loader(
-            self.splits["train_x"],
-            views,
-            c.TRAIN_X.BATCH_SIZE,
-            c.NUM_WORKERS,
-            self.pin,
-            self.seed,
-            sampler=c.TRAIN_X.SAMPLER,
-            n_domain=c.TRAIN_X.N_DOMAIN,
-        )
+        self.train_loader_x = self._x_loader(views)
         # Images per domain chunk in this process's share of a batch (all of it in one process).
         self.per_domain = local_share(self.train_loader_x.batch_sampler.per_domain)
         self.train_loader_u = self._u_loader(views) if self.is_da else None

@@ -11,7 +11,6 @@ import torch
 from torch import nn
 
 from dael_plugin.config.keys import DOMAIN_SAMPLERS
-from dael_plugin.data import loaders
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine.ddp_modules import wrap_each
 from dael_plugin.engine.trainer import CKPT, BuiltinTrainer
@@ -34,16 +33,7 @@ class SingleClassifier(BuiltinTrainer):
         c = cfg.DATALOADER
         weak = build_train_transform(cfg, cfg.INPUT.TRANSFORMS)
         balanced = c.TRAIN_X.SAMPLER in DOMAIN_SAMPLERS
-        self.train_loader_x = loaders.train_loader(
-            self.splits["train_x"],
-            weak,
-            c.TRAIN_X.BATCH_SIZE,
-            c.NUM_WORKERS,
-            self.pin,
-            self.seed,
-            sampler=c.TRAIN_X.SAMPLER,
-            n_domain=c.TRAIN_X.N_DOMAIN,
-        )
+        self.train_loader_x = self._x_loader(weak)
         takes_u = self.target_batches and self.is_da
         self.train_loader_u = self._u_loader(self.target_views(weak)) if takes_u else None
         self.test_loader = self._test_loader(self.splits["test"])

@@ -189,3 +189,29 @@ def test_dassls_private_registry_state_is_touched_in_one_module():
         if name != "dael_plugin.dassl_adapter.timm_names" and ("._do_register(" in text or "._obj_map" in text):
             touched.append(name)
     assert not touched, touched
+
+
+def test_the_commands_read_a_trainer_through_its_facts_not_by_probing_it():
+    """What the commands and the records read of a trainer is written in one class with defaults
+    (engine/results.TrainerFacts), which every trainer of both engines has; ``getattr`` /
+    ``hasattr`` on a trainer would hide a missing attribute behind a default that looks right.
+    The one reader of Dassl's own modules by name is dassl_adapter/records.baseline_encoder."""
+    probes = []
+    for name, path in sorted(_modules().items()):
+        tree = ast.parse(open(path).read())
+        allowed = set()
+        for fn in ast.walk(tree):
+            if isinstance(fn, ast.FunctionDef) and fn.name == "baseline_encoder":
+                allowed |= {id(n) for n in ast.walk(fn)}
+        for node in ast.walk(tree):
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Name)
+                and node.func.id in ("getattr", "hasattr")
+                and node.args
+                and isinstance(node.args[0], ast.Name)
+                and node.args[0].id in ("trainer", "tr")
+                and id(node) not in allowed
+            ):
+                probes.append(f"{name}:{node.lineno}")
+    assert not probes, "a trainer probed instead of read: " + ", ".join(probes)

@@ -22,6 +22,7 @@ from torch.utils.data import DataLoader
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, hooks
 from dael_plugin.engine.hooks import EpochRecords
+from dael_plugin.engine.results import TrainerFacts
 from dael_plugin.engine.selection import EvaluatedModel, Selection, record_loaders, split_sources
 from dael_plugin.errors import DAELConfigError
 
@@ -94,8 +95,8 @@ def build_selection(
         loaders,
         lambda: trainer.set_model_mode("eval"),
         save_best,
-        getattr(trainer, "bad_images", None),
-        getattr(getattr(trainer, "algorithm", None), "ensemble_mask", None),
+        trainer.bad_images,
+        trainer.ensemble_mask,
     )
     return Selection.from_cfg(cfg, trainer.eval_freq, trainer.num_classes, conf_thre, is_da, model)
 
@@ -142,13 +143,25 @@ def baseline_encoder(trainer) -> Optional[Encode]:
     return None
 
 
-class BaselineRecords:
+class DasslFacts(TrainerFacts):
+    """Put in front of a Dassl trainer class by :func:`with_facts`: what the commands read of a
+    trainer (engine/results.TrainerFacts), Dassl's own trainers keeping the defaults but for the
+    setting, which is DA when the trainer reads unlabeled target data."""
+
+    @property
+    def is_da(self) -> bool:
+        from dassl.engine import TrainerXU
+
+        return isinstance(self, TrainerXU) and self.train_loader_u is not None
+
+
+class BaselineRecords(DasslFacts):
     """Put in front of a Dassl trainer class by :func:`with_records`: the source validation split
     and the per-epoch records, with Dassl's own training loop."""
 
     def build_data_loader(self):
         super().build_data_loader()
-        self.bad_images = getattr(self, "bad_images", set())
+        self.bad_images = set()
         dataset = self.dm.dataset
         before = len(dataset.train_x)
         # The data fingerprint before the held-out part leaves train_x, as the plugin's trainers
@@ -193,12 +206,9 @@ class BaselineRecords:
                 f"trainer {self.cfg.TRAINER.NAME} (the plugin does not know how its prediction splits into features "
                 "and classifiers); set SELECTION.EVAL_FREQ 0"
             )
-        from dassl.engine import TrainerXU
-
-        is_da = isinstance(self, TrainerXU) and self.dm.train_loader_u is not None
         dael = self.cfg.TRAINER.get("DAEL", None)
         conf_thre = float(dael.CONF_THRE) if dael is not None and "CONF_THRE" in dael else 0.95
-        self.selection = build_selection(self, encode, is_da, conf_thre, self._save_best)
+        self.selection = build_selection(self, encode, self.is_da, conf_thre, self._save_best)
 
     def _save_best(self, path: str) -> None:
         """A protocol's chosen model: every registered model's weights, with the epoch."""
@@ -213,7 +223,7 @@ class BaselineRecords:
 
     def before_train(self):
         super().before_train()
-        self.record_hooks = hooks.register(self, [EpochRecords(self.selection)] if self.selection is not None else [])
+        self.record_hooks = hooks.bind(self, [EpochRecords(self.selection)] if self.selection is not None else [])
         hooks.run(self.record_hooks, "before_train")  # the records of epochs this run redoes go
 
     def after_epoch(self):
@@ -223,9 +233,18 @@ class BaselineRecords:
 
 def with_records(cls: type) -> type:
     """Dassl trainer class ``cls`` with per-epoch records (same name, same registry entry)."""
-    if issubclass(cls, BaselineRecords) or getattr(cls, "selection_built_in", False):
+    return _in_front(BaselineRecords, cls)
+
+
+def with_facts(cls: type) -> type:
+    """Dassl trainer class ``cls`` with what the commands read of a trainer, and no records."""
+    return _in_front(DasslFacts, cls)
+
+
+def _in_front(mixin: type, cls: type) -> type:
+    if issubclass(cls, (mixin, TrainerFacts)):  # the plugin's own trainer, or done already
         return cls
-    return type(cls.__name__, (BaselineRecords, cls), {"__doc__": cls.__doc__, "__module__": cls.__module__})
+    return type(cls.__name__, (mixin, cls), {"__doc__": cls.__doc__, "__module__": cls.__module__})
 
 
 def load_best(trainer, directory: str, protocol: str) -> int:

@@ -60,6 +60,7 @@ from dael_plugin.engine.loop import (
     sync_batch_norm,
     train_epoch,
 )
+from dael_plugin.engine.results import TrainerFacts
 from dael_plugin.engine.step import DeviceMeters, format_meters, make_step, prepare_model
 from dael_plugin.engine.strategy import Strategy
 from dael_plugin.errors import DAELConfigError
@@ -68,11 +69,11 @@ from dael_plugin.transforms.host import build_train_views, check_transform_names
 __all__ = ["DAELTrainer", "load_dassl_checkpoints"]
 
 
-class DAELTrainer(TrainerXU):
+class DAELTrainer(TrainerFacts, TrainerXU):
     """Domain Adaptive Ensemble Learning (Zhou et al.), on Dassl's machinery."""
 
     replaced_builtins: tuple = ()  # Dassl's own trainers this class replaced (set by register_into_dassl())
-    selection_built_in = True  # writes its own records (records.with_records leaves it as it is)
+    own_records = True  # writes its own records (records.with_records leaves it as it is)
 
     @property
     def uses_target(self) -> bool:
@@ -98,7 +99,7 @@ class DAELTrainer(TrainerXU):
         # After each epoch, in this order (engine/hooks.py, as the built-in engine's trainer): the
         # divergence check, the schedulers, Dassl's own after_epoch (its evaluation and epoch
         # files), the epoch's record, then the "last" checkpoint
-        self.hooks = hooks.register(
+        self.hooks = hooks.bind(
             self,
             [
                 DivergenceCheck(),
@@ -436,6 +437,14 @@ class DAELTrainer(TrainerXU):
     def after_train(self):
         end_sync_batch_norm(self.F)  # before Dassl's final test, which uses running statistics
         super().after_train()
+
+    @property
+    def ensemble_mask(self):
+        return self.algorithm.ensemble_mask
+
+    @property
+    def fast_path_check(self):
+        return self.step.fast_path_check
 
     def model_inference(self, input):
         return self.algorithm.predict(input)

@@ -55,7 +55,7 @@ def check_images(
 def _splits(trainer, engine: str) -> Dict[str, Sequence]:
     if engine == "builtin":
         s = trainer.splits
-        out = {"train_x": s["train_x"], "train_u": s["train_u"] if getattr(trainer, "is_da", False) else None}
+        out = {"train_x": s["train_x"], "train_u": s["train_u"] if trainer.is_da else None}
         return {**out, "val": s["val"], "test": s["test"]}
     ds = trainer.dm.dataset
     return {name: getattr(ds, name, None) for name in ("train_x", "train_u", "val", "test")}

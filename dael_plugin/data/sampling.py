@@ -77,6 +77,14 @@ class Shard:
     def shard_what(self) -> str:
         raise NotImplementedError
 
+    def set_epoch(self, epoch: int) -> None:
+        """The epoch whose draws come next (each draw is a function of seed, epoch and position)."""
+        self.epoch = epoch
+
+    def small_domains(self) -> List[Tuple[int, int]]:
+        """(domain id, size) of each domain with fewer images than its per-batch share."""
+        return []
+
     def _take(self, batch: List[Draw]) -> List[Draw]:
         if self.world == 1:
             return batch
@@ -116,9 +124,6 @@ class DomainBalancedBatchSampler(Shard, Sampler[List[Draw]]):
         self.num_batches = math.ceil(largest * k / (self.n_domain * self.per_domain))
         self.seed = seed
         self.epoch = 0
-
-    def set_epoch(self, epoch: int) -> None:
-        self.epoch = epoch
 
     def __len__(self) -> int:
         return self.num_batches

@@ -22,7 +22,7 @@ from dael_plugin.engine.guard import divergence_error, weights_finite
 
 
 class HookBase:
-    """A hook of a training run; ``trainer`` is set when the hook is registered.
+    """A hook of a training run; ``trainer`` is set when the hook is bound to it (:func:`bind`).
 
     What the hooks read of their trainer (both engines' trainers have it):
 
@@ -48,7 +48,7 @@ class HookBase:
         """Once, after the last epoch."""
 
 
-def register(trainer, hooks: Iterable[HookBase]) -> List[HookBase]:
+def bind(trainer, hooks: Iterable[HookBase]) -> List[HookBase]:
     """``hooks`` bound to ``trainer``, in their order."""
     hooks = [h for h in hooks if h is not None]
     for h in hooks:

@@ -17,7 +17,7 @@ import socket
 import subprocess
 import time
 from dataclasses import dataclass
-from typing import Any, Dict, List, Optional, Sequence
+from typing import AbstractSet, Dict, List, Optional, Sequence
 
 from yacs.config import CfgNode as CN
 
@@ -100,6 +100,29 @@ def backbone_weights(cfg: CN, engine: str) -> dict:
     return weights_record(str(b.NAME), bool(b.get("PRETRAINED", False)), str(b.get("WEIGHTS", "") or ""), engine)
 
 
+class TrainerFacts:
+    """What the commands (train, ``--check-data``, ``--select``) and the records read of every
+    trainer, on both engines, with their defaults: the plugin's trainers set them as they run
+    (engine/trainer.py, dassl_adapter/trainer.py); Dassl's own trainers keep the defaults
+    (dassl_adapter/records.DasslFacts), which ``results.json`` shows as empty fields."""
+
+    is_da = False  # trained on unlabeled target data: "DA" in the log, results.json and the tables
+    data_fingerprint: Optional[dict] = None  # the images read (data/fingerprint.py); None: not taken yet
+    source_val_info: Optional[dict] = None  # the records' source validation split, where there is one
+    classes_held: Optional[list] = None  # which classes each source holds (category shift); None: not read
+    expert_accuracy: Sequence[float] = ()  # the last test's, per expert
+    per_class_accuracy: Optional[Dict[str, Dict[str, float]]] = None  # the last test's
+    bad_images: AbstractSet[str] = frozenset()  # unreadable images left out
+    ensemble_mask = None  # the (K, C) table of which expert knows which class, where the ensemble reads one
+    own_records = False  # writes its own per-epoch records and best models (the plugin's trainers)
+
+    @property
+    def fast_path_check(self) -> Optional[Dict[str, object]]:
+        """The first-step check of DAEL's fused pass (engine/first_step_check.py), where this
+        process ran one."""
+        return None
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """What a trainer's last test found beside the ensemble's accuracy: each expert's accuracy, the
@@ -110,13 +133,9 @@ class Evaluation:
     unreadable_images: Sequence[str] = ()
 
     @classmethod
-    def of(cls, trainer: Any) -> "Evaluation":
+    def of(cls, trainer: TrainerFacts) -> "Evaluation":
         """A trainer's (Dassl's own trainers keep none of it: the record says so by empty fields)."""
-        return cls(
-            list(getattr(trainer, "expert_accuracy", []) or []),
-            getattr(trainer, "per_class_accuracy", None),
-            sorted(getattr(trainer, "bad_images", ()) or ()),
-        )
+        return cls(list(trainer.expert_accuracy), trainer.per_class_accuracy, sorted(trainer.bad_images))
 
 
 def results_record(

@@ -49,6 +49,7 @@ from dael_plugin.engine.loop import (
     sync_batch_norm,
     train_epoch,
 )
+from dael_plugin.engine.results import TrainerFacts
 from dael_plugin.engine.selection import EvaluatedModel, Selection, record_loaders, split_sources
 from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
 from dael_plugin.engine.strategy import Strategy
@@ -69,7 +70,7 @@ def show_progress() -> bool:
     return sys.stderr.isatty()
 
 
-class BuiltinTrainer:
+class BuiltinTrainer(TrainerFacts):
     """Epoch loop, evaluation, checkpoints and logs shared by the built-in trainers."""
 
     def __init__(self, cfg: CN, eval_each_epoch: bool = False, eval_only: bool = False) -> None:
@@ -144,7 +145,7 @@ class BuiltinTrainer:
         self.checkpointer = LastCheckpoint(every=int(cfg.TRAIN.CHECKPOINT_FREQ), epoch_files=True)
         # After each epoch, in this order (engine/hooks.py): the schedulers, the divergence check,
         # --eval-each-epoch, the epoch's record, then the checkpoint
-        self.hooks = hooks.register(
+        self.hooks = hooks.bind(
             self,
             [
                 StepSchedulers(),
@@ -166,9 +167,7 @@ class BuiltinTrainer:
     uses_target = False
     # The records' mask_rate validator counts the target predictions this confident (DAEL: CONF_THRE).
     pseudo_label_threshold = 0.95
-    # The (K, C) table of which expert knows which class, where the ensemble reads one (DAEL's
-    # CLASS_MASKS part "ensemble"); None: every expert knows every class.
-    ensemble_mask: Optional[torch.Tensor] = None
+    own_records = True  # the records and best models are this trainer's (engine/results.TrainerFacts)
     # EXECUTION's None (CHANNELS_LAST, FUSED_OPTIM): the trainer's own choice; off, as Dassl's trainers run
     execution_defaults = PLAIN_EXECUTION
     dael_step = False  # True: DAEL's step, which reads EXECUTION's FUSE_CHUNKS, CHUNK_BN, AUG_ON_DEVICE
@@ -326,7 +325,7 @@ class BuiltinTrainer:
 
     def _warn_small_domains(self, loader) -> None:
         sampler = loader.batch_sampler
-        for d, n in getattr(sampler, "small_domains", lambda: [])():
+        for d, n in sampler.small_domains():
             print(
                 f"warning: source domain {self.sources[d]!r} has {n} training images, fewer than its "
                 f"per-batch share of {sampler.per_domain}; its images repeat within each batch"
@@ -503,8 +502,7 @@ class BuiltinTrainer:
     def _batches(self):
         loaders = [self.train_loader_x] + ([self.train_loader_u] if self.train_loader_u is not None else [])
         for loader in loaders:
-            if hasattr(loader.batch_sampler, "set_epoch"):
-                loader.batch_sampler.set_epoch(self.epoch)
+            loader.batch_sampler.set_epoch(self.epoch)
         it_u = iter(self.train_loader_u) if self.train_loader_u is not None else None
         for batch_x in self.train_loader_x:
             batch_u = None

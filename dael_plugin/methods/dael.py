@@ -87,6 +87,10 @@ class DAELBuiltin(BuiltinTrainer):
 
     step = None  # the DAELStep, from build_step
 
+    @property
+    def fast_path_check(self):
+        return self.step.fast_path_check
+
     def predict_experts(self, x: torch.Tensor) -> torch.Tensor:
         return self.algorithm.predict_experts(x)
 

@@ -261,10 +261,10 @@ def _main(args: argparse.Namespace, state: dict) -> int:
         record["data_pixels_sha256"] = pixels
     if args.eval_only and args.select:  # the model a protocol chose, and at which epoch
         record["selected_by"] = {"protocol": args.select, "epoch": epochs}
-    if getattr(trainer, "source_val_info", None) is not None:  # the records' source validation split
+    if trainer.source_val_info is not None:  # the records' source validation split
         record["source_val_split"] = trainer.source_val_info
     if not args.eval_only:  # the first-step check of the fused pass (CUDA), where this process ran one
-        record["fast_path_check"] = getattr(getattr(trainer, "step", None), "fast_path_check", None)
+        record["fast_path_check"] = trainer.fast_path_check
     path = write_results(cfg.OUTPUT_DIR, record, name="results_eval.json" if args.eval_only else "results.json")
     print(f"dael_plugin: wrote {path}")
     return 0

@@ -76,11 +76,11 @@ def system_info() -> str:
 
 
 def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
-    from dassl.engine import build_trainer
+    from dassl.engine import TRAINER_REGISTRY
     from dassl.utils import set_random_seed, setup_logger
 
     from dael_plugin.dassl_adapter import prepare_cfg
-    from dael_plugin.dassl_adapter.records import eval_freq, with_records
+    from dael_plugin.dassl_adapter.records import eval_freq, with_facts, with_records
 
     if cfg.SEED >= 0:
         print(f"Setting fixed seed: {cfg.SEED}")
@@ -97,14 +97,12 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     dassl_checkpoints.INIT_WEIGHTS_RUN.update(
         dataset=ds.NAME, sources=list(ds.SOURCE_DOMAINS), targets=list(ds.TARGET_DOMAINS), fingerprint=None
     )
-    if args.eval_only or eval_freq(cfg) == 0:
-        trainer = build_trainer(cfg)
-    else:  # Dassl's baselines write the same per-epoch records as DAEL (dassl_adapter/records.py)
-        from dassl.engine import TRAINER_REGISTRY
-
-        print(f"Loading trainer: {cfg.TRAINER.NAME}")
-        trainer = with_records(TRAINER_REGISTRY.get(cfg.TRAINER.NAME))(cfg)
-    if cfg.MODEL.INIT_WEIGHTS and not args.eval_only and getattr(trainer, "dm", None) is not None:
+    # Dassl's baselines write the same per-epoch records as DAEL (dassl_adapter/records.py); every
+    # trainer has what the commands read of it (engine/results.TrainerFacts)
+    print(f"Loading trainer: {cfg.TRAINER.NAME}")
+    cls = TRAINER_REGISTRY.get(cfg.TRAINER.NAME)
+    trainer = (with_facts if args.eval_only or eval_freq(cfg) == 0 else with_records)(cls)(cfg)
+    if cfg.MODEL.INIT_WEIGHTS and not args.eval_only:
         # The source model's images against this run's (its domains were compared as Dassl loaded it)
         from dael_plugin.dassl_adapter.checkpoints import load_dassl_checkpoint
         from dael_plugin.data.fingerprint import dataset_fingerprint
@@ -115,9 +113,9 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
         record = source_record(path, load_dassl_checkpoint(path))
         if record is not None:
             check_source_record(path, record, **run)
-    if cfg.TEST.FINAL_MODEL == "best_val" and getattr(trainer, "val_loader", None) is None:
+    if cfg.TEST.FINAL_MODEL == "best_val" and trainer.val_loader is None:
         raise DAELConfigError(_BEST_VAL_WITHOUT_VAL.format(dataset=cfg.DATASET.NAME))
-    if bool(cfg.DATASET.get("CATEGORY_SHIFT", False)) and not hasattr(trainer, "classes_held"):
+    if bool(cfg.DATASET.get("CATEGORY_SHIFT", False)) and trainer.classes_held is None:
         # Dassl's own trainers (SourceOnly, M3SDA, ...): the same line as the plugin's trainers print
         from dael_plugin.data.classes import classes_by_domain, describe
 
@@ -146,11 +144,7 @@ _BEST_VAL_WITHOUT_VAL = (
 
 def run_setting(trainer) -> str:
     """DA when the run trained on unlabeled target data, else DG (for the tables)."""
-    if hasattr(trainer, "is_da"):
-        return "DA" if trainer.is_da else "DG"
-    from dassl.engine import TrainerXU  # a Dassl baseline
-
-    return "DA" if isinstance(trainer, TrainerXU) and getattr(trainer, "train_loader_u", None) is not None else "DG"
+    return "DA" if trainer.is_da else "DG"
 
 
 def load_for_eval(trainer, engine: str, args: argparse.Namespace) -> Optional[int]:
@@ -167,10 +161,8 @@ def load_for_eval(trainer, engine: str, args: argparse.Namespace) -> Optional[in
                 f"no {path}: that run kept no model for --select {args.select} (it "
                 "needs SELECTION.EVAL_FREQ > 0 and the protocol in SELECTION.KEEP_BEST)"
             )
-        check_chosen_model(
-            path, args.select, args.model_dir, trainer.cfg.SEED, getattr(trainer, "data_fingerprint", None)
-        )
-        if engine == "dassl" and not getattr(trainer, "selection_built_in", False):  # a Dassl baseline
+        check_chosen_model(path, args.select, args.model_dir, trainer.cfg.SEED, trainer.data_fingerprint)
+        if engine == "dassl" and not trainer.own_records:  # a Dassl baseline
             from dael_plugin.dassl_adapter.records import load_best
 
             return load_best(trainer, args.model_dir, args.select)

@@ -73,5 +73,5 @@ def finished_run(cfg: CN, args: argparse.Namespace, engine: str) -> bool:
 def run_fingerprint(trainer, cfg: CN) -> dict:
     """The run's data fingerprint (data/fingerprint.py): the plugin's trainers made it when they
     read the data; Dassl's own baselines get it here from their dataset."""
-    fp = getattr(trainer, "data_fingerprint", None)
+    fp = trainer.data_fingerprint
     return fp if fp is not None else dataset_fingerprint(cfg, trainer.dm.dataset)

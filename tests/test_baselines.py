@@ -447,7 +447,7 @@ def test_dassls_adda_loads_a_built_in_source_model_whole_or_refuses_it(tmp_path,
     assert all(torch.equal(loaded["backbone." + k[2:]], v) for k, v in start.items() if k.startswith("F."))
     dael = os.path.join(ROOT, "tests/fixtures/dael_builtin_2026-11-28/checkpoint.pth.tar")
     proc = dassl("MODEL.INIT_WEIGHTS", dael)
-    assert proc.returncode == 2 and "does not load whole" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.returncode == 2 and "does not fit this model" in proc.stderr and "Traceback" not in proc.stderr
     leaked = tmp_path / "leaked"
     args = _with_domains(_cli("SourceOnly", tiny_root, leaked, "OPTIM.MAX_EPOCH", "1", "SELECTION.EVAL_FREQ", "0"),
                          ("hand", "blend", "font"), "street")  # fmt: skip

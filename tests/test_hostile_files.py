@@ -74,3 +74,39 @@ def test_a_tilde_in_every_path_flag_is_the_home_folder(tmp_path, tiny_root, caps
     code, _, err = cli(args_for("~/data", "~/run", epochs=1), capsys)
     assert code == 0, err[-2000:]
     assert (home / "run" / "results.json").exists() and os.listdir(cwd) == []
+
+
+def test_a_source_model_file_of_the_wrong_kind_is_one_line_on_both_engines_loader(tmp_path):
+    """``MODEL.INIT_WEIGHTS`` has one loader on both engines (engine/source_model.py): Dassl's
+    names or the built-in engine's converted to them, a misfit named by its first key, a value
+    that is not a tensor named by its type, and a good file loaded key for key."""
+    import torch
+    from torch import nn
+
+    from dael_plugin.engine.checkpoint import CheckpointError
+    from dael_plugin.engine.source_model import load_source_model
+
+    model = nn.ModuleDict({"backbone": nn.Linear(3, 4), "classifier": nn.Linear(4, 2)})
+    good = {"F.weight": torch.ones(4, 3), "F.bias": torch.zeros(4), "C.weight": torch.full((2, 4), 2.0)}
+    cases = {
+        "no classifier.bias": {"model": good},
+        "classifier.bias is int": {"state_dict": {**model.state_dict(), "classifier.bias": 3}},
+        "1 keys this model lacks (critic.weight": {
+            "state_dict": {**model.state_dict(), "critic.weight": torch.ones(1)}
+        },
+        "holds no model weights": {"state_dict": [1, 2]},
+    }
+    for said, state in cases.items():
+        path = tmp_path / "m.pth.tar"
+        torch.save(state, path)
+        with pytest.raises(CheckpointError, match="MODEL.INIT_WEIGHTS .*") as err:
+            load_source_model(str(path), model)
+        assert said in str(err.value) and "\n" not in str(err.value), str(err.value)
+    torch.save({"model": {**good, "C.bias": torch.ones(2), "D.weight": torch.ones(1)}}, path)
+    load_source_model(str(path), model)  # the built-in engine's names; its critic (D.*) is not the source model's
+    assert torch.equal(model["backbone"].weight, good["F.weight"]) and torch.equal(
+        model["classifier"].bias, torch.ones(2)
+    )
+    torch.save({"state_dict": {"module." + k: v + 1 for k, v in model.state_dict().items()}}, path)
+    load_source_model(str(path), model)  # Dassl's, under DataParallel's prefix
+    assert torch.equal(model["classifier"].bias, torch.full((2,), 2.0))

@@ -32,37 +32,12 @@ INIT_WEIGHTS_RUN: dict = {}
 
 
 def load_init_weights(model, weight_path: str) -> None:
-    """Dassl's ``load_pretrained_weights`` for ``MODEL.INIT_WEIGHTS``, strict: Dassl loads the keys
-    that fit and warns about the rest, so ADDA given the built-in engine's SourceOnly checkpoint
-    started from random weights (11.25% against 35.0%) with a UserWarning alone. Here a built-in
-    checkpoint (``F.*``, ``C.*``) is converted to Dassl's ``backbone.*`` / ``classifier.*``, a file
-    that does not fill the model key for key is one line naming the keys, and the model's record
-    is compared with the run's (``builtin.source_model.check_source_record``: not its target)."""
-    from dael_plugin.engine.source_model import INIT_WEIGHTS_FIX, check_source_record, source_record
-    from dael_plugin.errors import DAELConfigError
+    """Dassl's ``load_pretrained_weights`` for ``MODEL.INIT_WEIGHTS``: the built-in engine's loader
+    (``engine/source_model.load_source_model``, strict, either engine's checkpoint), the model's
+    record compared with the run's (not its target)."""
+    from dael_plugin.engine.source_model import load_source_model
 
-    state = load_dassl_checkpoint(weight_path)
-    if isinstance(state.get("model"), dict):  # the built-in engine's SourceOnly checkpoint
-        names = {"F.": "backbone.", "C.": "classifier."}
-        weights = {names[k[:2]] + k[2:]: v for k, v in state["model"].items() if k[:2] in names}
-    else:
-        raw = state.get("state_dict", state)
-        weights = {k[7:] if k.startswith("module.") else k: v for k, v in raw.items()}
-    own = model.state_dict()
-    missing = sorted(set(own) - set(weights))
-    extra = sorted(set(weights) - set(own))
-    wrong = [k for k in own if k in weights and tuple(weights[k].shape) != tuple(own[k].shape)]
-    if missing or extra or wrong:
-        what = (
-            f"{len(missing)} of the model's keys missing ({missing[0]}, ...)" if missing else
-            f"{wrong[0]} is {tuple(weights[wrong[0]].shape)}, the model's {tuple(own[wrong[0]].shape)}"
-            if wrong else f"{len(extra)} keys the model lacks ({extra[0]}, ...)"
-        )  # fmt: skip
-        raise DAELConfigError(f"MODEL.INIT_WEIGHTS {weight_path} does not load whole ({what}); {INIT_WEIGHTS_FIX}")
-    model.load_state_dict(weights)
-    if INIT_WEIGHTS_RUN:
-        check_source_record(weight_path, source_record(weight_path, state), **INIT_WEIGHTS_RUN)
-    print(f"Loaded the source model from {weight_path}, every key (MODEL.INIT_WEIGHTS)")
+    load_source_model(weight_path, model, run=INIT_WEIGHTS_RUN or None)
 
 
 def load_dassl_checkpoint(fpath: str) -> dict:

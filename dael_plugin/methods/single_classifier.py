@@ -76,7 +76,8 @@ class SingleClassifier(BuiltinTrainer):
             ds = self.cfg.DATASET
             run = {"dataset": ds.NAME, "sources": self.sources, "targets": list(ds.TARGET_DOMAINS)}
             run["fingerprint"] = self.data_fingerprint
-            load_source_model(self.cfg.MODEL.INIT_WEIGHTS, modules["F"], modules["C"], self.classnames, run)
+            named = nn.ModuleDict({"backbone": modules["F"], "classifier": modules["C"]})  # as Dassl's SimpleNet
+            load_source_model(self.cfg.MODEL.INIT_WEIGHTS, named, self.classnames, run)
             self.source_model_record = {"sha256": ckpt.file_sha256(self.cfg.MODEL.INIT_WEIGHTS)}
         return modules
 

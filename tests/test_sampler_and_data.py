@@ -411,7 +411,7 @@ def test_kept_views_leave_a_run_unchanged_bit_for_bit(tmp_path, tiny_root, monke
 def test_each_sampler_name_means_one_epoch_on_both_engines():
     """DATALOADER.TRAIN_X.SAMPLER: Dassl's names give Dassl's epoch (until the smallest domain runs
     short), the plugin's CyclingDomainSampler the largest domain's; both engines build their source
-    loader's sampler through source_batch_sampler."""
+    loader's sampler through data/loaders.train_batches, which calls source_batch_sampler."""
     import dael_plugin
     from dael_plugin.data.sampling import source_batch_sampler
 
@@ -422,8 +422,9 @@ def test_each_sampler_name_means_one_epoch_on_both_engines():
     a, b = (indices(source_batch_sampler("RandomDomainSampler", domains, 30, 0, seed=1)) for _ in range(2))
     assert a == b  # a function of (seed, epoch): the same plan in every process and engine
     pkg = os.path.dirname(dael_plugin.__file__)
+    assert "source_batch_sampler(" in open(os.path.join(pkg, "data/loaders.py")).read()
     for module in ("data/loaders.py", "dassl_adapter/trainer.py"):  # the adapter's source: it imports Dassl
-        assert "source_batch_sampler(" in open(os.path.join(pkg, module)).read()
+        assert "train_batches(" in open(os.path.join(pkg, module)).read()
     with pytest.raises(DAELConfigError, match="is not one of"):
         source_batch_sampler("RandomClassSampler", domains, 30, 0, seed=1)
 

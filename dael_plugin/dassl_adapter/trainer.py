@@ -44,7 +44,7 @@ from dael_plugin.dassl_adapter.records import build_selection, source_val_split
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
 from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
 from dael_plugin.data.fingerprint import dataset_fingerprint
-from dael_plugin.data.sampling import SeededRandomBatchSampler, source_batch_sampler
+from dael_plugin.data.loaders import seeded_loader, train_batches
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, hooks
 from dael_plugin.engine.evaluate import evaluate_experts, report_experts
@@ -182,32 +182,17 @@ class DAELTrainer(TrainerFacts, TrainerXU):
         hooks.run(self.hooks, "before_train")
 
     def _train_loader(self, data_source, views, domains: bool) -> DataLoader:
-        """Dassl's training loader, with the plugin's per-draw seeded samplers (Dassl's
-        ``RandomDomainSampler`` epochs for the sources) and persistent workers, whose
-        decoded-image caches then live across epochs: each draw is seeded from (seed,
-        epoch, position), so nothing depends on a worker's random state, and a resumed
-        run draws exactly what the uninterrupted one would have."""
+        """Dassl's training loader with the built-in engine's seeded batches (Dassl's
+        ``RandomDomainSampler`` epochs for the sources) and long-lived workers
+        (data/loaders.seeded_loader), over Dassl's items and dataset wrapper."""
         c = self.cfg.DATALOADER
-        if domains:
-            sampler = source_batch_sampler(
-                c.TRAIN_X.SAMPLER,
-                [d.domain for d in data_source],
-                c.TRAIN_X.BATCH_SIZE,
-                c.TRAIN_X.N_DOMAIN,
-                self.data_seed,
-            )
-        else:
-            batch = c.TRAIN_X.BATCH_SIZE if c.TRAIN_U.SAME_AS_X else c.TRAIN_U.BATCH_SIZE
-            sampler = SeededRandomBatchSampler(len(data_source), batch, self.data_seed, stream=1)
-        workers = c.NUM_WORKERS
-        return DataLoader(
-            RobustDatasetWrapper(self.cfg, data_source, transform=views, is_train=True),
-            batch_sampler=sampler,
-            num_workers=workers,
-            pin_memory=torch.cuda.is_available() and self.cfg.USE_CUDA,
-            persistent_workers=workers > 0,
-            prefetch_factor=4 if workers > 0 else None,
-            generator=torch.Generator().manual_seed(self.data_seed),  # iterators never touch the global RNG
+        x = c.TRAIN_X
+        batch = x.BATCH_SIZE if domains or c.TRAIN_U.SAME_AS_X else c.TRAIN_U.BATCH_SIZE
+        sampler = x.SAMPLER if domains else ""
+        batches = train_batches([d.domain for d in data_source], batch, self.data_seed, sampler, x.N_DOMAIN)
+        data = RobustDatasetWrapper(self.cfg, data_source, transform=views, is_train=True)
+        return seeded_loader(
+            data, batches, c.NUM_WORKERS, torch.cuda.is_available() and self.cfg.USE_CUDA, self.data_seed
         )
 
     def _seeded_loaders(self) -> List[DataLoader]:

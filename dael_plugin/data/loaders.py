@@ -1,4 +1,5 @@
-"""Data loaders of the built-in engine (torch DataLoader over folder items).
+"""Data loaders: the built-in engine's (torch DataLoader over folder items), and the seeded
+training loader both engines build their training loaders with (:func:`seeded_loader`).
 
 Training draws are ``(index, draw_seed)`` pairs (see :mod:`..data.sampling`): the
 random augmentations of a draw are seeded from its ``draw_seed`` alone.
@@ -97,6 +98,22 @@ class ImageList(Dataset):
             return [self[k] for k in keys]
 
 
+def seeded_loader(dataset, batches, num_workers: int, pin: bool, seed: int) -> DataLoader:
+    """A training loader over ``dataset`` drawing ``batches`` (:func:`train_batches`), with
+    long-lived workers: each draw is seeded from (seed, epoch, position), so nothing depends on a
+    worker's random state, and a resumed run draws what the uninterrupted one would have."""
+    return _loader(dataset, num_workers, pin, seed, batch_sampler=batches)
+
+
+def train_batches(domains: Sequence[int], batch_size: int, seed: int, sampler: str = "", n_domain: int = 0):
+    """The batch sampler of a source loader, by ``DATALOADER.TRAIN_X.SAMPLER`` ``sampler``
+    (:func:`~dael_plugin.data.sampling.source_batch_sampler`; ``domains``: each image's), or with
+    ``sampler`` empty a target loader's (shuffled batches on stream 1)."""
+    if sampler:
+        return source_batch_sampler(sampler, domains, batch_size, n_domain, seed)
+    return SeededRandomBatchSampler(len(domains), batch_size, seed, stream=1)
+
+
 def _loader(dataset, num_workers: int, pin: bool, seed: int, **kwargs) -> DataLoader:
     # A private generator: creating loader iterators never consumes the global
     # torch RNG, which the model's own randomness (dropout) uses.
@@ -121,15 +138,10 @@ def train_loader(
     sampler: str = "",
     n_domain: int = 0,
 ) -> DataLoader:
-    """A source loader by ``DATALOADER.TRAIN_X.SAMPLER`` ``sampler``
-    (:func:`~dael_plugin.data.sampling.source_batch_sampler`), or with ``sampler`` empty the
-    target loader (shuffled batches on stream 1)."""
-    ds = ImageList(items, transforms, replace_bad=True)
-    if sampler:
-        batches = source_batch_sampler(sampler, [i.domain for i in items], batch_size, n_domain, seed)
-    else:
-        batches = SeededRandomBatchSampler(len(ds), batch_size, seed, stream=1)
-    return _loader(ds, num_workers, pin, seed, batch_sampler=batches)
+    """A source loader by ``DATALOADER.TRAIN_X.SAMPLER`` ``sampler``, or with ``sampler`` empty
+    the target loader (:func:`train_batches`)."""
+    batches = train_batches([i.domain for i in items], batch_size, seed, sampler, n_domain)
+    return seeded_loader(ImageList(items, transforms, replace_bad=True), batches, num_workers, pin, seed)
 
 
 def test_loader(

@@ -290,3 +290,64 @@ def test_a_dassl_trainer_in_a_file_of_its_own_runs_on_the_dassl_engine(tmp_path,
     assert proc.returncode == 0, proc.stderr[-3000:]
     record = json.loads((tmp_path / "run" / "results.json").read_text())
     assert record["trainer"] == "PlugDasslVanilla" and record["engine"] == "dassl" and record["setting"] == "DG"
+
+
+@pytest.mark.dassl
+def test_a_method_in_a_file_of_its_own_runs_on_dassls_loop_as_built_in(tmp_path, tiny_root, methods_file, monkeypatch):
+    """The Dassl engine hosts a method of the user's own (dassl_adapter/hosted.py): Dassl's dataset
+    class reads the data, Dassl's ``train()`` drives the epochs and Dassl's evaluator scores the
+    test, around the method object the built-in engine builds. So the two engines' runs end with
+    the same weights, bit for bit; a run stopped after epoch 1's checkpoint resumes to them;
+    ``--select`` reads its records; its checkpoint names the engine that wrote it."""
+    import torch
+
+    from dael_plugin.engine.hooks import LastCheckpoint
+
+    def args(engine, out, *extra):
+        a = _args(tiny_root, tmp_path / out, "PlugEntMin", methods_file, "SELECTION.EVAL_FREQ", "1", *extra)
+        a[a.index("builtin")] = engine
+        return a
+
+    done = {}
+    for engine in ("builtin", "dassl"):
+        proc = run_here(args(engine, engine))
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        done[engine] = proc.stdout
+    assert "Loading dataset: EmbeddedDigits" in done["dassl"] and "Loading evaluator: Classification" in done["dassl"]
+
+    def weights(out):
+        return torch.load(tmp_path / out / "checkpoint.pth.tar", weights_only=True)["model"]
+
+    a, b = weights("builtin"), weights("dassl")
+    assert a.keys() == b.keys() and all(torch.equal(v, b[k]) for k, v in a.items())
+    rec = {e: json.loads((tmp_path / e / "results.json").read_text()) for e in ("builtin", "dassl")}
+    assert rec["dassl"]["engine"] == "dassl" and rec["dassl"]["setting"] == "DA"
+    assert rec["dassl"]["accuracy"] == rec["builtin"]["accuracy"]
+    assert rec["dassl"]["data_digest"] == rec["builtin"]["data_digest"]  # the same images, read by Dassl's class
+    real_save = LastCheckpoint.save
+
+    def save_then_stop(self, epochs_done):
+        real_save(self, epochs_done)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(LastCheckpoint, "save", save_then_stop)
+    assert run_here(args("dassl", "stopped")).returncode == 130
+    monkeypatch.setattr(LastCheckpoint, "save", real_save)
+    again = run_here(args("dassl", "stopped"))
+    assert again.returncode == 0 and "will resume training from epoch 2" in again.stdout, again.stderr[-2000:]
+    c = weights("stopped")
+    assert all(torch.equal(v, c[k]) for k, v in b.items())
+    select = args("dassl", "eval")
+    select[select.index("--") : select.index("--")] = [
+        "--eval-only",
+        "--model-dir",
+        str(tmp_path / "dassl"),
+        "--select",
+        "source_val",
+    ]
+    proc = run_here(select)
+    assert proc.returncode == 0 and "model-best-source_val.pth.tar" in proc.stdout, proc.stderr[-2000:]
+    other = args("builtin", "eval2")
+    other[other.index("--") : other.index("--")] = ["--eval-only", "--model-dir", str(tmp_path / "dassl")]
+    proc = run_here(other)
+    assert proc.returncode == 2 and "was written by the dassl engine" in proc.stderr

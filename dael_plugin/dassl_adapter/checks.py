@@ -135,6 +135,7 @@ def check_run_names(cfg: CN) -> None:
     folder or log exists: a typo costs one line and leaves nothing behind."""
     from dael_plugin.dassl_adapter.backbones import register_own_backbones, register_timm_backbone
     from dael_plugin.dassl_adapter.datasets import register_datasets
+    from dael_plugin.dassl_adapter.hosted import register_hosted
 
     # A timm backbone (and its local weights file) registered by name (``import dael_plugin`` did the rest),
     # and the backbones and datasets a --plugin registered since.
@@ -143,6 +144,7 @@ def check_run_names(cfg: CN) -> None:
     )
     register_own_backbones()
     register_datasets()
+    register_hosted()  # the plugin's methods Dassl lacks (a --plugin method)
     check_trainer_cfg(cfg)
     check_dataset_cfg(cfg)
     check_backbone_cfg(cfg)

@@ -19,7 +19,6 @@ from __future__ import annotations
 
 import datetime
 import os.path as osp
-import sys
 import time
 from typing import List, Optional, Set
 
@@ -40,6 +39,7 @@ from dael_plugin.config import (
 )
 from dael_plugin.core import DAEL, build_heads
 from dael_plugin.dassl_adapter.checks import check_dataset_cfg
+from dael_plugin.dassl_adapter.evaluate import dassl_test
 from dael_plugin.dassl_adapter.records import build_selection, source_val_split
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
 from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
@@ -47,7 +47,6 @@ from dael_plugin.data.fingerprint import dataset_fingerprint
 from dael_plugin.data.loaders import seeded_loader, train_batches
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, hooks
-from dael_plugin.engine.evaluate import evaluate_experts, report_experts
 from dael_plugin.engine.execution import cuda_settings
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
 from dael_plugin.engine.hooks import DivergenceCheck, EpochRecords, HookBase, LastCheckpoint, StepSchedulers
@@ -56,7 +55,6 @@ from dael_plugin.engine.loop import (
     local_share,
     next_cycled,
     note_bad,
-    pick_eval_split,
     sync_batch_norm,
     train_epoch,
 )
@@ -434,29 +432,9 @@ class DAELTrainer(TrainerFacts, TrainerXU):
     def model_inference(self, input):
         return self.algorithm.predict(input)
 
-    @torch.no_grad()
     def test(self, split=None):
-        """Dassl's test loop, plus each expert's own accuracy; unreadable images are left out."""
-        self.set_model_mode("eval")
-        self.evaluator.reset()
-        split, data_loader = pick_eval_split(split or self.cfg.TEST.SPLIT, self.val_loader, self.test_loader)
-        print(f"Evaluate on the *{split}* set")
-
-        algo = self.algorithm
-        tally, _ = evaluate_experts(
-            algo.predict_experts, data_loader, self.device, self.bad_images, sys.stderr.isatty(), algo.ensemble_mask
-        )
-        if tally.total:  # Dassl's evaluator sees the whole (gathered) set once: its argmax is the ensemble's
-            yt, yp = tally.labels()
-            self.evaluator.process(torch.nn.functional.one_hot(yp, self.num_classes).float(), yt)
-        results = self.evaluator.evaluate()
         names = list(self.cfg.DATASET.SOURCE_DOMAINS) if self.E.num_experts > 1 else ["single"]
-        self.per_class_accuracy, self.expert_accuracy = report_experts(
-            tally, self._classnames(), names, lambda tag, v: self.write_scalar(tag, v, self.epoch), split
-        )
-        for k, v in results.items():
-            self.write_scalar(f"{split}/{k}", v, self.epoch)
-        return list(results.values())[0]
+        return dassl_test(self, split, self.algorithm.predict_experts, names)
 
 
 class DasslsAfterEpoch(HookBase):

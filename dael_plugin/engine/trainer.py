@@ -73,7 +73,10 @@ def show_progress() -> bool:
 class BuiltinTrainer(TrainerFacts):
     """Epoch loop, evaluation, checkpoints and logs shared by the built-in trainers."""
 
-    def __init__(self, cfg: CN, eval_each_epoch: bool = False, eval_only: bool = False) -> None:
+    def __init__(self, cfg: CN, eval_each_epoch: bool = False, eval_only: bool = False, splits=None) -> None:
+        """``splits``: the data as read by another reader (``classnames`` and the ``train_x``,
+        ``train_u``, ``val`` and ``test`` items: the Dassl engine's dataset classes,
+        dassl_adapter/hosted.py); None: the built-in engine's readers (data/folders.py)."""
         self.cfg = cfg
         self.eval_each_epoch = eval_each_epoch
         self.eval_only = eval_only  # --eval-only: the weights come from a checkpoint (no source model read)
@@ -91,7 +94,7 @@ class BuiltinTrainer(TrainerFacts):
         self.check_cfg()
         self.seed = max(int(cfg.SEED), 0)
         self.category_shift = bool(cfg.DATASET.get("CATEGORY_SHIFT", False))
-        self.splits = load_splits(
+        self.splits = splits or load_splits(
             cfg.DATASET.NAME,
             cfg.DATASET.ROOT,
             self.sources,
@@ -168,6 +171,9 @@ class BuiltinTrainer(TrainerFacts):
     # The records' mask_rate validator counts the target predictions this confident (DAEL: CONF_THRE).
     pseudo_label_threshold = 0.95
     own_records = True  # the records and best models are this trainer's (engine/results.TrainerFacts)
+    # The engine its checkpoints name: the Dassl engine's host of a method says "dassl" (its
+    # dataset classes may list the images in another order, so a resume stays on one engine).
+    engine = "builtin"
     # EXECUTION's None (CHANNELS_LAST, FUSED_OPTIM): the trainer's own choice; off, as Dassl's trainers run
     execution_defaults = PLAIN_EXECUTION
     dael_step = False  # True: DAEL's step, which reads EXECUTION's FUSE_CHUNKS, CHUNK_BN, AUG_ON_DEVICE
@@ -395,7 +401,7 @@ class BuiltinTrainer(TrainerFacts):
         )
 
     def run_id(self) -> ckpt.RunId:
-        return ckpt.RunId("builtin", self.cfg, self.classnames, self._train_counts(), self.data_fingerprint)
+        return ckpt.RunId(self.engine, self.cfg, self.classnames, self._train_counts(), self.data_fingerprint)
 
     def _optim_state(self) -> dict:
         """One optimiser: ``optim`` and ``sched``, as every checkpoint before several optimisers
@@ -465,7 +471,7 @@ class BuiltinTrainer(TrainerFacts):
             raise ckpt.CheckpointError(
                 f"{path} is not a checkpoint of dael-plugin's built-in engine; evaluate it with --engine dassl"
             )
-        order = ckpt.check_loaded_run(state, self.cfg, path, "builtin", self.classnames)
+        order = ckpt.check_loaded_run(state, self.cfg, path, self.engine, self.classnames)
         model = dict(state["model"])
         if order is not None:  # the experts of this run's sources, by name
             heads = ckpt.reorder_experts({k[2:]: v for k, v in model.items() if k.startswith("E.")}, order)

@@ -63,6 +63,6 @@ def method_setting(name: str) -> str:
     return "DA" if cls.uses_target else "DG"
 
 
-def build_trainer(cfg: CN, eval_each_epoch: bool = False, eval_only: bool = False) -> BuiltinTrainer:
-    """The built-in engine's trainer of ``cfg.TRAINER.NAME``, built (its data read, its model made)."""
-    return trainer_class(cfg.TRAINER.NAME)(cfg, eval_each_epoch=eval_each_epoch, eval_only=eval_only)
+def build_trainer(cfg: CN, eval_each_epoch: bool = False, eval_only: bool = False, splits=None) -> BuiltinTrainer:
+    """The trainer of ``cfg.TRAINER.NAME``, built (its data read, or ``splits`` taken; its model made)."""
+    return trainer_class(cfg.TRAINER.NAME)(cfg, eval_each_epoch=eval_each_epoch, eval_only=eval_only, splits=splits)

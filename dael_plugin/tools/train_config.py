@@ -234,10 +234,10 @@ def check_weights_reachable(cfg: CN, engine: str) -> None:
 def resolve_run_execution(cfg: CN, engine: str) -> None:
     """``EXECUTION.*`` as this trainer runs them, written into the config (so into its record and
     checkpoint): the built-in trainers take them all (DAEL's step keys only DAEL); on the Dassl
-    engine the plugin's DAEL trainers do, and Dassl's own trainers, which run as Dassl wrote them,
-    refuse any in one line."""
+    engine the plugin's DAEL trainers and its own methods do (dassl_adapter/hosted.py), and Dassl's
+    own trainers, which run as Dassl wrote them, refuse any in one line."""
     name = str(cfg.TRAINER.NAME)
-    if engine == "builtin":
+    if engine == "builtin" or _hosted(name):
         from dael_plugin.methods import trainer_class
 
         try:
@@ -261,6 +261,13 @@ def resolve_run_execution(cfg: CN, engine: str) -> None:
             f"options; remove the key, or use --engine builtin, whose {name} takes them"
         )
     resolve_execution(cfg)
+
+
+def _hosted(name: str) -> bool:
+    """A method of the plugin's registry that Dassl lacks, which the Dassl engine hosts."""
+    from dael_plugin.dassl_adapter.hosted import is_hosted
+
+    return is_hosted(name)
 
 
 def check_method_file_fits(method: dict, path: str, trainer: str) -> None:

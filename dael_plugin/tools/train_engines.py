@@ -80,6 +80,7 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     from dassl.utils import set_random_seed, setup_logger
 
     from dael_plugin.dassl_adapter import prepare_cfg
+    from dael_plugin.dassl_adapter.hosted import HostedMethod
     from dael_plugin.dassl_adapter.records import eval_freq, with_facts, with_records
 
     if cfg.SEED >= 0:
@@ -101,7 +102,10 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     # trainer has what the commands read of it (engine/results.TrainerFacts)
     print(f"Loading trainer: {cfg.TRAINER.NAME}")
     cls = TRAINER_REGISTRY.get(cfg.TRAINER.NAME)
-    trainer = (with_facts if args.eval_only or eval_freq(cfg) == 0 else with_records)(cls)(cfg)
+    if issubclass(cls, HostedMethod):  # the plugin's own method, with its own records
+        trainer = cls(cfg, eval_only=args.eval_only)
+    else:
+        trainer = (with_facts if args.eval_only or eval_freq(cfg) == 0 else with_records)(cls)(cfg)
     if cfg.MODEL.INIT_WEIGHTS and not args.eval_only:
         # The source model's images against this run's (its domains were compared as Dassl loaded it)
         from dael_plugin.dassl_adapter.checkpoints import load_dassl_checkpoint

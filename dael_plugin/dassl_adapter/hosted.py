@@ -1,0 +1,152 @@
+"""A method of the plugin's registry that Dassl lacks (a ``--plugin`` method of the user's own) on
+the Dassl engine: Dassl's dataset classes read the data (``DATASET_REGISTRY``, its ``DataManager``),
+Dassl's ``train()`` drives the epochs and Dassl's evaluator scores the test. Inside, the method
+object is the one the built-in engine builds (engine/trainer.py, with the items Dassl read): its
+epoch, its step with every ``EXECUTION`` option, and its hooks (checkpoint and exact resume, the
+per-epoch records), so nothing of the method is written twice.
+
+Dassl's own trainers keep their names: a method is hosted only under a name Dassl's
+``TRAINER_REGISTRY`` does not hold (:func:`register_hosted`). Under torchrun a hosted method is
+refused in one line (the built-in engine runs it there).
+"""
+
+from __future__ import annotations
+
+import time
+from typing import Dict, Optional
+
+from dassl.data import DataManager
+from dassl.engine import TRAINER_REGISTRY, TrainerXU
+from yacs.config import CfgNode as CN
+
+from dael_plugin.config.defaults import SUPPORTED_VALUES
+from dael_plugin.dassl_adapter.evaluate import dassl_test
+from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
+from dael_plugin.data.items import Item
+from dael_plugin.engine import distributed, hooks
+from dael_plugin.engine.loop import end_sync_batch_norm
+from dael_plugin.engine.results import TrainerFacts
+from dael_plugin.errors import DAELConfigError
+from dael_plugin.methods import TRAINERS, build_trainer
+
+
+class HostedMethod(TrainerFacts, TrainerXU):
+    """Dassl's ``TrainerXU`` around one of the plugin's methods (``self.method``)."""
+
+    own_records = True  # the method's hooks write them
+
+    def __init__(self, cfg: CN, eval_only: bool = False) -> None:
+        self.eval_only = eval_only
+        super().__init__(cfg)  # Dassl's: check_cfg, build_data_loader, build_model, the evaluator
+
+    def check_cfg(self, cfg: CN) -> None:
+        name = cfg.TRAINER.NAME
+        if distributed.world().distributed:
+            raise DAELConfigError(
+                f"{name} is the plugin's own method, which the Dassl engine runs in one process; under "
+                "torchrun use --engine builtin"
+            )
+        for key, allowed in SUPPORTED_VALUES.items():  # what the method's own loop reads, as built in
+            value = cfg
+            for part in key.split("."):
+                value = value[part]
+            if value not in allowed:
+                raise DAELConfigError(f"{key}={value!r}: {name} takes {list(allowed)} on either engine")
+
+    def build_data_loader(self) -> None:
+        # Dassl's DataManager reads the data; Dassl's domain sampler would stop a source smaller than
+        # its share of a batch before the method's sampler says so in one line (as the DAEL trainer).
+        dm_cfg = self.cfg.clone()
+        dm_cfg.defrost()
+        dm_cfg.DATALOADER.TRAIN_X.SAMPLER = "RandomSampler"
+        dm = DataManager(dm_cfg, dataset_wrapper=RobustDatasetWrapper)
+        self.dm, self.lab2cname = dm, dm.lab2cname
+        self.num_classes, self.num_source_domains = dm.num_classes, dm.num_source_domains
+        self.method = build_trainer(self.cfg, eval_only=self.eval_only, splits=dassl_splits(dm))
+        m = self.method
+        m.engine = "dassl"  # in its checkpoints: resumed and evaluated on this engine
+        self.train_loader_x, self.train_loader_u = m.train_loader_x, m.train_loader_u
+        self.val_loader, self.test_loader = m.val_loader, m.test_loader
+
+    def build_model(self) -> None:
+        for name, module in self.method.modules.items():  # Dassl's set_model_mode and model names
+            self.register_model(name, module)
+
+    # -- Dassl's train(): the method's own resume, epoch and hooks --------------------------
+    def resume_model_if_exist(self, directory: str) -> int:
+        return self.method.resume_if_exists()  # the "last" checkpoint of RESUME or OUTPUT_DIR, exact
+
+    def init_writer(self, log_dir: str) -> None:
+        super().init_writer(log_dir)
+        self.method.writer = self._writer  # the method's scalars go to Dassl's TensorBoard writer
+
+    def before_train(self) -> None:
+        super().before_train()  # Dassl's: the resume, the writer, the clock
+        m = self.method
+        m.start_epoch = self.start_epoch
+        hooks.run(m.hooks, "before_train")
+        m._run_start, m._batches_run = time.time(), 0
+
+    def run_epoch(self) -> None:
+        self.method.epoch = self.epoch
+        self.method.run_epoch()
+
+    def after_epoch(self) -> None:
+        hooks.run(self.method.hooks, "after_epoch")  # schedulers, divergence, records, checkpoint
+
+    def after_train(self) -> None:
+        hooks.run(self.method.hooks, "after_train")
+        end_sync_batch_norm(self.method.modules)
+        super().after_train()  # Dassl's: "Finish training", the last-epoch test, the elapsed time
+
+    def test(self, split: Optional[str] = None) -> float:
+        m = self.method
+        names = m.sources if m.num_experts > 1 else []
+        return dassl_test(self, split, m.predict_experts, names)
+
+    def load_model(self, directory: str, epoch: Optional[int] = None, name: Optional[str] = None) -> int:
+        return self.method.load_model(directory, epoch=epoch, name=name)
+
+    # -- what the commands read (engine/results.TrainerFacts): the method's ---------------------
+    is_da = property(lambda self: self.method.is_da)
+    data_fingerprint = property(lambda self: self.method.data_fingerprint)
+    source_val_info = property(lambda self: self.method.source_val_info)
+    classes_held = property(lambda self: self.method.classes_held)
+    bad_images = property(lambda self: self.method.bad_images)
+    ensemble_mask = property(lambda self: self.method.ensemble_mask)
+    fast_path_check = property(lambda self: self.method.fast_path_check)
+
+
+def dassl_splits(dm: DataManager) -> Dict[str, object]:
+    """Dassl's dataset as the built-in trainer takes it: its ``Datum`` lists as items, the class
+    names by label."""
+    data = dm.dataset
+
+    def items(split) -> Optional[list]:
+        return [Item(d.impath, d.label, d.domain, d.classname) for d in split] if split else None
+
+    return {
+        "classnames": [dm.lab2cname[i] for i in range(dm.num_classes)],
+        "train_x": items(data.train_x),
+        "train_u": items(data.train_u),
+        "val": items(data.val),
+        "test": items(data.test),
+    }
+
+
+_HOSTED: Dict[str, type] = {}
+
+
+def register_hosted() -> None:
+    """Every method of the plugin's registry under a name Dassl's ``TRAINER_REGISTRY`` lacks,
+    hosted (a ``--plugin`` method registered since the last call included)."""
+    for name in TRAINERS:
+        if name in TRAINER_REGISTRY.registered_names():
+            continue
+        _HOSTED[name] = type(name, (HostedMethod,), {"__doc__": HostedMethod.__doc__, "__module__": __name__})
+        TRAINER_REGISTRY.register(_HOSTED[name])
+
+
+def is_hosted(name: str) -> bool:
+    register_hosted()
+    return name in _HOSTED

@@ -351,3 +351,44 @@ def test_a_method_in_a_file_of_its_own_runs_on_dassls_loop_as_built_in(tmp_path,
     other[other.index("--") : other.index("--")] = ["--eval-only", "--model-dir", str(tmp_path / "dassl")]
     proc = run_here(other)
     assert proc.returncode == 2 and "was written by the dassl engine" in proc.stderr
+    # A dataset that only Dassl knows (a DatasetBase of the user's, the embedded folders in another
+    # order): the hosted method reads it through Dassl, the built-in engine refuses its name
+    data = tmp_path / f"my_dassl_data_{os.getpid()}.py"
+    data.write_text(DASSL_DATASET)
+    own = args("dassl", "own_data", "DATASET.NAME", "PlugDasslDigits", "OPTIM.MAX_EPOCH", "1")
+    own[own.index("--") : own.index("--")] = ["--plugin", str(data)]
+    proc = run_here(own)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert json.loads((tmp_path / "own_data" / "results.json").read_text())["dataset"] == "PlugDasslDigits"
+    own[own.index("dassl")] = "builtin"
+    proc = run_here(own)
+    assert proc.returncode == 2 and "PlugDasslDigits" in proc.stderr and "Traceback" not in proc.stderr
+
+
+DASSL_DATASET = textwrap.dedent(
+    """
+    import glob
+    import os
+
+    from dassl.data.datasets import DATASET_REGISTRY, DatasetBase, Datum
+
+
+    @DATASET_REGISTRY.register(force=True)
+    class PlugDasslDigits(DatasetBase):
+        domains = ["hand", "street", "blend", "font"]
+
+        def __init__(self, cfg):
+            root = os.path.join(os.path.expanduser(cfg.DATASET.ROOT), "embedded_digits")
+
+            def read(domains, split):
+                return [
+                    Datum(impath=f, label=int(c), domain=d, classname=c)
+                    for d, dom in enumerate(domains)
+                    for c in sorted(os.listdir(os.path.join(root, dom, split)), reverse=True)
+                    for f in sorted(glob.glob(os.path.join(root, dom, split, c, "*")))
+                ]
+
+            s, t = cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS
+            super().__init__(train_x=read(s, "train"), train_u=read(t, "train"), test=read(t, "test"))
+    """
+)

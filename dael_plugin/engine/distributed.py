@@ -353,14 +353,6 @@ def wrap(module: torch.nn.Module, device_: torch.device) -> torch.nn.Module:
     return DDP(module, device_ids=ids, process_group=device_group(), **sync)
 
 
-def shard_size(total: int, what: str, fix: str) -> int:
-    """``total / N``, or one line naming the numbers when it does not divide."""
-    n = _WORLD.size
-    if total % n:
-        raise DAELConfigError(f"{what} is {total}, which does not split over {n} processes; {fix}")
-    return total // n
-
-
 def test_indices(n: int) -> range:
     """This process's positions of an ``n``-item test set (every N-th; the union is all of them)."""
     return range(_WORLD.rank, n, _WORLD.size)

@@ -610,5 +610,4 @@ class BuiltinTrainer(TrainerFacts):
         )
         self._write(f"{split}/accuracy", acc)
         self.last_accuracy = acc
-        self.last_split = split
         return acc

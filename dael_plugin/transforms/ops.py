@@ -455,11 +455,6 @@ def _random_crop(x: torch.Tensor, pad: int) -> torch.Tensor:
     return _warp(x, _leading_coeffs(b, h, w, x.device, False, pad, False))
 
 
-def _random_translation(x: torch.Tensor) -> torch.Tensor:
-    b, _, h, w = x.shape
-    return _warp(x, _leading_coeffs(b, h, w, x.device, True, None, False))
-
-
 def _cutout(x: torch.Tensor, n_holes: int, length, fill: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Dassl's Cutout: ``n_holes`` squares of side ``length`` (a Python number, or a (B,) tensor
     per sample) at uniform centres, clipped at the border, zeroed (or ``fill`` (1, C, 1, 1))."""

@@ -756,28 +756,6 @@ def test_dg_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, data_ro
                 assert diff <= tol * max(1.0, v.double().abs().max().item()), (step, name, k, diff)
 
 
-@pytest.mark.parametrize("trainer", BASELINE_NAMES)
-def test_a_baseline_step_on_the_meta_device_mixes_no_cpu_tensor(tmp_path, tiny_root, trainer, source_run):
-    """Stand-in for a GPU: the modules on the meta device (not the CPU), the host's batches moved
-    there by update(); any CPU tensor in the device math raises. It cannot see CUDA's kernels,
-    streams or memory, nor a host sync (the step's losses stay on the device here; test_gpu.py
-    reads them under CUDA's sync check where a GPU is lent)."""
-    init = ["MODEL.INIT_WEIGHTS", source_run] if trainer in ("ADDA", "AdaBN") else []
-    tr = _builtin(trainer, tiny_root, tmp_path / "o", "TRAINER.M3SDA.N_STEP_F", "1", "TRAINER.MCD.N_STEP_F", "1", *init)
-    meta = torch.device("meta")
-    tr.modules.to(meta)
-    tr.device = meta
-    if trainer == "M3SDA":
-        tr.all_domains = tr.all_domains.to(meta)
-    tr.modules.train()
-    batch_x, batch_u = next(tr._batches())
-    out = tr.forward_backward(batch_x, batch_u)
-    assert all(v.device.type == "meta" for v in out.values()) and (out or trainer == "AdaBN")
-    trained = [p for p in tr.modules.parameters() if p.requires_grad and trainer != "AdaBN"]
-    assert all(p.grad is not None and p.grad.device.type == "meta" for p in trained)
-    assert tr.predict_experts(batch_x["img"].to(meta)).device.type == "meta"
-
-
 def test_a_dg_baseline_on_a_da_dataset_never_reads_the_target(tmp_path, tiny_root):
     """Dassl's DG trainers are TrainerX: on a DA dataset neither their training nor their records
     read the target's training images (the records' validators would)."""

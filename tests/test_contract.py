@@ -9,7 +9,8 @@ bool and is the run's setting; two steps return finite 0-dim device tensors and 
 (AdaBN: the batch-norm statistics); ``features_and_experts`` gives ``(B, D)`` features and
 ``(B, K, C)`` probabilities with ``K = num_experts``, which ``predict_experts`` returns too; and
 the checkpoint's state, loaded into a fresh build of the same run, gives the same weights,
-optimiser states and predictions. Exact resume through the CLI is
+optimiser states and predictions; built for the meta device, a step stays there; at bf16 and
+compiled, and on a ViT, two steps move the weights. Exact resume through the CLI is
 test_baselines.py's and test_cli_builtin.py's (kill and rerun, bitwise).
 """
 
@@ -116,6 +117,35 @@ def test_every_registered_method_keeps_the_contract(name, tiny_root, tmp_path, s
 
     init = source_model if getattr(trainer_class(name), "needs_init_weights", False) else None
     check_contract(name, tiny_root, tmp_path, init_weights=init)
+
+
+def check_meta_device(name, root, tmp_path, cfg_file=None, init_weights=None):
+    """The method built for the meta device (a device that is not the CPU, where ``distributed.device``
+    names the training device): one step whose losses and gradients, and whose prediction, stay
+    there; any CPU tensor mixed into the device math raises. It cannot see CUDA's kernels, streams
+    or memory, nor a host sync (test_gpu.py reads them where a GPU is lent)."""
+    from dael_plugin.engine import distributed
+
+    meta = torch.device("meta")
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(distributed, "device", lambda use_cuda: meta)
+        tr = build(name, root, tmp_path / "meta", cfg_file, init_weights)
+    assert all(p.device == meta for p in tr.modules.parameters())
+    tr.modules.train()
+    batch_x, batch_u = next(tr._batches())
+    out = tr.forward_backward(batch_x, batch_u)
+    assert all(v.device == meta for v in out.values()) and (out or not tr.optimises), (name, out)
+    trained = [p for p in tr.modules.parameters() if p.grad is not None]
+    assert all(p.grad.device == meta for p in trained) and (trained or not tr.optimises), name
+    assert tr.predict_experts(batch_x["img"].to(meta)).device == meta
+
+
+@pytest.mark.parametrize("name", trainer_names())
+def test_every_registered_method_steps_on_the_meta_device(name, tiny_root, tmp_path, source_model):
+    from dael_plugin.methods import trainer_class
+
+    init = source_model if getattr(trainer_class(name), "needs_init_weights", False) else None
+    check_meta_device(name, tiny_root, tmp_path, init_weights=init)
 
 
 def two_steps_move_weights(tr, name):

@@ -250,13 +250,15 @@ def test_a_module_of_the_methods_own_is_under_ddp_under_torchrun(tmp_path, tiny_
 @pytest.mark.parametrize("name", ["PlugEntMin", "PlugCritic"])
 def test_methods_from_a_file_keep_the_contract(name, tiny_root, tmp_path, methods_file, monkeypatch):
     """tests/test_contract.py's contract, on the methods of the file (imported as --plugin does),
-    and the execution options they get without a line of their own: bf16, compiled."""
-    from test_contract import check_bf16_compiled, check_contract
+    and the execution options they get without a line of their own: bf16, compiled; and a step on
+    the meta device."""
+    from test_contract import check_bf16_compiled, check_contract, check_meta_device
 
     from dael_plugin.engine.strategy import Strategy
 
     load_plugins([methods_file])
     check_contract(name, tiny_root, tmp_path, cfg_file=SRC_CFG)
+    check_meta_device(name, tiny_root, tmp_path, cfg_file=SRC_CFG)
     monkeypatch.setattr(Strategy, "compile_backend", "aot_eager")
     check_bf16_compiled(name, tiny_root, tmp_path / "bf16", cfg_file=SRC_CFG)
 

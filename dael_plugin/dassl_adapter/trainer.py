@@ -42,7 +42,7 @@ from dael_plugin.dassl_adapter.checks import check_dataset_cfg
 from dael_plugin.dassl_adapter.evaluate import dassl_test
 from dael_plugin.dassl_adapter.records import build_selection, source_val_split
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
-from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
+from dael_plugin.data.classes import classes_by_domain, say_class_table
 from dael_plugin.data.fingerprint import dataset_fingerprint
 from dael_plugin.data.loaders import seeded_loader, train_batches
 from dael_plugin.engine import checkpoint as ckpt
@@ -149,14 +149,9 @@ class DAELTrainer(TrainerFacts, TrainerXU):
         self.num_source_domains = dm.num_source_domains
         # which classes each source holds (DATASET.CATEGORY_SHIFT: they may differ; else all of them)
         self.classes_held = classes_by_domain(dm.dataset.train_x, self.num_source_domains, self.num_classes)
-        if bool(cfg.DATASET.get("CATEGORY_SHIFT", False)):
-            names = [dm.lab2cname.get(i, str(i)) for i in range(self.num_classes)]
-            if distributed.world().is_main:
-                print("Category shift: " + "; ".join(describe(self.classes_held, cfg.DATASET.SOURCE_DOMAINS, names)))
-                said = one_class_warning(self.classes_held, cfg.DATASET.SOURCE_DOMAINS, names)
-                if said:
-                    print(said)
         self.lab2cname = dm.lab2cname
+        if bool(cfg.DATASET.get("CATEGORY_SHIFT", False)) and distributed.world().is_main:
+            say_class_table(self.classes_held, cfg.DATASET.SOURCE_DOMAINS, self._classnames())
         self.dm = dm
         print(f"DAEL setting: {'domain adaptation (L_u on)' if self.is_da else 'domain generalisation (no L_u)'}")
         if has_target and not self.is_da:

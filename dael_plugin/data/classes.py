@@ -53,3 +53,12 @@ def one_class_warning(held: List[List[bool]], sources: Sequence[str], classnames
         "so pseudo-labels of that class pass the threshold on most target images (no rule here discounts a "
         "one-class expert; the ensemble drifts to it): consider leaving the domain out of the sources"
     )
+
+
+def say_class_table(held: List[List[bool]], sources: Sequence[str], classnames: Sequence[str]) -> None:
+    """The run's ``Category shift:`` line (:func:`describe`), and :func:`one_class_warning`'s
+    where it has one: the same lines from every trainer of both engines."""
+    print("Category shift: " + "; ".join(describe(held, sources, classnames)))
+    said = one_class_warning(held, sources, classnames)
+    if said:
+        print(said)

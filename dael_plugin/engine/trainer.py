@@ -32,7 +32,7 @@ from yacs.config import CfgNode as CN
 from dael_plugin.backbones import build_backbone
 from dael_plugin.config.execution import PLAIN_EXECUTION, execution_from_cfg
 from dael_plugin.data import loaders
-from dael_plugin.data.classes import classes_by_domain, describe, one_class_warning
+from dael_plugin.data.classes import classes_by_domain, say_class_table
 from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
 from dael_plugin.engine import checkpoint as ckpt
@@ -113,10 +113,7 @@ class BuiltinTrainer(TrainerFacts):
         # which classes each source holds (DATASET.CATEGORY_SHIFT: they may differ; else all of them)
         self.classes_held = classes_by_domain(self.splits["train_x"], len(self.sources), self.num_classes)
         if self.category_shift and self.world.is_main:
-            print("Category shift: " + "; ".join(describe(self.classes_held, self.sources, self.classnames)))
-            said = one_class_warning(self.classes_held, self.sources, self.classnames)
-            if said:
-                print(said)
+            say_class_table(self.classes_held, self.sources, self.classnames)
         self.has_target_train = self.splits["train_u"] is not None
         self.is_da = self.has_target_train and self.uses_target  # the one truth: the method's
         self.bad_images: Set[str] = set()

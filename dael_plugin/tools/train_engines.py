@@ -121,13 +121,13 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
         raise DAELConfigError(_BEST_VAL_WITHOUT_VAL.format(dataset=cfg.DATASET.NAME))
     if bool(cfg.DATASET.get("CATEGORY_SHIFT", False)) and trainer.classes_held is None:
         # Dassl's own trainers (SourceOnly, M3SDA, ...): the same line as the plugin's trainers print
-        from dael_plugin.data.classes import classes_by_domain, describe
+        from dael_plugin.data.classes import classes_by_domain, say_class_table
 
         dm = trainer.dm
         held = classes_by_domain(dm.dataset.train_x, dm.num_source_domains, dm.num_classes)
         names = [dm.lab2cname.get(i, str(i)) for i in range(dm.num_classes)]
         if distributed.world().is_main:
-            print("Category shift: " + "; ".join(describe(held, cfg.DATASET.SOURCE_DOMAINS, names)))
+            say_class_table(held, cfg.DATASET.SOURCE_DOMAINS, names)
     recorded = {}
     original_test = trainer.test
 

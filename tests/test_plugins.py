@@ -219,18 +219,27 @@ def test_a_method_in_a_file_of_its_own_trains_sweeps_selects_and_collects(tmp_pa
 
 def test_a_module_of_the_methods_own_is_under_ddp_under_torchrun(tmp_path, tiny_root, methods_file):
     """Under torchrun the critic the method adds is wrapped like F and C: the two-process run ends
-    where the one-process run does (its critic too). A method that calls its critic by itself is
-    refused at the first step, in one line, instead of training copies that drift apart."""
+    where the one-process run does (its critic too). With Dassl installed the two-process run is
+    the Dassl engine's, whose host runs the same method object on Dassl's loop in each process
+    (dassl_adapter/hosted.py): it ends where the built-in engine's one process does, and rank 0
+    alone writes. A method that calls its critic by itself is refused at the first step, in one
+    line, instead of training copies that drift apart."""
     from test_distributed import EPOCH, torchrun
 
+    import dael_plugin
     from dael_plugin.engine.checkpoint import load_checkpoint
 
     extra = EPOCH + ["SELECTION.EVAL_FREQ", "0", "OPTIM.LR", "0.001", "OPTIM.MAX_EPOCH", "1"]
     one = run_here(_args(tiny_root, tmp_path / "one", "PlugCritic", methods_file, *extra))
     assert one.returncode == 0, one.stderr[-2000:]
-    two = torchrun([os.path.join(ROOT, "scripts", "train.py")] + _args(tiny_root, tmp_path / "two", "PlugCritic",
-                                                                        methods_file, *extra))  # fmt: skip
+    args = _args(tiny_root, tmp_path / "two", "PlugCritic", methods_file, *extra)
+    engine = "dassl" if dael_plugin.HAS_DASSL else "builtin"
+    args[args.index("builtin")] = engine
+    two = torchrun([os.path.join(ROOT, "scripts", "train.py")] + args)
     assert two.returncode == 0, two.stderr[-3000:]
+    assert json.loads((tmp_path / "two" / "results.json").read_text())["engine"] == engine
+    assert two.stdout.count("Finish training") == 1  # rank 0's log alone
+    assert len(os.listdir(tmp_path / "two" / "tensorboard")) == 1  # and its TensorBoard file alone
     a = load_checkpoint(str(tmp_path / "one" / "checkpoint.pth.tar"))["model"]
     b = load_checkpoint(str(tmp_path / "two" / "checkpoint.pth.tar"))["model"]
     assert any(k.startswith("D.") for k in a)

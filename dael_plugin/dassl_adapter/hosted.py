@@ -6,8 +6,8 @@ epoch, its step with every ``EXECUTION`` option, and its hooks (checkpoint and e
 per-epoch records), so nothing of the method is written twice.
 
 Dassl's own trainers keep their names: a method is hosted only under a name Dassl's
-``TRAINER_REGISTRY`` does not hold (:func:`register_hosted`). Under torchrun a hosted method is
-refused in one line (the built-in engine runs it there).
+``TRAINER_REGISTRY`` does not hold (:func:`register_hosted`). Under torchrun each process hosts
+its share, as on the built-in engine (the method shards the loaders and wraps its modules in DDP).
 """
 
 from __future__ import annotations
@@ -41,11 +41,6 @@ class HostedMethod(TrainerFacts, TrainerXU):
 
     def check_cfg(self, cfg: CN) -> None:
         name = cfg.TRAINER.NAME
-        if distributed.world().distributed:
-            raise DAELConfigError(
-                f"{name} is the plugin's own method, which the Dassl engine runs in one process; under "
-                "torchrun use --engine builtin"
-            )
         for key, allowed in SUPPORTED_VALUES.items():  # what the method's own loop reads, as built in
             value = cfg
             for part in key.split("."):
@@ -77,7 +72,8 @@ class HostedMethod(TrainerFacts, TrainerXU):
         return self.method.resume_if_exists()  # the "last" checkpoint of RESUME or OUTPUT_DIR, exact
 
     def init_writer(self, log_dir: str) -> None:
-        super().init_writer(log_dir)
+        if distributed.world().is_main:  # under torchrun rank 0 alone writes
+            super().init_writer(log_dir)
         self.method.writer = self._writer  # the method's scalars go to Dassl's TensorBoard writer
 
     def before_train(self) -> None:

@@ -76,6 +76,28 @@ from dael_plugin.tools.train_stops import (
 )
 
 
+def check_torchrun_trainer(cfg, engine: str) -> None:
+    """Under torchrun, one line where the trainer runs on one process only, before any process
+    joins the group: Dassl's own trainers (Dassl has no multi-process training), and the methods
+    whose updates cannot be right under DDP (the built-in M3SDA, ...: ``refuse_under_torchrun``),
+    on either engine."""
+    name = str(cfg.TRAINER.NAME)
+    hosted = False
+    if engine == "dassl":
+        from dael_plugin.dassl_adapter.hosted import is_hosted
+
+        hosted = is_hosted(name)
+        if name not in ("DAEL", "DAELDG") and not hosted:
+            raise DAELConfigError(
+                f"Dassl's {name} trainer runs on one process only (Dassl has no multi-process training); run "
+                "it without torchrun, or, for SourceOnly, with --engine builtin"
+            )
+    if engine == "builtin" or hosted:
+        from dael_plugin.methods import trainer_class
+
+        trainer_class(name).refuse_under_torchrun(name)  # Dassl's baselines: one process
+
+
 def main(argv: Optional[List[str]] = None) -> int:
     from dael_plugin.engine.runlog import close_logger
     from dael_plugin.startup import resume_after_imports
@@ -179,16 +201,8 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     accept_data_change(args.accept_data_change)
     cfg = setup_cfg(args, engine)
     check_names_and_files(cfg, engine)  # before the output folder, the log and the config dump
-    if distributed.from_env().distributed and engine == "dassl" and cfg.TRAINER.NAME not in ("DAEL", "DAELDG"):
-        raise DAELConfigError(
-            f"Dassl's {cfg.TRAINER.NAME} trainer runs on one process only (Dassl has no "
-            "multi-process training); run it without torchrun, or, for SourceOnly, with "
-            "--engine builtin"
-        )
-    if distributed.from_env().distributed and engine == "builtin":
-        from dael_plugin.methods import trainer_class
-
-        trainer_class(cfg.TRAINER.NAME).refuse_under_torchrun(cfg.TRAINER.NAME)  # Dassl's baselines: one process
+    if distributed.from_env().distributed:
+        check_torchrun_trainer(cfg, engine)
     w = distributed.init(cfg.USE_CUDA)  # under torchrun: join the run's processes (rank 0 writes)
     state["output_dir"] = cfg.OUTPUT_DIR
     state["cfg"] = cfg

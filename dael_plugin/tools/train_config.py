@@ -264,7 +264,12 @@ def resolve_run_execution(cfg: CN, engine: str) -> None:
 
 
 def _hosted(name: str) -> bool:
-    """A method of the plugin's registry that Dassl lacks, which the Dassl engine hosts."""
+    """A method of the plugin's registry that Dassl lacks, which the Dassl engine hosts (none
+    without Dassl: a config is read for the Dassl engine there too, by the checks and tests)."""
+    from dael_plugin.about import HAS_DASSL
+
+    if not HAS_DASSL:
+        return False
     from dael_plugin.dassl_adapter.hosted import is_hosted
 
     return is_hosted(name)

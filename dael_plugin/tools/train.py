@@ -52,6 +52,7 @@ from dael_plugin.tools.train_cli import (
 )
 from dael_plugin.tools.train_config import (
     check_names_and_files,
+    hosted_method,
     settings_digest,
     setup_cfg,
 )
@@ -82,16 +83,12 @@ def check_torchrun_trainer(cfg, engine: str) -> None:
     whose updates cannot be right under DDP (the built-in M3SDA, ...: ``refuse_under_torchrun``),
     on either engine."""
     name = str(cfg.TRAINER.NAME)
-    hosted = False
-    if engine == "dassl":
-        from dael_plugin.dassl_adapter.hosted import is_hosted
-
-        hosted = is_hosted(name)
-        if name not in ("DAEL", "DAELDG") and not hosted:
-            raise DAELConfigError(
-                f"Dassl's {name} trainer runs on one process only (Dassl has no multi-process training); run "
-                "it without torchrun, or, for SourceOnly, with --engine builtin"
-            )
+    hosted = engine == "dassl" and hosted_method(name)
+    if engine == "dassl" and name not in ("DAEL", "DAELDG") and not hosted:
+        raise DAELConfigError(
+            f"Dassl's {name} trainer runs on one process only (Dassl has no multi-process training); run "
+            "it without torchrun, or, for SourceOnly, with --engine builtin"
+        )
     if engine == "builtin" or hosted:
         from dael_plugin.methods import trainer_class
 

@@ -237,7 +237,7 @@ def resolve_run_execution(cfg: CN, engine: str) -> None:
     engine the plugin's DAEL trainers and its own methods do (dassl_adapter/hosted.py), and Dassl's
     own trainers, which run as Dassl wrote them, refuse any in one line."""
     name = str(cfg.TRAINER.NAME)
-    if engine == "builtin" or _hosted(name):
+    if engine == "builtin" or (engine == "dassl" and hosted_method(name)):
         from dael_plugin.methods import trainer_class
 
         try:
@@ -263,7 +263,7 @@ def resolve_run_execution(cfg: CN, engine: str) -> None:
     resolve_execution(cfg)
 
 
-def _hosted(name: str) -> bool:
+def hosted_method(name: str) -> bool:
     """A method of the plugin's registry that Dassl lacks, which the Dassl engine hosts (none
     without Dassl: a config is read for the Dassl engine there too, by the checks and tests)."""
     from dael_plugin.about import HAS_DASSL

@@ -106,8 +106,9 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
         trainer = cls(cfg, eval_only=args.eval_only)
     else:
         trainer = (with_facts if args.eval_only or eval_freq(cfg) == 0 else with_records)(cls)(cfg)
-    if cfg.MODEL.INIT_WEIGHTS and not args.eval_only:
-        # The source model's images against this run's (its domains were compared as Dassl loaded it)
+    if cfg.MODEL.INIT_WEIGHTS and not args.eval_only and not isinstance(trainer, HostedMethod):
+        # The source model's images against this run's (its domains were compared as Dassl loaded it;
+        # a hosted method's own build compares them all, as on the built-in engine)
         from dael_plugin.dassl_adapter.checkpoints import load_dassl_checkpoint
         from dael_plugin.data.fingerprint import dataset_fingerprint
         from dael_plugin.engine.source_model import check_source_record, source_record

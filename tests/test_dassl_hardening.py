@@ -395,6 +395,7 @@ def test_bench_script_runs_and_its_losses_agree(tmp_path):
         timeout=400,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "Traceback" not in proc.stderr, proc.stderr[-2000:]  # a writer left open wrote into its removed folder
     out = proc.stdout
     diff = float(out.split("max abs diff ", 1)[1].split()[0])
     assert diff < 2e-4 and out.strip().splitlines()[-1].startswith("speedup_vs_dassl_dael: ")

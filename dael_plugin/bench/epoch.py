@@ -44,6 +44,7 @@ class TimedLoader:
 
 
 _SCRATCH = []  # the folders this process's epochs made, removed when bench_epoch returns
+_WRITERS = []  # the TensorBoard writers it opened, closed before their folders go (their thread writes)
 
 
 def _scratch(prefix):
@@ -196,6 +197,7 @@ def _epoch_runner(t):
         from torch.utils.tensorboard import SummaryWriter
 
         t.writer = SummaryWriter(os.path.join(t.cfg.OUTPUT_DIR, "tensorboard"))
+        _WRITERS.append(t.writer)
 
         def run(e):
             t.epoch = e
@@ -219,6 +221,8 @@ def bench_epoch(shape, args, device):
     try:
         return _bench_epoch(shape, args, device)
     finally:
+        while _WRITERS:
+            _WRITERS.pop().close()
         while _SCRATCH:
             shutil.rmtree(_SCRATCH.pop(), ignore_errors=True)
 

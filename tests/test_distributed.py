@@ -277,17 +277,12 @@ def test_torchrun_source_only_gives_the_one_process_run(tmp_path, tiny_root):
     _check_cli_matches(tmp_path, tiny_root, "builtin", trainer="SourceOnly")
 
 
-@pytest.mark.parametrize(
-    "engine, trainer, said",
-    [
-        ("builtin", "M3SDA", "M3SDA on the built-in engine runs on one process: "),
-        pytest.param("dassl", "SourceOnly", "runs on one process only", marks=pytest.mark.dassl),
-    ],
-)
-def test_one_process_trainers_under_torchrun_are_refused_in_rank_0s_line(tmp_path, tiny_root, engine, trainer, said):
+def test_one_process_trainers_under_torchrun_are_refused_in_rank_0s_line(tmp_path, tiny_root):
     """Rank 0 held back 4 s (it imports more; a busy machine makes it later still): rank 1 reads
     the same error first and waits for torchrun to stop it, so rank 0 still says the line. (A rank
-    1 that exited at once had torchrun stop rank 0 before it spoke: CI of 2026-12-03.)"""
+    1 that exited at once had torchrun stop rank 0 before it spoke: CI of 2026-12-03.) Dassl's own
+    trainers are refused by the same check before any process joins a group: the test below."""
+    engine, trainer, said = "builtin", "M3SDA", "M3SDA on the built-in engine runs on one process: "
     slow = tmp_path / "slow_rank0.py"
     slow.write_text(
         "import os, sys, time\n"
@@ -324,19 +319,36 @@ def test_a_divergence_under_torchrun_is_recorded_by_rank_0(tmp_path, tiny_root):
     assert not (tmp_path / "run" / "results.json").exists()
 
 
-def test_a_rank_that_rank_0_does_not_follow_says_its_own_line(tmp_path, tiny_root, monkeypatch, capsys):
+@pytest.mark.parametrize(
+    "rank, engine, trainer, said",
+    [
+        ("1", "builtin", "M3SDA", "error: rank 1: M3SDA on the built-in engine runs on one process"),
+        pytest.param(
+            "0",
+            "dassl",
+            "SourceOnly",
+            "error: Dassl's SourceOnly trainer runs on one process only (Dassl has no multi-process training)",
+            marks=pytest.mark.dassl,
+        ),
+    ],
+)
+def test_a_rank_that_rank_0_does_not_follow_says_its_own_line(
+    tmp_path, tiny_root, monkeypatch, capsys, rank, engine, trainer, said
+):
     """No torchrun stops it (rank 0 went on, or ranks started by hand): after its wait, rank 1
-    says its error itself, named as rank 1's."""
+    says its error itself, named as rank 1's. Rank 0 of a job running one of Dassl's own trainers
+    says its line before any process joins a group (no torchrun launch needed to see it)."""
     from dael_plugin.tools import train_stops
     from dael_plugin.tools.train import main
 
     monkeypatch.setattr(train_stops, "RANK0_WAIT_S", 0.2)
-    monkeypatch.setenv("RANK", "1")
+    monkeypatch.setenv("RANK", rank)
     monkeypatch.setenv("WORLD_SIZE", "2")
-    monkeypatch.setenv("LOCAL_RANK", "1")
-    assert main(_args(tiny_root, tmp_path / "run", "builtin", trainer="M3SDA")) == 2
+    monkeypatch.setenv("LOCAL_RANK", rank)
+    assert main(_args(tiny_root, tmp_path / "run", engine, trainer=trainer)) == 2
     err = capsys.readouterr().err.strip().splitlines()
-    assert err[-1].startswith("error: rank 1: M3SDA on the built-in engine runs on one process"), err
+    assert err[-1].startswith(said), err
+    assert not os.path.exists(tmp_path / "run")  # refused before the output folder is made
 
 
 @pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])

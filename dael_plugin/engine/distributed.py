@@ -34,7 +34,6 @@ import os
 import re
 import signal
 import sys
-import warnings
 from dataclasses import dataclass
 from typing import Any, List, Optional
 
@@ -145,10 +144,6 @@ def init(use_cuda: bool) -> World:
         return w
     if w.launched:
         die_with_launcher()
-    # The synchronised batch norm gathers with all_gather_into_tensor, which torch >= 2.14 marks
-    # deprecated (for all_gather_single, which older torch lacks) on every call of every run: said
-    # once here instead of a FutureWarning per rank and run.
-    warnings.filterwarnings("ignore", message=r".*all_gather_into_tensor.*deprecated", category=FutureWarning)
     cuda = use_cuda and torch.cuda.is_available()
     if cuda:
         if torch.cuda.device_count() <= w.local_rank:

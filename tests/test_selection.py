@@ -444,6 +444,15 @@ def test_eval_only_select_refuses_a_model_its_run_did_not_choose(tmp_path, tiny_
         records.write_text(recs)
     code, err = evaluate(seed="3")
     assert code == 2 and "holds a run of seed 1; this evaluation is --seed 3" in one_error_line(err)
+    # No --seed (-1, Dassl's default): the evaluation takes the seed of the run it evaluates, where it
+    # once drew a random one and was refused here.
+    argv = ["--eval-only", "--model-dir", str(run), "--select", "im"] + _argv(
+        "builtin", "DAEL", tmp_path / "ev_", tiny_root, 2
+    )
+    argv[argv.index("--seed") + 1] = "-1"
+    code, out, err = cli(argv, capsys)
+    assert code == 0 and f"SEED -1: the seed 1 of the run evaluated, from {run / 'checkpoint.pth.tar'}" in out, err
+    assert json.loads((tmp_path / "ev_" / "results_eval.json").read_text())["seed"] == 1
 
 
 def _cfg_from(argv, engine):

@@ -122,30 +122,49 @@ def coerce_opts(cfg: CN, opts: List[str]) -> List[str]:
     return out
 
 
-def draw_seed(cfg: CN) -> None:
+def _saved_seed(path: str):
+    """The SEED recorded in the checkpoint at ``path``, or None (no file, none recorded, damaged:
+    the resume or the evaluation says so itself)."""
+    import os
+
+    if not os.path.isfile(path):
+        return None
+    import yaml
+
+    from dael_plugin.engine.checkpoint import load_checkpoint
+
+    try:
+        saved = (yaml.safe_load(load_checkpoint(path).get("config") or "") or {}).get("SEED")
+    except Exception:  # noqa: BLE001 (a damaged checkpoint is said by the resume or evaluation itself)
+        return None
+    return saved if isinstance(saved, int) and saved >= 0 else None
+
+
+def draw_seed(cfg: CN, evaluated: Optional[str] = None) -> None:
     """``SEED -1`` ("a random one"): one seed drawn here and used for everything (torch's weights,
     the batches, the views), set in the config so that results.json and the checkpoint record it
     and the run can be repeated. Before, torch was left unseeded while every batch and view was
-    drawn from seed 0. Under torchrun every rank draws the same one (from the job's run id)."""
+    drawn from seed 0. Under torchrun every rank draws the same one (from the job's run id).
+    ``evaluated``: the ``--model-dir`` of an ``--eval-only``, whose run's seed it takes (the
+    held-out source split and ``--select``'s check are that run's)."""
     import hashlib
     import os
 
     if int(cfg.SEED) >= 0:
         return
-    last = os.path.join(str(cfg.OUTPUT_DIR), "checkpoint.pth.tar")
-    if os.path.isfile(last):  # a resume: the seed the run drew (the same command, run again)
-        import yaml
-
-        from dael_plugin.engine.checkpoint import load_checkpoint
-
-        try:
-            saved = (yaml.safe_load(load_checkpoint(last).get("config") or "") or {}).get("SEED")
-        except Exception:  # noqa: BLE001 (a damaged checkpoint is said by the resume itself)
-            saved = None
-        if isinstance(saved, int) and saved >= 0:
+    if evaluated:
+        path = os.path.join(evaluated, "checkpoint.pth.tar")
+        saved = _saved_seed(path)
+        if saved is not None:
             cfg.SEED = saved
-            print(f"SEED -1: the seed {saved} this run drew, from {last}")
+            print(f"SEED -1: the seed {saved} of the run evaluated, from {path}")
             return
+    last = os.path.join(str(cfg.OUTPUT_DIR), "checkpoint.pth.tar")
+    saved = _saved_seed(last)
+    if saved is not None:  # a resume: the seed the run drew (the same command, run again)
+        cfg.SEED = saved
+        print(f"SEED -1: the seed {saved} this run drew, from {last}")
+        return
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id:
         seed = int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "big") % 2**31
@@ -199,7 +218,7 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
             "is generated there on first use). Nothing is written into the current directory"
         )
     check_run_values(cfg)
-    draw_seed(cfg)
+    draw_seed(cfg, args.model_dir if args.eval_only else None)
     fresh = get_cfg_default() if engine == "dassl" else get_builtin_cfg()
     check_other_node(cfg, add_dael_config(fresh))
     if str(cfg.TRAINER.NAME).upper() in TRAINER_NODES:

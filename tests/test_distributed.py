@@ -590,15 +590,6 @@ def test_a_lost_peer_is_one_line():
         d._WORLD = saved
 
 
-def test_a_batch_that_does_not_split_is_one_line(tmp_path, tiny_root):
-    proc = torchrun([TRAIN] + _args(tiny_root, tmp_path / "run", "builtin", 1, ["DATALOADER.TRAIN_U.BATCH_SIZE", "7"]))
-    assert proc.returncode != 0
-    lines = [ln for ln in proc.stderr.splitlines() if ln.startswith("error: ")]
-    assert len(lines) == 1 and "is 7, which does not split over 2 processes" in lines[0], lines  # rank 0's, once
-    # The workers print their line and exit 2; the one traceback is torchrun's own report of them.
-    assert proc.stderr.count("Traceback") == 1 and "ChildFailedError" in proc.stderr
-
-
 # -- sweeps: one run on N processes ---------------------------------------------------------
 SWEEP_FAST = ["OPTIM.MAX_EPOCH", "1"] + FAST
 

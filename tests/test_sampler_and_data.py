@@ -443,3 +443,23 @@ def test_dassls_own_trainers_refuse_the_plugins_sampler_in_one_line():
         check_trainer_cfg(cfg)
     cfg.TRAINER.NAME = "DAEL"
     check_trainer_cfg(cfg)
+
+
+def test_a_batch_that_does_not_split_over_the_processes_is_one_line():
+    """Under torchrun each process keeps its 1/N of every chunk (each domain's share, or the whole
+    target batch): a chunk that N does not divide is refused in one line naming its key, and so is
+    a short last batch that N does not divide. (How a line raised after the processes joined their
+    group reaches the user once, from rank 0: test_distributed.py's tests of ranks that differ.)"""
+    from dael_plugin.data.sampling import SeededRandomBatchSampler
+
+    target = SeededRandomBatchSampler(20, 7, seed=1)
+    with pytest.raises(DAELConfigError, match=r"TRAIN_U\.BATCH_SIZE.* is 7, which does not split over 2 processes"):
+        target.set_shard(0, 2)
+    source = DomainBalancedBatchSampler([0] * 9 + [1] * 9 + [2] * 9, 9, seed=1)  # 3 per domain
+    with pytest.raises(DAELConfigError, match=r"per domain in a batch .* is 3, which does not split over 2 processes"):
+        source.set_shard(1, 2)
+    source.set_shard(1, 3)  # 3 divides it
+    short = SeededRandomBatchSampler(9, 4, seed=1, drop_last=False)  # batches of 4, 4 and 1
+    short.set_shard(0, 2)
+    with pytest.raises(DAELConfigError, match=r"a last batch of 1 does not split over 2 processes"):
+        list(short)

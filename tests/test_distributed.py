@@ -20,6 +20,7 @@ import time
 
 import pytest
 import torch
+import yaml
 
 from conftest import ROOT, run_here
 from dael_plugin.engine import distributed
@@ -605,7 +606,9 @@ def _sweep(argv, capsys):
 @pytest.mark.parametrize("launcher", ["local", "submitit-local"])
 def test_sweep_runs_each_run_on_n_processes(tmp_path, tiny_root, capsys, launcher):
     """--gpus-per-run 2: torchrun on the local launcher, a 2-task job with torch.distributed's
-    environment exported from the task environment on submitit's local executor."""
+    environment exported from the task environment on submitit's local executor. The run has the
+    execution options under DDP: views made on the device (each rank its own draws), and DAEL's
+    defaults channels_last and the fused optimiser, which take effect, as its saved state shows."""
     if launcher != "local":
         pytest.importorskip("submitit")
     argv = [
@@ -626,12 +629,24 @@ def test_sweep_runs_each_run_on_n_processes(tmp_path, tiny_root, capsys, launche
         "--launcher",
         launcher,
         *SWEEP_FAST,
+        "EXECUTION.AUG_ON_DEVICE",
+        "True",
     ]
     code, out, err = _sweep(argv, capsys)
     run = tmp_path / "EmbeddedDigits" / "DAEL" / "street" / "seed1"
     assert code == 0, out + err + (run / "sweep_log.txt").read_text()[-3000:]
     res = json.loads((run / "results.json").read_text())
     assert res["world_size"] == 2
+    # The options took effect under DDP, as the saved state shows (not as the config echoes them):
+    # the convolutions' weights were trained in channels_last (torch.save keeps strides), and the
+    # optimiser is the fused one.
+    state = torch.load(run / "checkpoint.pth.tar", weights_only=True)
+    assert yaml.safe_load(state["config"])["EXECUTION"]["AUG_ON_DEVICE"] is True
+    convs = [v for k, v in state["model"].items() if v.dim() == 4 and v.shape[1] > 1 and v.shape[-1] > 1]
+    assert convs and all(v.is_contiguous(memory_format=torch.channels_last) and not v.is_contiguous() for v in convs), [
+        tuple(v.stride()) for v in convs
+    ]
+    assert all(g.get("fused") for g in state["optim"]["param_groups"]), state["optim"]["param_groups"]
     log = (run / "sweep_log.txt").read_text()
     assert "4 images per domain per batch" in log  # each process's half of the 8
     if launcher == "local":
@@ -688,33 +703,6 @@ def test_slurm_job_of_n_tasks(tmp_path, capsys, monkeypatch):
     with open(pickled[0], "rb") as f:
         delayed = cloudpickle.load(f)
     assert delayed.args[2] == {DIST_ENV: "1"} and "torch.distributed.run" not in " ".join(delayed.args[0])
-
-
-def test_torchrun_with_views_on_the_device_and_channels_last(tmp_path, tiny_root):
-    """The execution options under DDP: views made on the device (each rank its own draws),
-    channels_last and the fused optimiser; the run trains and records two processes."""
-    extra = [
-        "TRAINER.DAEL.AUG_ON_DEVICE",
-        "True",
-        "TRAINER.DAEL.CHANNELS_LAST",
-        "True",
-        "TRAINER.DAEL.FUSED_OPTIM",
-        "True",
-        "TRAINER.DAEL.STRONG_TRANSFORMS",
-        "['tv_randaugment', 'normalize']",
-    ]
-    proc = torchrun([TRAIN] + _args(tiny_root, tmp_path / "run", "builtin", 1, extra))
-    assert proc.returncode == 0, proc.stderr[-3000:]
-    assert json.loads((tmp_path / "run" / "results.json").read_text())["world_size"] == 2
-    # The options took effect under DDP, as the saved state shows (not as the config echoes them):
-    # the convolutions' weights were trained in channels_last (torch.save keeps strides), and
-    # the optimiser is the fused one.
-    state = torch.load(tmp_path / "run" / "checkpoint.pth.tar", weights_only=True)
-    convs = [v for k, v in state["model"].items() if v.dim() == 4 and v.shape[1] > 1 and v.shape[-1] > 1]
-    assert convs and all(v.is_contiguous(memory_format=torch.channels_last) and not v.is_contiguous() for v in convs), [
-        tuple(v.stride()) for v in convs
-    ]
-    assert all(g.get("fused") for g in state["optim"]["param_groups"]), state["optim"]["param_groups"]
 
 
 def _check_records_match(tmp_path, two):

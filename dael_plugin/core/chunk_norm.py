@@ -254,7 +254,7 @@ def _combine_over_processes(stats, runs: Runs, c: int, group, world: int):
 
     local = _cat([torch.stack([mean.view(-1, c), var.view(-1, c)], 1) for var, mean in stats])  # (K, 2, C)
     everyone = local.new_empty((world * local.shape[0], 2, c))
-    # all_gather_single where torch has it (2.14 deprecates all_gather_into_tensor, which calls it;
+    # all_gather_single where torch has it (2.13 deprecated all_gather_into_tensor, which calls it;
     # dynamo traces both as the same functional collective)
     getattr(dist, "all_gather_single", dist.all_gather_into_tensor)(everyone, local, group=group)
     everyone = everyone.view(world, -1, 2, c)

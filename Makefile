@@ -21,6 +21,6 @@ test: $(STAMP)
 	$(PYTHON) -m pytest -q -n $(JOBS) --dist worksteal
 
 # Work in progress: the suite without the slow tests (torchrun, kill -9, sweeps, the accuracy
-# test); under 3 minutes on 2 cores. CI runs the whole suite (make test).
+# test); about 3 to 4 minutes on 2 cores (docs/tests.md). CI runs the whole suite (make test).
 test-fast: $(STAMP)
 	$(PYTHON) -m pytest -q -n $(JOBS) --dist worksteal -m "not slow" --timeout 300

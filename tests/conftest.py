@@ -83,7 +83,6 @@ SLOW = (
     "another_trainer_into_a_finished",
     "offline_with",
     "every_shipped_configs_backbone",
-    "-vit_base_patch16_clip",
 )
 
 

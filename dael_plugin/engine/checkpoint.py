@@ -309,6 +309,16 @@ def checkpoint_epoch(path: str) -> Optional[int]:
         return None
 
 
+def saved_seed(state: dict) -> Optional[int]:
+    """The SEED the run of a loaded checkpoint ran with (its recorded config), or None where none
+    is recorded or the config does not parse (the resume's or evaluation's own checks say why)."""
+    try:
+        seed = (yaml.safe_load(state.get("config") or "") or {}).get("SEED")
+    except (yaml.YAMLError, AttributeError):
+        return None
+    return seed if isinstance(seed, int) and not isinstance(seed, bool) and seed >= 0 else None
+
+
 # -- what an evaluation loads ------------------------------------------------
 _FAMILIES = ({"DAEL", "DAELDG"},)
 

@@ -426,7 +426,7 @@ def check_chosen_model(path: str, protocol: str, model_dir: str, seed: Any, data
     stopped, before its record, or copied in from another run, holds another. Its seed and its data
     fingerprint must be this evaluation's. Loads to the CPU, ``weights_only``."""
     from dael_plugin.data.fingerprint import fingerprint_changes
-    from dael_plugin.engine.checkpoint import CheckpointError, load_checkpoint
+    from dael_plugin.engine.checkpoint import CheckpointError, load_checkpoint, saved_seed
 
     state = load_checkpoint(path, fix=CHOSEN_FIX)
     epoch = state.get("epoch")
@@ -447,15 +447,10 @@ def check_chosen_model(path: str, protocol: str, model_dir: str, seed: Any, data
             f"{path} holds epoch {epoch}, but the run's records choose epoch {chosen} under {protocol}: the file "
             "comes from another run or from an epoch the run did not finish; resume the run (it rewrites the file)"
         )
-    import yaml
-
-    try:
-        saved_seed = (yaml.safe_load(state.get("config") or "") or {}).get("SEED")
-    except yaml.YAMLError:
-        saved_seed = None
-    if saved_seed is not None and seed is not None and int(saved_seed) != int(seed):
+    run_seed = saved_seed(state)
+    if run_seed is not None and seed is not None and run_seed != int(seed):
         raise CheckpointError(
-            f"{path} holds a run of seed {saved_seed}; this evaluation is --seed {seed}: pass --seed {saved_seed}"
+            f"{path} holds a run of seed {run_seed}; this evaluation is --seed {seed}: pass --seed {run_seed}"
         )
     saved = state.get("data_fingerprint")
     if isinstance(saved, dict) and isinstance(data_fingerprint, dict):

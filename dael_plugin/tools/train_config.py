@@ -122,22 +122,19 @@ def coerce_opts(cfg: CN, opts: List[str]) -> List[str]:
     return out
 
 
-def _saved_seed(path: str):
-    """The SEED recorded in the checkpoint at ``path``, or None (no file, none recorded, damaged:
-    the resume or the evaluation says so itself)."""
+def _saved_seed(path: str) -> Optional[int]:
+    """The SEED of the checkpoint at ``path`` (``checkpoint.saved_seed``), or None where there is no
+    file or it cannot be read (the resume or the evaluation says so itself)."""
     import os
 
     if not os.path.isfile(path):
         return None
-    import yaml
-
-    from dael_plugin.engine.checkpoint import load_checkpoint
+    from dael_plugin.engine.checkpoint import load_checkpoint, saved_seed
 
     try:
-        saved = (yaml.safe_load(load_checkpoint(path).get("config") or "") or {}).get("SEED")
+        return saved_seed(load_checkpoint(path))
     except Exception:  # noqa: BLE001 (a damaged checkpoint is said by the resume or evaluation itself)
         return None
-    return saved if isinstance(saved, int) and saved >= 0 else None
 
 
 def draw_seed(cfg: CN, evaluated: Optional[str] = None) -> None:

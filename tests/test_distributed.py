@@ -45,8 +45,21 @@ def _env():
     return env
 
 
+FORKED = os.path.join(ROOT, "tests", "forked_torchrun.py")
+# torchrun's own flags: each worker forked from the launcher, the script run with runpy.
+FORK = ["--run-path", "--start-method", "fork"]
+
+
+def launcher(fork):
+    """torchrun's command: workers forked from a launcher that imported the plugin (``fork``:
+    about 4 s of CPU less per worker), or fresh processes (the jobs a test signals or kills)."""
+    return [sys.executable, FORKED] + FORK if fork else [sys.executable, "-m", "torch.distributed.run"]
+
+
 def torchrun(args, nproc=2, timeout=300, env=None, **popen):
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", str(nproc)] + list(args)
+    """``torchrun --standalone``; run to its end with forked workers, or started (``popen``: a job
+    the test signals or kills) with fresh ones."""
+    cmd = launcher(not popen) + ["--standalone", "--nproc_per_node", str(nproc)] + list(args)
     env = dict(_env(), **{k: v for k, v in (env or {}).items() if k not in _env()})
     if popen:
         return subprocess.Popen(
@@ -747,7 +760,7 @@ def _two_nodes(tmp_path, args):
     rendezvous at one address (here 127.0.0.1) and one shared file system (the same --output-dir).
     Returns each launch's (stdout, stderr)."""
     port = _free_port()
-    launch = [sys.executable, "-m", "torch.distributed.run", "--nnodes", "2", "--nproc_per_node", "1"]
+    launch = launcher(True) + ["--nnodes", "2", "--nproc_per_node", "1"]
     launch += ["--rdzv_backend", "c10d", "--rdzv_endpoint", f"127.0.0.1:{port}", "--rdzv_id", "dael-two-nodes"]
     nodes = [
         subprocess.Popen(

@@ -21,7 +21,6 @@ fake tensor cannot do; under FakeTensorMode it runs outside the mode, as it runs
 
 import os
 import subprocess
-import sys
 import textwrap
 
 import pytest
@@ -79,7 +78,9 @@ def test_host_values_never_go_through_a_group_that_serves_cuda_only(tmp_path):
     tallies, the RNG states) under a default group that refuses CPU tensors, as NCCL's does."""
     script = tmp_path / "collectives.py"
     script.write_text(COLLECTIVES)
-    cmd = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node", "2", str(script)]
+    from test_distributed import launcher
+
+    cmd = launcher(fork=True) + ["--standalone", "--nproc_per_node", "2", str(script)]
     out = subprocess.run(cmd, cwd=ROOT, env=_env(DAEL_DIST_BACKEND="cuda:gloo"), capture_output=True, text=True)
     assert out.returncode == 0, out.stderr[-3000:]
     assert out.stdout.count("collectives ok") == 1  # rank 1 prints nothing on stdout

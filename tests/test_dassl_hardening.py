@@ -5,7 +5,6 @@ DAEL and DAELDG over several steps. Marked ``dassl``."""
 import json
 import os
 import shutil
-import signal
 import subprocess
 import sys
 
@@ -79,29 +78,6 @@ def test_dassl_engine_worker_count_does_not_change_a_run(tmp_path, tiny_root):
         finished(dassl_args(tiny_root, out, epochs=2, extra=["DATALOADER.NUM_WORKERS", workers]))
         runs.append(torch.load(out / "checkpoint.pth.tar", weights_only=True)["models"])
     assert all(torch.equal(runs[0][n][k], runs[1][n][k]) for n in runs[0] for k in runs[0][n])
-
-
-# fp16 on CPU is emulated (30 s a run here): its scaler's round trip is tested in-process,
-# test_fp16_loss_scale_survives_an_interrupted_run in test_hardening.py.
-@pytest.mark.parametrize("prec", ["bf16"])
-def test_dassl_engine_low_precision_resume_after_kill_9_is_bitwise_exact(tmp_path, tiny_root, prec):
-    """The loss scaler's state travels in the Dassl engine's checkpoint too (see the built-in test)."""
-    extra = ["DATALOADER.NUM_WORKERS", "1", "TRAINER.DAEL.PREC", prec]
-    full, killed = tmp_path / "full", tmp_path / "killed"
-    finished(dassl_args(tiny_root, full, epochs=2, extra=extra))
-    proc = spawn(dassl_args(tiny_root, killed, epochs=2, extra=extra))
-    assert wait_for_checkpoint(killed, 1, proc), "never finished epoch 1"
-    proc.send_signal(signal.SIGKILL)
-    proc.wait(30)
-    assert not (killed / "results.json").exists()
-    saved = torch.load(killed / "checkpoint.pth.tar", weights_only=True)
-    assert (saved["scaler"]["scale"] < 2.0**16) if prec == "fp16" else ("scaler" not in saved)
-    out = finished(dassl_args(tiny_root, killed, epochs=2, extra=extra)).stdout
-    assert "will resume training from epoch 2" in out
-    a = torch.load(full / "checkpoint.pth.tar", weights_only=True)
-    b = torch.load(killed / "checkpoint.pth.tar", weights_only=True)
-    assert all(torch.equal(a["models"][n][k], b["models"][n][k]) for n in a["models"] for k in a["models"][n])
-    assert a.get("scaler") == b.get("scaler")
 
 
 def test_dassl_engine_refuses_pickled_code_and_config_changes(tmp_path, tiny_root):

@@ -62,7 +62,9 @@ split and schedule (15 epochs):
   (SourceOnly alone varies 63.3-72.1 over seeds and machines).
 - Pinning one thread per run makes the result independent of the machine's
   core count (the default thread count follows it); the three seeds run side
-  by side, one thread each, as scripts/sweep.py runs them.
+  by side, one thread each, as scripts/sweep.py runs them, each in a process
+  forked after one process's imports (tests/forked_runs.py: about 4 s of CPU
+  less a run, and the numbers of separate processes, bit for bit).
 - The third seed costs about a minute of the suite on 2 cores.
 - Fewer epochs do not hold the margin: at 10 epochs (0.4.0, AMD EPYC) the
   gains were +3.3, +6.3, +7.1, +5.0 on seeds 1-4 (two-seed mean +4.8, 1.8
@@ -105,8 +107,7 @@ CFG = {
 }
 
 
-def _start(tmp_path, data_root, trainer, seed):
-    out = tmp_path / f"{trainer}_{seed}"
+def _args(data_root, trainer, seed, out):
     args = [
         "--engine",
         "builtin",
@@ -144,29 +145,28 @@ def _start(tmp_path, data_root, trainer, seed):
     ]
     if trainer == "DAEL":  # its views drawn in batch on the CPU: about a quarter less CPU
         args += ["TRAINER.DAEL.AUG_ON_DEVICE", "True"]
-    env = dict(os.environ, OMP_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS)
-    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
-    log = open(tmp_path / f"{trainer}_{seed}.log", "w")
-    proc = subprocess.Popen(
-        [sys.executable, os.path.join(ROOT, "scripts", "train.py")] + args,
-        cwd=ROOT,
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-    )
-    return proc, out, log
+    return args
 
 
 def _accuracies(tmp_path, data_root, trainer):
-    """One run per seed, side by side (one thread each), as scripts/sweep.py runs them."""
-    runs = [_start(tmp_path, data_root, trainer, seed) for seed in SEEDS]
-    accs = []
-    for proc, out, log in runs:
-        rc = proc.wait(timeout=900)
-        log.close()
-        assert rc == 0, open(log.name).read()[-3000:]
-        accs.append(json.loads((out / "results.json").read_text())["accuracy"])
-    return accs
+    """One run per seed, side by side (one thread each), as scripts/sweep.py runs them: each a
+    process of its own, forked after one process's imports (tests/forked_runs.py)."""
+    outs = [tmp_path / f"{trainer}_{seed}" for seed in SEEDS]
+    logs = [tmp_path / f"{trainer}_{seed}.log" for seed in SEEDS]
+    runs = [[str(log)] + _args(data_root, trainer, seed, out) for seed, out, log in zip(SEEDS, outs, logs)]
+    (tmp_path / f"{trainer}.json").write_text(json.dumps(runs))
+    env = dict(os.environ, OMP_NUM_THREADS=THREADS, MKL_NUM_THREADS=THREADS)
+    env["PYTHONPATH"] = ROOT + os.pathsep + env.get("PYTHONPATH", "")
+    proc = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "tests", "forked_runs.py"), str(tmp_path / f"{trainer}.json")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr + "".join(log.read_text()[-3000:] for log in logs)
+    return [json.loads((out / "results.json").read_text())["accuracy"] for out in outs]
 
 
 def test_dael_beats_source_only_on_the_target(tmp_path, data_root):

@@ -67,7 +67,7 @@ SLOW = (
     "replaces_unreadable_images_and_check_data",
     "host_values_never_go",
     "top3_and_tsne",
-    "survives_an_interrupted_run",
+    "stopped_and_resumed_ends_bit_for_bit",
     "own_train_script_runs",
     "through_train_script",
     "ctrl_c_exits",

@@ -193,36 +193,43 @@ def test_resume_after_kill_9_is_bitwise_exact_with_persistent_workers(tmp_path, 
     assert torch.load(full / best, weights_only=True)["epoch"] == torch.load(killed / best, weights_only=True)["epoch"]
 
 
-def _low_precision_trainer(engine, out, root, prec):
+def _stoppable_trainer(engine, out, root, prec, backbone):
     from test_gpu_stand_ins import _cfg, _trainer
 
     cfg = _cfg(out, root, engine, epochs=2)
     cfg.defrost()
     cfg.TRAINER.DAEL.PREC = prec
-    # fp16 and bf16 on CPU are emulated: 16x16 views (the small CNN pools to 2x2 at any size) make
-    # each step a quarter of the work; the scaler's state and its round trip are what this test reads
-    cfg.INPUT.SIZE = (16, 16)
+    if backbone:
+        cfg.MODEL.BACKBONE.NAME = backbone
+    else:
+        # fp16 and bf16 on CPU are emulated: 16x16 views (the small CNN pools to 2x2 at any size)
+        # make each step a quarter of the work; the scaler's state and its round trip are read here
+        cfg.INPUT.SIZE = (16, 16)
     return _trainer(engine, cfg)
 
 
 @pytest.mark.skipif(not hasattr(torch.amp, "GradScaler"), reason="fp16 loss scaling on CPU needs torch >= 2.3")
-@pytest.mark.parametrize("prec", ["fp16", "bf16"])
+@pytest.mark.parametrize("prec, dropout", [("fp16", False), ("bf16", False), ("fp32", True)])
 @pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
-def test_low_precision_survives_an_interrupted_run(tmp_path, tiny_root, engine, prec):
-    """fp16's loss scaler is part of the run: by the end of epoch 1 its scale has left 2^16 (the
-    first steps overflow), the checkpoint holds it, and a run stopped before epoch 2's checkpoint
-    resumes from that scale, not from 2^16, ending with the uninterrupted run's weights and scale,
-    bit for bit. bf16 has no scaler (none in the checkpoint) and resumes bit for bit too. In-process,
-    stopped at epoch 2's checkpoint write: the ``kill -9`` resume of a process, with its stale lock
-    and fresh loader workers, is test_resume_after_kill_9_is_bitwise_exact_with_persistent_workers
-    (fp32, both engines), and the resume path does not depend on the precision but for the scaler."""
+def test_a_run_stopped_and_resumed_ends_bit_for_bit(tmp_path, tiny_root, engine, prec, dropout, request):
+    """Stopped at epoch 2's checkpoint write and resumed, in-process, a run ends with the
+    uninterrupted run's weights, bit for bit:
+    - fp16's loss scaler is part of the run: by the end of epoch 1 its scale has left 2^16 (the first
+      steps overflow), the checkpoint holds it, and the resumed run goes on from that scale, not from
+      2^16; bf16 has no scaler (none in the checkpoint);
+    - a backbone with dropout draws from torch's global generator (the views and samplers draw from
+      generators seeded per draw): the checkpoint's RNG states put it back (without them the weights
+      differ, broken by hand).
+    The ``kill -9`` resume of a process, with its stale lock and fresh loader workers, is
+    test_resume_after_kill_9_is_bitwise_exact_with_persistent_workers (fp32, both engines)."""
+    backbone = request.getfixturevalue("dropout_cnn") if dropout else None
     if engine == "dassl":
         pytest.importorskip("dassl")
     from dael_plugin.engine import checkpoint as ckpt
 
-    whole = _low_precision_trainer(engine, tmp_path / "whole", tiny_root, prec)
+    whole = _stoppable_trainer(engine, tmp_path / "whole", tiny_root, prec, backbone)
     whole.train()
-    cut = _low_precision_trainer(engine, tmp_path / "cut", tiny_root, prec)
+    cut = _stoppable_trainer(engine, tmp_path / "cut", tiny_root, prec, backbone)
     real, calls = cut.checkpointer.save, []
 
     def stopped_at_the_second(*a, **k):
@@ -241,7 +248,7 @@ def test_low_precision_survives_an_interrupted_run(tmp_path, tiny_root, engine, 
         assert saved["scaler"]["scale"] < 2.0**16  # the scale moved, and was saved
     else:
         assert "scaler" not in saved
-    again = _low_precision_trainer(engine, tmp_path / "cut", tiny_root, prec)
+    again = _stoppable_trainer(engine, tmp_path / "cut", tiny_root, prec, backbone)
     again.train()
     a = ckpt.load_checkpoint(str(tmp_path / "whole" / ckpt.LAST))
     b = ckpt.load_checkpoint(str(path))

@@ -167,6 +167,24 @@ def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys, seen):
     assert [y for _, y, _ in seen["top3"] if y] == ["classifier"]  # one classifier: no expert rows
 
 
+def test_a_models_figure_rebuilds_a_vit_at_the_runs_input_size(tmp_path, tiny_root, capsys):
+    """A timm ViT is built for INPUT.SIZE (its position embedding depends on it): the figures'
+    model is rebuilt the same way, so it loads and scores the run's own test accuracy (built at
+    timm's default size, its checkpoint did not fit and the figures skipped the run)."""
+    import torch
+
+    from dael_plugin.tools.model_figures import LoadedRun
+    from test_hardening import args_for, cli
+
+    run = tmp_path / "vit"
+    assert cli(args_for(tiny_root, run, extra=["MODEL.BACKBONE.NAME", "timm_test_vit"]), capsys)[0] == 0
+    rec = dict(json.loads((run / "results.json").read_text()), _dir=str(run))
+    loaded = LoadedRun(rec)
+    probs = loaded.features_and_probs(loaded.test)[1]
+    right = (probs.mean(1).argmax(-1) == torch.tensor([i.label for i in loaded.test])).sum().item()
+    assert abs(100 * right / len(loaded.test) - rec["accuracy"]) < 1e-3
+
+
 def test_experts_with_one_seed_says_one_seed_and_no_spread(tmp_path, seen):
     from dael_plugin.tools import plots
 

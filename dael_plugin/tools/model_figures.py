@@ -37,7 +37,9 @@ class LoadedRun:
             head = state["models"]["E"]
         else:
             raise ValueError("not a checkpoint of the built-in engine or of the plugin's DAEL on Dassl")
-        self.backbone = build_backbone(cfg["MODEL"]["BACKBONE"]["NAME"])
+        # built as the run built it: a timm model for INPUT.SIZE (a ViT's position embedding)
+        size = tuple(int(v) for v in cfg["INPUT"]["SIZE"])
+        self.backbone = build_backbone(cfg["MODEL"]["BACKBONE"]["NAME"], img_size=size)
         self.backbone.load_state_dict(feats)
         if "weight" in head and head["weight"].dim() == 3:  # ExpertHeads: (K, C, D)
             k, c, d = head["weight"].shape

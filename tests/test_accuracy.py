@@ -155,7 +155,7 @@ def _target_accuracy(out):
     ]
     right = {}
     for split, items in (("train_u", target_train), ("test", run.test)):
-        pred = run.features_and_probs(items)[1].mean(1).argmax(-1)
+        pred = run.ensemble(run.features_and_probs(items)[1]).argmax(-1)
         right[split] = (pred == torch.tensor([i.label for i in items])).sum().item()
     n_test, n_all = len(run.test), len(run.test) + len(target_train)
     return 100 * (right["train_u"] + right["test"]) / n_all, 100 * right["test"] / n_test, rec["accuracy"]

@@ -181,8 +181,34 @@ def test_a_models_figure_rebuilds_a_vit_at_the_runs_input_size(tmp_path, tiny_ro
     rec = dict(json.loads((run / "results.json").read_text()), _dir=str(run))
     loaded = LoadedRun(rec)
     probs = loaded.features_and_probs(loaded.test)[1]
-    right = (probs.mean(1).argmax(-1) == torch.tensor([i.label for i in loaded.test])).sum().item()
+    right = (loaded.ensemble(probs).argmax(-1) == torch.tensor([i.label for i in loaded.test])).sum().item()
     assert abs(100 * right / len(loaded.test) - rec["accuracy"]) < 1e-3
+
+
+def test_a_models_figure_masks_the_experts_and_ensemble_as_the_run_did(tmp_path, tiny_root, capsys):
+    """Under category shift with every part of CLASS_MASKS on, each expert's probabilities and the
+    ensemble's prediction are the run's own: its experts' and ensemble's test accuracies, as
+    results.json has them (unmasked, Fig. 7's rows were other predictions than the run's)."""
+    import torch
+    from test_distributed import _category_shift
+
+    from dael_plugin.tools.model_figures import LoadedRun
+    from test_hardening import args_for, cli
+
+    run = tmp_path / "cs"
+    assert cli(_category_shift(args_for(tiny_root, run, epochs=2), tiny_root), capsys)[0] == 0
+    rec = dict(json.loads((run / "results.json").read_text()), _dir=str(run))
+    loaded = LoadedRun(rec)
+    assert loaded.mask_parts and not loaded.class_mask.all()  # a source lacks some classes
+    probs = loaded.features_and_probs(loaded.test)[1]
+    labels = torch.tensor([i.label for i in loaded.test])
+
+    def accuracy(p):
+        return 100 * (p.argmax(-1) == labels).sum().item() / len(labels)
+
+    assert abs(accuracy(loaded.ensemble(probs)) - rec["accuracy"]) < 1e-3
+    for k, name in enumerate(rec["expert_accuracy"]):
+        assert abs(accuracy(probs[:, k]) - rec["expert_accuracy"][name]) < 1e-3, name
 
 
 def test_experts_with_one_seed_says_one_seed_and_no_spread(tmp_path, seen):

@@ -211,6 +211,29 @@ def test_a_models_figure_masks_the_experts_and_ensemble_as_the_run_did(tmp_path,
         assert abs(accuracy(probs[:, k]) - rec["expert_accuracy"][name]) < 1e-3, name
 
 
+def test_a_models_figure_refuses_a_dassl_model_with_a_head_it_cannot_rebuild(tmp_path):
+    """A Dassl-engine DAEL run with MODEL.HEAD: its experts read the head's output, which the
+    figures do not rebuild. Of the same width as the backbone it loaded without a complaint and
+    drew the experts on the wrong features; it is refused, so the figure is skipped with why."""
+    import torch
+    import yaml
+
+    from dael_plugin.backbones import build_backbone
+    from dael_plugin.engine.checkpoint import LAST, save_checkpoint
+    from dael_plugin.tools.model_figures import LoadedRun
+
+    net = build_backbone("dael_small_cnn")
+    d = net.out_features
+    f_state = {f"backbone.{k}": v for k, v in net.state_dict().items()}
+    f_state.update({"head.mlp.0.weight": torch.zeros(d, d), "head.mlp.0.bias": torch.zeros(d)})
+    e_state = {"weight": torch.zeros(3, 10, d), "bias": torch.zeros(3, 10)}
+    save_checkpoint({"engine": "dassl", "models": {"F": f_state, "E": e_state}}, str(tmp_path / LAST))
+    config = {"MODEL": {"BACKBONE": {"NAME": "dael_small_cnn"}, "HEAD": {"NAME": "mlp"}}, "INPUT": {"SIZE": [32, 32]}}
+    rec = {"provenance": {"config": yaml.safe_dump(config)}, "_dir": str(tmp_path)}
+    with pytest.raises(ValueError, match="MODEL.HEAD"):
+        LoadedRun(rec)
+
+
 def test_experts_with_one_seed_says_one_seed_and_no_spread(tmp_path, seen):
     from dael_plugin.tools import plots
 

@@ -33,7 +33,10 @@ class LoadedRun:
             feats = {k[2:]: v for k, v in model.items() if k.startswith("F.")}
             head = {k[2:]: v for k, v in model.items() if k.startswith(("E.", "C."))}
         elif state.get("engine") == "dassl" and set(state.get("models", {})) == {"F", "E"}:
-            feats = {k.split(".", 1)[1]: v for k, v in state["models"]["F"].items() if k.startswith("backbone.")}
+            f_state = state["models"]["F"]
+            if any(k.startswith("head.") for k in f_state):  # the experts read head(backbone(x))
+                raise ValueError("its F has Dassl's MODEL.HEAD, which the figures do not rebuild")
+            feats = {k.split(".", 1)[1]: v for k, v in f_state.items() if k.startswith("backbone.")}
             head = state["models"]["E"]
         else:
             raise ValueError("not a checkpoint of the built-in engine or of the plugin's DAEL on Dassl")

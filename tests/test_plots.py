@@ -199,7 +199,8 @@ def test_a_models_figure_masks_the_experts_and_ensemble_as_the_run_did(tmp_path,
     assert cli(_category_shift(args_for(tiny_root, run, epochs=2), tiny_root), capsys)[0] == 0
     rec = dict(json.loads((run / "results.json").read_text()), _dir=str(run))
     loaded = LoadedRun(rec)
-    assert loaded.mask_parts and not loaded.class_mask.all()  # a source lacks some classes
+    mask = loaded.algorithm.ensemble_mask
+    assert mask is not None and not mask.all()  # the per-class ensemble; a source lacks some classes
     probs = loaded.features_and_probs(loaded.test)[1]
     labels = torch.tensor([i.label for i in loaded.test])
 
@@ -207,6 +208,8 @@ def test_a_models_figure_masks_the_experts_and_ensemble_as_the_run_did(tmp_path,
         return 100 * (p.argmax(-1) == labels).sum().item() / len(labels)
 
     assert abs(accuracy(loaded.ensemble(probs)) - rec["accuracy"]) < 1e-3
+    with torch.no_grad():  # the probabilities too: the run's test-time prediction (core's DAEL.predict)
+        assert torch.allclose(loaded.ensemble(probs), loaded.algorithm.predict(loaded._tensor(loaded.test)))
     for k, name in enumerate(rec["expert_accuracy"]):
         assert abs(accuracy(probs[:, k]) - rec["expert_accuracy"][name]) < 1e-3, name
 

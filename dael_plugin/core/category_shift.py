@@ -60,9 +60,12 @@ def mask_logits(logits: torch.Tensor, class_mask: torch.Tensor) -> torch.Tensor:
     return logits.masked_fill(~class_mask, NEG)  # a Python scalar: no host-to-device copy in a step
 
 
-def class_ensemble(probs: torch.Tensor, class_mask: torch.Tensor) -> torch.Tensor:
+def class_ensemble(probs: torch.Tensor, class_mask: Optional[torch.Tensor]) -> torch.Tensor:
     """``(B, K, C) -> (B, C)``: for each class the mean of the experts that know it, renormalised
-    over classes. All True, it is the mean over experts (the paper's ensemble)."""
+    over classes. All True, it is the mean over experts (the paper's ensemble); ``None`` (no
+    per-class ensemble), exactly that mean."""
+    if class_mask is None:
+        return probs.mean(dim=1)
     m = class_mask.to(probs.dtype)
     per_class = (probs * m).sum(1) / m.sum(0).clamp_min(1.0)
     return per_class / per_class.sum(-1, keepdim=True).clamp_min(tiny(probs.dtype))

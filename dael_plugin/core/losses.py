@@ -71,7 +71,7 @@ def pseudo_labels(
         conf, best = expert_conf.max(dim=1)  # (B,)
         labels = expert_label.gather(1, best.unsqueeze(1)).squeeze(1)
     elif source == "ensemble":
-        ens = probs.mean(dim=1) if class_mask is None else class_ensemble(probs, class_mask)
+        ens = class_ensemble(probs, class_mask)
         conf, labels = ens.max(dim=1)
     elif source in AGREEING:
         return agreed_labels(probs, own_classes, conf_thre, not_mine=source == "corroborate")
@@ -262,7 +262,4 @@ def ensemble_probs(
     each expert's classes, ``ensemble`` takes the per-class mean of the experts that know each class."""
     if class_mask is not None and "experts" in parts:
         logits = mask_logits(logits, class_mask)
-    probs = F.softmax(logits, dim=-1)
-    if class_mask is None or "ensemble" not in parts:
-        return probs.mean(dim=1)
-    return class_ensemble(probs, class_mask)
+    return class_ensemble(F.softmax(logits, dim=-1), class_mask if "ensemble" in parts else None)

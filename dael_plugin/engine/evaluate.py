@@ -32,12 +32,9 @@ class ExpertTally:
 
     def update(self, probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
         """``probs`` ``(B, K, C)``; returns the ensemble's ``(B, C)`` probabilities."""
-        if self.class_mask is None:
-            ens = probs.mean(1)
-        else:
-            from dael_plugin.core.category_shift import class_ensemble
+        from dael_plugin.core.category_shift import class_ensemble
 
-            ens = class_ensemble(probs, self.class_mask)
+        ens = class_ensemble(probs, self.class_mask)
         hits = (probs.argmax(-1) == labels.unsqueeze(1)).sum(0)
         self.correct = hits if self.correct is None else self.correct + hits
         self.total += labels.shape[0]

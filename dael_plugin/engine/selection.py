@@ -274,11 +274,9 @@ class Outputs:
 
     @property
     def ensemble(self) -> torch.Tensor:
-        if self.class_mask is not None:
-            from dael_plugin.core.category_shift import class_ensemble
+        from dael_plugin.core.category_shift import class_ensemble
 
-            return class_ensemble(self.probs, self.class_mask)
-        return self.probs.mean(1)
+        return class_ensemble(self.probs, self.class_mask)
 
 
 @torch.no_grad()

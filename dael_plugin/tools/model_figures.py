@@ -53,26 +53,29 @@ class LoadedRun:
         self.head.load_state_dict(head)
         self.backbone.eval(), self.head.eval()
         self.classnames, self.test, self.source = self._data()
-        self.class_mask, self.mask_parts = self._class_mask()
+        self.algorithm = self._algorithm()
 
-    def _class_mask(self):
-        """The run's class table and its ``CLASS_MASKS`` parts, where DAEL's experts or ensemble
-        read it (category shift), so that the experts and the ensemble are the run's own; else
-        ``(None, ())``. The table is each source's classes, from the same items the run read."""
+    def _algorithm(self):
+        """DAEL's own prediction (core's ``DAEL``) over the rebuilt model, with the run's design and
+        class table: under category shift (``CLASS_MASKS``) the experts and the ensemble are masked as
+        the run's were; None for SourceOnly's one classifier. The table is each source's classes, from
+        the items the run read."""
         import torch
         from yacs.config import CfgNode as CN
 
         from dael_plugin.config.keys import hparams_from_cfg
-        from dael_plugin.core import ExpertHeads
+        from dael_plugin.core import DAEL, ExpertHeads
         from dael_plugin.data.classes import classes_by_domain
 
-        if not isinstance(self.head, ExpertHeads):  # SourceOnly's classifier
-            return None, ()
+        if not isinstance(self.head, ExpertHeads):
+            return None
         hp = hparams_from_cfg(CN(self.cfg))
-        if not hp.class_masks:
-            return None, ()
-        held = classes_by_domain(self.source, len(self.cfg["DATASET"]["SOURCE_DOMAINS"]), len(self.classnames))
-        return torch.tensor(held), tuple(hp.class_masks)
+        held = None
+        if hp.reads_class_table:
+            held = torch.tensor(
+                classes_by_domain(self.source, len(self.cfg["DATASET"]["SOURCE_DOMAINS"]), len(self.classnames))
+            )
+        return DAEL(self.backbone, self.head, hp, class_mask=held)
 
     def _data(self):
         from dael_plugin.data.folders import load_splits
@@ -97,26 +100,22 @@ class LoadedRun:
         return torch.stack([tfm(decode(i.impath)) for i in items])
 
     def features_and_probs(self, items):
+        """Features ``(N, D)`` and each expert's probabilities ``(N, K, C)``, as the run's records read them."""
         import torch
 
-        from dael_plugin.core.category_shift import mask_logits
-
         with torch.no_grad():
-            f = self.backbone(self._tensor(items))
-            logits = self.head(f)
-            if self.class_mask is not None and "experts" in self.mask_parts:
-                logits = mask_logits(logits, self.class_mask)
-            probs = torch.softmax(logits, -1)
-            return f, probs if probs.dim() == 3 else probs.unsqueeze(1)
+            x = self._tensor(items)
+            if self.algorithm is not None:
+                return self.algorithm.features_and_experts(x)
+            f = self.backbone(x)
+            return f, torch.softmax(self.head(f), -1).unsqueeze(1)
 
     def ensemble(self, probs):
         """The run's prediction ``(N, C)`` from its experts' ``(N, K, C)``: the mean over the experts,
         or the per-class mean of those that know each class (``CLASS_MASKS`` part ``ensemble``)."""
         from dael_plugin.core.category_shift import class_ensemble
 
-        if self.class_mask is not None and "ensemble" in self.mask_parts:
-            return class_ensemble(probs, self.class_mask)
-        return probs.mean(1)
+        return class_ensemble(probs, self.algorithm.ensemble_mask if self.algorithm is not None else None)
 
 
 def _at_defaults(rec: dict) -> bool:

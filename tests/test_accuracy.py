@@ -141,18 +141,14 @@ def _train(tmp_path, data_root):
 
 def _target_accuracy(out):
     """The final model's accuracy (%) on all of the target domain's images, its training and test
-    splits, and on its test split alone (the mean of the experts' probabilities, as evaluated)."""
+    splits, and on its test split alone (the run's ensemble, as evaluated)."""
     import torch
 
-    from dael_plugin.data.folders import load_splits
     from dael_plugin.tools.model_figures import LoadedRun
 
     rec = dict(json.loads((out / "results.json").read_text()), _dir=str(out))
     run = LoadedRun(rec)  # the "last" checkpoint: the model results.json scored
-    ds, seed = run.cfg["DATASET"], max(int(run.cfg["SEED"]), 0)  # the seed: as LoadedRun reads the splits
-    target_train = load_splits(ds["NAME"], ds["ROOT"], ds["SOURCE_DOMAINS"], ds["TARGET_DOMAINS"], seed, False)[
-        "train_u"
-    ]
+    target_train = run.target_train  # the target's training images, which the runs read unlabeled
     right = {}
     for split, items in (("train_u", target_train), ("test", run.test)):
         pred = run.ensemble(run.features_and_probs(items)[1]).argmax(-1)

@@ -52,7 +52,7 @@ class LoadedRun:
             self.head = nn.Linear(d, c)
         self.head.load_state_dict(head)
         self.backbone.eval(), self.head.eval()
-        self.classnames, self.test, self.source = self._data()
+        self.classnames, self.test, self.source, self.target_train = self._data()
         self.algorithm = self._algorithm()
 
     def _algorithm(self):
@@ -84,7 +84,7 @@ class LoadedRun:
         seed = max(int(self.cfg.get("SEED", 0)), 0)  # Digit-5's subsample, as the run drew it
         shift = bool(ds.get("CATEGORY_SHIFT", False))
         splits = load_splits(ds["NAME"], ds["ROOT"], ds["SOURCE_DOMAINS"], ds["TARGET_DOMAINS"], seed, shift)
-        return splits["classnames"], splits["test"], splits["train_x"]
+        return splits["classnames"], splits["test"], splits["train_x"], splits["train_u"]
 
     def _tensor(self, items):
         import torch

@@ -363,14 +363,23 @@ def test_a_method_in_a_file_of_its_own_runs_on_dassls_loop_as_built_in(tmp_path,
     proc = run_here(other)
     assert proc.returncode == 2 and "was written by the dassl engine" in proc.stderr
     # A dataset that only Dassl knows (a DatasetBase of the user's, the embedded folders in another
-    # order): the hosted method reads it through Dassl, the built-in engine refuses its name
+    # order): the hosted method reads it through Dassl, the built-in engine refuses its name. And a
+    # backbone that only Dassl has, built by Dassl's build_backbone as its SimpleNet builds it.
     data = tmp_path / f"my_dassl_data_{os.getpid()}.py"
     data.write_text(DASSL_DATASET)
     own = args("dassl", "own_data", "DATASET.NAME", "PlugDasslDigits", "OPTIM.MAX_EPOCH", "1")
+    own += ["MODEL.BACKBONE.NAME", "cnn_digitsingle"]
     own[own.index("--") : own.index("--")] = ["--plugin", str(data)]
     proc = run_here(own)
     assert proc.returncode == 0, proc.stderr[-2000:]
-    assert json.loads((tmp_path / "own_data" / "results.json").read_text())["dataset"] == "PlugDasslDigits"
+    record = json.loads((tmp_path / "own_data" / "results.json").read_text())
+    assert record["dataset"] == "PlugDasslDigits"
+    assert record["backbone_weights"] == {"dassl": "cnn_digitsingle", "pretrained": False}
+    from dassl.modeling import build_backbone
+
+    dassls = build_backbone("cnn_digitsingle", verbose=False).state_dict()
+    trained = {k[2:]: v for k, v in weights("own_data").items() if k.startswith("F.")}
+    assert {k: v.shape for k, v in trained.items()} == {k: v.shape for k, v in dassls.items()}
     own[own.index("dassl")] = "builtin"
     proc = run_here(own)
     assert proc.returncode == 2 and "PlugDasslDigits" in proc.stderr and "Traceback" not in proc.stderr

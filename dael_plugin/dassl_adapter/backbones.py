@@ -5,6 +5,7 @@ scripts too is :mod:`dael_plugin.dassl_adapter.timm_names`'s job (the one privat
 from __future__ import annotations
 
 from dassl.modeling.backbone import BACKBONE_REGISTRY
+from torch import nn
 
 from dael_plugin.backbones import (
     OWN_BACKBONES,
@@ -12,6 +13,7 @@ from dael_plugin.backbones import (
     TimmBackbone,
     timm_model_name,
 )
+from dael_plugin.errors import DAELConfigError
 
 
 def register_own_backbones() -> None:
@@ -61,3 +63,21 @@ def register_timm_backbone(name: str, weights_file: str = "", img_size=None) -> 
     if not name.startswith(TIMM_PREFIX):
         return
     BACKBONE_REGISTRY.register(timm_factory(name, weights_file, img_size), force=True)  # keyed by name
+
+
+def build_dassl_backbone(name: str, pretrained: bool = False, weights_file: str = "", img_size=None) -> nn.Module:
+    """``MODEL.BACKBONE`` built as Dassl's ``SimpleNet`` builds it, through Dassl's
+    ``build_backbone``: any backbone its ``BACKBONE_REGISTRY`` holds (Dassl's own, with Dassl's
+    pretrained weights; the plugin's own and ``timm_<model>`` for ``img_size``, with
+    ``weights_file``). The Dassl engine's host builds a method's backbones with it
+    (dassl_adapter/hosted.py), so a method runs on every backbone a Dassl user names."""
+    from dassl.modeling import build_backbone
+
+    register_timm_backbone(name, weights_file, img_size)
+    net = build_backbone(name, pretrained=pretrained)
+    if not isinstance(getattr(net, "out_features", None), int):
+        raise DAELConfigError(
+            f"Dassl's backbone {name!r} gives no integer out_features (its feature size), which a method's "
+            "heads are sized from; use a backbone that sets it"
+        )
+    return net

@@ -3,7 +3,8 @@ the Dassl engine: Dassl's dataset classes read the data (``DATASET_REGISTRY``, i
 Dassl's ``train()`` drives the epochs and Dassl's evaluator scores the test. Inside, the method
 object is the one the built-in engine builds (engine/trainer.py, with the items Dassl read): its
 epoch, its step with every ``EXECUTION`` option, and its hooks (checkpoint and exact resume, the
-per-epoch records), so nothing of the method is written twice.
+per-epoch records), so nothing of the method is written twice. Its backbones are Dassl's, built
+as Dassl's ``SimpleNet`` builds them (any name in Dassl's ``BACKBONE_REGISTRY``).
 
 Dassl's own trainers keep their names: a method is hosted only under a name Dassl's
 ``TRAINER_REGISTRY`` does not hold (:func:`register_hosted`). Under torchrun each process hosts
@@ -20,6 +21,7 @@ from dassl.engine import TRAINER_REGISTRY, TrainerXU
 from yacs.config import CfgNode as CN
 
 from dael_plugin.config.defaults import SUPPORTED_VALUES
+from dael_plugin.dassl_adapter.backbones import build_dassl_backbone
 from dael_plugin.dassl_adapter.evaluate import dassl_test
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
 from dael_plugin.data.items import Item
@@ -57,7 +59,10 @@ class HostedMethod(TrainerFacts, TrainerXU):
         dm = DataManager(dm_cfg, dataset_wrapper=RobustDatasetWrapper)
         self.dm, self.lab2cname = dm, dm.lab2cname
         self.num_classes, self.num_source_domains = dm.num_classes, dm.num_source_domains
-        self.method = build_trainer(self.cfg, eval_only=self.eval_only, splits=dassl_splits(dm))
+        # Dassl's data and Dassl's backbones (every name in its BACKBONE_REGISTRY, as its SimpleNet)
+        self.method = build_trainer(
+            self.cfg, eval_only=self.eval_only, splits=dassl_splits(dm), backbones=build_dassl_backbone
+        )
         m = self.method
         m.engine = "dassl"  # in its checkpoints: resumed and evaluated on this engine
         self.train_loader_x, self.train_loader_u = m.train_loader_x, m.train_loader_u

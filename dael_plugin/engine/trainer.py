@@ -73,11 +73,16 @@ def show_progress() -> bool:
 class BuiltinTrainer(TrainerFacts):
     """Epoch loop, evaluation, checkpoints and logs shared by the built-in trainers."""
 
-    def __init__(self, cfg: CN, eval_each_epoch: bool = False, eval_only: bool = False, splits=None) -> None:
+    def __init__(
+        self, cfg: CN, eval_each_epoch: bool = False, eval_only: bool = False, splits=None, backbones=None
+    ) -> None:
         """``splits``: the data as read by another reader (``classnames`` and the ``train_x``,
         ``train_u``, ``val`` and ``test`` items: the Dassl engine's dataset classes,
-        dassl_adapter/hosted.py); None: the built-in engine's readers (data/folders.py)."""
+        dassl_adapter/hosted.py); None: the built-in engine's readers (data/folders.py).
+        ``backbones``: the builder of ``MODEL.BACKBONE`` (``build_backbone``'s arguments), another
+        engine's (the Dassl engine's registry, dassl_adapter/backbones.py); None: the plugin's."""
         self.cfg = cfg
+        self.backbones = backbones or build_backbone
         self.eval_each_epoch = eval_each_epoch
         self.eval_only = eval_only  # --eval-only: the weights come from a checkpoint (no source model read)
         # The eta's pace: wall time and batches since training started (train() restarts both;
@@ -215,7 +220,7 @@ class BuiltinTrainer(TrainerFacts):
         """``MODEL.BACKBONE`` (name, pretrained weights or a local file) for images of ``INPUT.SIZE``."""
         b = self.cfg.MODEL.BACKBONE
         size = tuple(int(v) for v in self.cfg.INPUT.SIZE)
-        return build_backbone(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS, img_size=size)
+        return self.backbones(b.NAME, pretrained=b.PRETRAINED, weights_file=b.WEIGHTS, img_size=size)
 
     def build_optimizers(self) -> Dict[str, torch.optim.Optimizer]:
         """The optimisers by name, each over its modules, from ``OPTIM`` (a scheduler each): one

@@ -63,6 +63,10 @@ def method_setting(name: str) -> str:
     return "DA" if cls.uses_target else "DG"
 
 
-def build_trainer(cfg: CN, eval_each_epoch: bool = False, eval_only: bool = False, splits=None) -> BuiltinTrainer:
-    """The trainer of ``cfg.TRAINER.NAME``, built (its data read, or ``splits`` taken; its model made)."""
-    return trainer_class(cfg.TRAINER.NAME)(cfg, eval_each_epoch=eval_each_epoch, eval_only=eval_only, splits=splits)
+def build_trainer(
+    cfg: CN, eval_each_epoch: bool = False, eval_only: bool = False, splits=None, backbones=None
+) -> BuiltinTrainer:
+    """The trainer of ``cfg.TRAINER.NAME``, built (its data read, or ``splits`` taken; its model made,
+    its backbone by ``backbones`` where given: BuiltinTrainer's arguments)."""
+    cls = trainer_class(cfg.TRAINER.NAME)
+    return cls(cfg, eval_each_epoch=eval_each_epoch, eval_only=eval_only, splits=splits, backbones=backbones)

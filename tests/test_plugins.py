@@ -385,6 +385,22 @@ def test_a_method_in_a_file_of_its_own_runs_on_dassls_loop_as_built_in(tmp_path,
     assert proc.returncode == 2 and "PlugDasslDigits" in proc.stderr and "Traceback" not in proc.stderr
 
 
+@pytest.mark.dassl
+@pytest.mark.parametrize(
+    "key, value", [("MODEL.HEAD.NAME", "mlp"), ("OPTIM.WARMUP_EPOCH", "1"), ("OPTIM.STAGED_LR", "True")]
+)
+def test_a_dassl_key_the_hosted_method_would_ignore_is_refused(tmp_path, tiny_root, methods_file, key, value):
+    """On the Dassl engine a hosted method runs the plugin's loop, which reads none of Dassl's head,
+    warm-up or staged-rate keys: a value set for one is one line, before the run's folder exists (it
+    used to train as if it were unset, the same accuracy to the digit)."""
+    args = _args(tiny_root, tmp_path / "run", "PlugEntMin", methods_file, key, value)
+    args[args.index("builtin")] = "dassl"
+    proc = run_here(args)
+    assert proc.returncode == 2 and f"does not read {key} on either engine" in proc.stderr, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
+    assert not (tmp_path / "run").exists()
+
+
 DASSL_DATASET = textwrap.dedent(
     """
     import glob

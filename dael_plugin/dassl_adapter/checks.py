@@ -135,7 +135,7 @@ def check_run_names(cfg: CN) -> None:
     folder or log exists: a typo costs one line and leaves nothing behind."""
     from dael_plugin.dassl_adapter.backbones import register_own_backbones, register_timm_backbone
     from dael_plugin.dassl_adapter.datasets import register_datasets
-    from dael_plugin.dassl_adapter.hosted import register_hosted
+    from dael_plugin.dassl_adapter.hosted import check_hosted_cfg, is_hosted, register_hosted
 
     # A timm backbone (and its local weights file) registered by name (``import dael_plugin`` did the rest),
     # and the backbones and datasets a --plugin registered since.
@@ -146,6 +146,8 @@ def check_run_names(cfg: CN) -> None:
     register_datasets()
     register_hosted()  # the plugin's methods Dassl lacks (a --plugin method)
     check_trainer_cfg(cfg)
+    if is_hosted(cfg.TRAINER.NAME):
+        check_hosted_cfg(cfg)
     check_dataset_cfg(cfg)
     check_backbone_cfg(cfg)
     check_backbone_weights(cfg)

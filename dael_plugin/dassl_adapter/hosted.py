@@ -14,8 +14,9 @@ its share, as on the built-in engine (the method shards the loaders and wraps it
 from __future__ import annotations
 
 import time
-from typing import Dict, Optional
+from typing import Dict, List, Optional
 
+from dassl.config import get_cfg_default
 from dassl.data import DataManager
 from dassl.engine import TRAINER_REGISTRY, TrainerXU
 from yacs.config import CfgNode as CN
@@ -42,13 +43,7 @@ class HostedMethod(TrainerFacts, TrainerXU):
         super().__init__(cfg)  # Dassl's: check_cfg, build_data_loader, build_model, the evaluator
 
     def check_cfg(self, cfg: CN) -> None:
-        name = cfg.TRAINER.NAME
-        for key, allowed in SUPPORTED_VALUES.items():  # what the method's own loop reads, as built in
-            value = cfg
-            for part in key.split("."):
-                value = value[part]
-            if value not in allowed:
-                raise DAELConfigError(f"{key}={value!r}: {name} takes {list(allowed)} on either engine")
+        check_hosted_cfg(cfg)  # train.py checked it before the output folder; Dassl's tools/train.py here
 
     def build_data_loader(self) -> None:
         # Dassl's DataManager reads the data; Dassl's domain sampler would stop a source smaller than
@@ -116,6 +111,43 @@ class HostedMethod(TrainerFacts, TrainerXU):
     bad_images = property(lambda self: self.method.bad_images)
     ensemble_mask = property(lambda self: self.method.ensemble_mask)
     fast_path_check = property(lambda self: self.method.fast_path_check)
+
+
+def check_hosted_cfg(cfg: CN) -> None:
+    """The values a hosted method's loop reads as the built-in engine does, and no value set for a
+    key of Dassl's it would ignore (a run that silently ignores one looks like the run it names)."""
+    name = cfg.TRAINER.NAME
+    for key, allowed in SUPPORTED_VALUES.items():
+        value = _value(cfg, key)
+        if value not in allowed:
+            raise DAELConfigError(f"{key}={value!r}: {name} takes {list(allowed)} on either engine")
+    for key in unread_dassl_keys():
+        value, default = _value(cfg, key), _value(get_cfg_default(), key)
+        if value != default:
+            raise DAELConfigError(
+                f"{key}={value!r}: {name} runs the plugin's own loop, which does not read {key} on either "
+                f"engine (Dassl's own trainers do); remove it (Dassl's default: {default!r})"
+            )
+
+
+def _value(cfg: CN, key: str):
+    for part in key.split("."):
+        cfg = cfg[part]
+    return cfg
+
+
+def unread_dassl_keys() -> List[str]:
+    """Dassl's config keys that a hosted method would ignore: those the built-in engine's config
+    lacks (its loop never reads them: ``MODEL.HEAD``, ``OPTIM.WARMUP_*``, ``OPTIM.STAGED_LR``, the
+    samplers' ``N_INS``, ...), but for ``DATASET.*`` and ``TEST.*``, which Dassl's dataset classes and
+    evaluator read around the method, and ``TRAINER.*``, Dassl's own trainers' nodes."""
+    from dael_plugin.config import add_dael_config
+    from dael_plugin.config.defaults import get_builtin_cfg
+    from dael_plugin.tools.train_config import full_keys
+
+    built_in = set(full_keys(add_dael_config(get_builtin_cfg())))
+    around = ("DATASET.", "TEST.", "TRAINER.")
+    return [k for k in full_keys(get_cfg_default()) if k not in built_in and not k.startswith(around)]
 
 
 def dassl_splits(dm: DataManager) -> Dict[str, object]:

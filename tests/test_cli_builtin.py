@@ -18,6 +18,7 @@ from conftest import ROOT, run_here, run_train
 DS_DA = os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml")
 DS_DG = os.path.join(ROOT, "configs/datasets/dg/embedded_digits_dg.yaml")
 DAEL_CFG = os.path.join(ROOT, "configs/trainers/da/dael/embedded_digits.yaml")
+SRC_CFG = os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.yaml")
 FAST = [
     # no per-epoch records, which the default writes on this small set (tests/test_selection.py covers them)
     "SELECTION.EVAL_FREQ",
@@ -445,6 +446,29 @@ def test_a_source_domain_smaller_than_its_batch_share_is_one_line_on_dassl(tmp_p
     assert "Traceback" not in proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: source domain") and "fewer than its per-batch share of 12" in last, last
+
+
+@pytest.mark.dassl
+@pytest.mark.parametrize(
+    "trainer, key, value, said",
+    [
+        ("SourceOnly", "INPUT.NO_TRANSFORM", "True", "cannot batch them"),  # Dassl's collate: a TypeError
+        ("DAEL", "OPTIM.WARMUP_EPOCH", "1", "no longer takes"),  # Dassl's warm-up passes verbose to torch
+        ("M3SDA", "DATALOADER.K_TRANSFORMS", "2", "takes one view of each image"),  # 'list' has no .to
+        ("DAEL", "DATALOADER.K_TRANSFORMS", "2", "DAEL takes 1"),
+        ("DAEL", "DATALOADER.TRAIN_U.SAMPLER", "RandomDomainSampler", "shuffled (RandomSampler)"),  # was ignored
+    ],
+)
+def test_values_every_dassl_trainer_stops_on_are_one_line(tmp_path, tiny_root, trainer, key, value, said):
+    """Each of these stopped in a traceback on the Dassl engine (Dassl's trainers and the plugin's
+    DAEL alike; the last one the plugin's DAEL ignored): one line each, naming the key."""
+    cfg = DAEL_CFG if trainer == "DAEL" else SRC_CFG
+    proc = run_here(
+        ["--engine", "dassl"] + base_args(tiny_root, tmp_path / "run", trainer, cfg=cfg) + FAST + [key, value]
+    )
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    last = proc.stderr.strip().splitlines()[-1]
+    assert last.startswith(f"error: {key}") and said in last, last
 
 
 def test_a_run_without_a_gpu_caps_its_data_segment_at_the_memory_available():

@@ -294,6 +294,16 @@ def check_dael_cfg(cfg: CN) -> None:
             f"{prefix}.STRONG_TRANSFORMS is empty; DAEL needs a strong view, e.g. "
             f"{prefix}.STRONG_TRANSFORMS \"['randaugment2', 'normalize']\""
         )
+    if int(cfg.DATALOADER.K_TRANSFORMS) != 1:  # Dassl's would hand each step a list of views per image
+        raise DAELConfigError(
+            f"DATALOADER.K_TRANSFORMS={cfg.DATALOADER.K_TRANSFORMS}: DAEL takes 1 (its weak and strong views are "
+            f"INPUT.TRANSFORMS and {prefix}.STRONG_TRANSFORMS); set it to 1"
+        )
+    if cfg.DATALOADER.TRAIN_U.SAMPLER != "RandomSampler":
+        raise DAELConfigError(
+            f"DATALOADER.TRAIN_U.SAMPLER={cfg.DATALOADER.TRAIN_U.SAMPLER!r}: DAEL draws its target batches "
+            "shuffled (RandomSampler) on either engine; set it to RandomSampler"
+        )
     sampler = cfg.DATALOADER.TRAIN_X.SAMPLER
     if sampler not in DOMAIN_SAMPLERS:
         raise DAELConfigError(

@@ -34,7 +34,9 @@ def check_trainer_cfg(cfg: CN) -> None:
         close = difflib.get_close_matches(str(cfg.TRAINER.NAME), list(names), n=3)
         hint = f" (did you mean {', '.join(close)}?)" if close else ""
         raise DAELConfigError(f"unknown trainer {cfg.TRAINER.NAME!r}{hint}; Dassl has {sorted(names)}")
-    check_target_data(cfg, TRAINER_REGISTRY.get(cfg.TRAINER.NAME))
+    trainer = TRAINER_REGISTRY.get(cfg.TRAINER.NAME)
+    check_target_data(cfg, trainer)
+    check_views(cfg, trainer)
     sampler = cfg.DATALOADER.TRAIN_X.SAMPLER
     if sampler == "CyclingDomainSampler" and not TRAINER_REGISTRY.get(cfg.TRAINER.NAME).__module__.startswith(
         "dael_plugin"
@@ -42,6 +44,21 @@ def check_trainer_cfg(cfg: CN) -> None:
         raise DAELConfigError(
             f"DATALOADER.TRAIN_X.SAMPLER {sampler} is the plugin's own; Dassl's {cfg.TRAINER.NAME} builds Dassl's "
             "samplers only: use RandomDomainSampler, or --engine builtin"
+        )
+
+
+def check_views(cfg: CN, trainer: type) -> None:
+    """``DATALOADER.K_TRANSFORMS`` above 1 makes each batch's ``img`` a list of views, which only
+    Dassl's trainers that read the key take (SE, CDAC, MixMatch: they assert it); the others stop
+    at their first batch with ``'list' object has no attribute 'to'``: one line instead."""
+    import inspect
+
+    if int(cfg.DATALOADER.K_TRANSFORMS) == 1 or not trainer.__module__.startswith("dassl."):
+        return  # the plugin's trainers check the key themselves
+    if "K_TRANSFORMS" not in inspect.getsource(trainer):
+        raise DAELConfigError(
+            f"DATALOADER.K_TRANSFORMS={cfg.DATALOADER.K_TRANSFORMS}: Dassl's {cfg.TRAINER.NAME} takes one view "
+            "of each image (its steps read a tensor, not a list of views); set it to 1"
         )
 
 
@@ -151,4 +168,25 @@ def check_run_names(cfg: CN) -> None:
     check_dataset_cfg(cfg)
     check_backbone_cfg(cfg)
     check_backbone_weights(cfg)
+    check_dassl_stops(cfg)
     check_dassl_data(cfg)
+
+
+def check_dassl_stops(cfg: CN) -> None:
+    """Values with which every Dassl trainer stops in a traceback: one line instead."""
+    import inspect
+
+    import torch
+
+    if cfg.INPUT.NO_TRANSFORM:
+        raise DAELConfigError(
+            "INPUT.NO_TRANSFORM True: Dassl's loaders then hand PIL images to torch's collate, which cannot batch "
+            "them (every trainer stops at its first batch); remove it"
+        )
+    takes_verbose = "verbose" in inspect.signature(torch.optim.lr_scheduler.LRScheduler.__init__).parameters
+    if cfg.OPTIM.WARMUP_EPOCH > 0 and not takes_verbose:
+        raise DAELConfigError(
+            f"OPTIM.WARMUP_EPOCH={cfg.OPTIM.WARMUP_EPOCH}: Dassl's warm-up schedulers pass verbose to torch's "
+            f"LRScheduler, which torch {torch.__version__} no longer takes (every trainer stops as it builds "
+            "its scheduler); remove it"
+        )

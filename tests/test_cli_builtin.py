@@ -529,6 +529,9 @@ def test_seed_minus_one_draws_one_seed_uses_it_everywhere_and_records_it(tmp_pat
     seed = json.load(open(tmp_path / "drawn" / "results.json"))["seed"]
     assert seed >= 0 and f"SEED -1: drew seed {seed}" in proc.stdout
     assert "* expert accuracy: hand" not in proc.stdout
+    refused = [a if a != "street" else "streets" for a in args]  # a domain the dataset lacks
+    proc = run_here(["--engine", "builtin"] + refused + FAST)
+    assert proc.returncode == 2 and "streets" in proc.stderr and "SEED -1" not in proc.stdout  # its refusal alone
     (tmp_path / "drawn" / "results.json").unlink()  # as if killed after its last checkpoint: resumes its seed
     proc = run_here(["--engine", "builtin"] + args + FAST + single)
     assert proc.returncode == 0 and f"SEED -1: the seed {seed} this run drew" in proc.stdout, proc.stderr[-2000:]

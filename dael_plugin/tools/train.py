@@ -196,10 +196,13 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     if args.hash_pixels and not args.check_data:
         raise DAELConfigError("--hash-pixels goes with --check-data (it hashes the bytes that check reads)")
     accept_data_change(args.accept_data_change)
-    cfg = setup_cfg(args, engine)
+    said: List[str] = []  # SEED -1's line, once the names are checked too
+    cfg = setup_cfg(args, engine, said)
     check_names_and_files(cfg, engine)  # before the output folder, the log and the config dump
     if distributed.from_env().distributed:
         check_torchrun_trainer(cfg, engine)
+    for line in said:
+        print(line)
     w = distributed.init(cfg.USE_CUDA)  # under torchrun: join the run's processes (rank 0 writes)
     state["output_dir"] = cfg.OUTPUT_DIR
     state["cfg"] = cfg

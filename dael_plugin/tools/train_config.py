@@ -137,41 +137,43 @@ def _saved_seed(path: str) -> Optional[int]:
         return None
 
 
-def draw_seed(cfg: CN, evaluated: Optional[str] = None) -> None:
+def draw_seed(cfg: CN, evaluated: Optional[str] = None) -> Optional[str]:
     """``SEED -1`` ("a random one"): one seed drawn here and used for everything (torch's weights,
     the batches, the views), set in the config so that results.json and the checkpoint record it
     and the run can be repeated. Before, torch was left unseeded while every batch and view was
     drawn from seed 0. Under torchrun every rank draws the same one (from the job's run id).
     ``evaluated``: the ``--model-dir`` of an ``--eval-only``, whose run's seed it takes (the
-    held-out source split and ``--select``'s check are that run's)."""
+    held-out source split and ``--select``'s check are that run's). Returns the line that says which
+    seed, or None where the config gives one."""
     import hashlib
     import os
 
     if int(cfg.SEED) >= 0:
-        return
+        return None
     if evaluated:
         path = os.path.join(evaluated, "checkpoint.pth.tar")
         saved = _saved_seed(path)
         if saved is not None:
             cfg.SEED = saved
-            print(f"SEED -1: the seed {saved} of the run evaluated, from {path}")
-            return
+            return f"SEED -1: the seed {saved} of the run evaluated, from {path}"
     last = os.path.join(str(cfg.OUTPUT_DIR), "checkpoint.pth.tar")
     saved = _saved_seed(last)
     if saved is not None:  # a resume: the seed the run drew (the same command, run again)
         cfg.SEED = saved
-        print(f"SEED -1: the seed {saved} this run drew, from {last}")
-        return
+        return f"SEED -1: the seed {saved} this run drew, from {last}"
     run_id = os.environ.get("TORCHELASTIC_RUN_ID")
     if run_id:
         seed = int.from_bytes(hashlib.sha256(run_id.encode()).digest()[:4], "big") % 2**31
     else:
         seed = int.from_bytes(os.urandom(4), "big") % 2**31
     cfg.SEED = seed
-    print(f"SEED -1: drew seed {seed} (recorded in results.json; pass --seed {seed} to repeat this run)")
+    return f"SEED -1: drew seed {seed} (recorded in results.json; pass --seed {seed} to repeat this run)"
 
 
-def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
+def setup_cfg(args: argparse.Namespace, engine: str, said: Optional[List[str]] = None) -> CN:
+    """The run's config from the files and flags, checked and frozen. ``said``: where the line of
+    ``SEED -1``'s draw goes, for the caller to print once the run's names are checked too (a
+    refused run says its refusal alone); None: printed here."""
     if engine == "dassl":
         from dassl.config import clean_cfg, get_cfg_default
 
@@ -215,7 +217,7 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
             "is generated there on first use). Nothing is written into the current directory"
         )
     check_run_values(cfg)
-    draw_seed(cfg, args.model_dir if args.eval_only else None)
+    seed_line = draw_seed(cfg, args.model_dir if args.eval_only else None)
     fresh = get_cfg_default() if engine == "dassl" else get_builtin_cfg()
     check_other_node(cfg, add_dael_config(fresh))
     if str(cfg.TRAINER.NAME).upper() in TRAINER_NODES:
@@ -228,6 +230,10 @@ def setup_cfg(args: argparse.Namespace, engine: str) -> CN:
     clean_cfg(cfg, cfg.TRAINER.NAME)
     resolve_run_execution(cfg, engine)
     cfg.freeze()
+    if seed_line and said is not None:
+        said.append(seed_line)
+    elif seed_line:
+        print(seed_line)
     return cfg
 
 

@@ -220,7 +220,7 @@ class DAELTrainer(TrainerFacts, TrainerXU):
         self.E.to(self.device)
         print(f"# params: {count_num_param(self.E):,}")
         sync_batch_norm(self.F)  # under torchrun: statistics over every shard, per domain chunk
-        self.optim_E = fuse_optim(build_optimizer(self.E, cfg.OPTIM))
+        self.optim_E = fuse_optim(build_optimizer(self.E, *_expert_optim_args(self.E, cfg.OPTIM)))
         self.sched_E = build_lr_scheduler(self.optim_E, cfg.OPTIM)
         self.register_model("E", self.E, self.optim_E, self.sched_E)
         e = self.execution
@@ -482,6 +482,22 @@ def load_dassl_checkpoints(trainer, directory: str, epoch: Optional[int] = None,
         epoch_done = int(state.get("epoch", 0))
         print(f"Load {path} to {name} (epoch={epoch_done}, val_result={state.get('val_result')})")
     return epoch_done
+
+
+def _expert_optim_args(heads, optim_cfg: CN) -> tuple:
+    """``build_optimizer``'s config and parameter groups for the experts, with ``OPTIM.STAGED_LR`` as
+    Dassl's DAEL has it. Dassl stages the rates by child module: its experts are the child
+    ``linears`` (K linear layers), at ``LR`` where ``OPTIM.NEW_LAYERS`` names it and at
+    ``LR * BASE_LR_MULT`` otherwise. ``ExpertHeads`` holds the same weights with no child module,
+    which Dassl's staging would leave out of every group (experts that never train)."""
+    if not optim_cfg.STAGED_LR:
+        return optim_cfg, None
+    new = [optim_cfg.NEW_LAYERS] if isinstance(optim_cfg.NEW_LAYERS, str) else list(optim_cfg.NEW_LAYERS)
+    lr = optim_cfg.LR if "linears" in new else optim_cfg.LR * optim_cfg.BASE_LR_MULT
+    plain = optim_cfg.clone()  # the groups given: Dassl would warn that staged_lr is ignored
+    plain.defrost()
+    plain.STAGED_LR = False
+    return plain, [{"params": list(heads.parameters()), "lr": lr}]
 
 
 def _shard_test(loader: Optional[DataLoader]) -> Optional[DataLoader]:

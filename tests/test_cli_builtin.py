@@ -457,11 +457,12 @@ def test_a_source_domain_smaller_than_its_batch_share_is_one_line_on_dassl(tmp_p
         ("M3SDA", "DATALOADER.K_TRANSFORMS", "2", "takes one view of each image"),  # 'list' has no .to
         ("DAEL", "DATALOADER.K_TRANSFORMS", "2", "DAEL takes 1"),
         ("DAEL", "DATALOADER.TRAIN_U.SAMPLER", "RandomDomainSampler", "shuffled (RandomSampler)"),  # was ignored
+        ("DAEL", "MODEL.INIT_WEIGHTS", DAEL_CFG, "DAEL does not read it"),  # was ignored, as Dassl's DAEL does
     ],
 )
 def test_values_every_dassl_trainer_stops_on_are_one_line(tmp_path, tiny_root, trainer, key, value, said):
     """Each of these stopped in a traceback on the Dassl engine (Dassl's trainers and the plugin's
-    DAEL alike; the last one the plugin's DAEL ignored): one line each, naming the key."""
+    DAEL alike), or the plugin's DAEL ignored it (the last two): one line each, naming the key."""
     cfg = DAEL_CFG if trainer == "DAEL" else SRC_CFG
     proc = run_here(
         ["--engine", "dassl"] + base_args(tiny_root, tmp_path / "run", trainer, cfg=cfg) + FAST + [key, value]

@@ -246,7 +246,7 @@ def test_the_list_of_dassls_keys_is_dassls():
     from dassl.config import get_cfg_default
 
     from dael_plugin.config.dassl_keys import DASSL_KEYS
-    from dael_plugin.tools.train_config import full_keys as _full_keys
+    from dael_plugin.config.keys import full_keys as _full_keys
 
     assert set(_full_keys(get_cfg_default())) == DASSL_KEYS
 

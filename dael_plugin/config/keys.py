@@ -8,7 +8,7 @@ detectron2 projects call ``add_<name>_config``.
 from __future__ import annotations
 
 import os
-from typing import Optional
+from typing import List, Optional
 
 from yacs.config import CfgNode as CN
 
@@ -59,6 +59,21 @@ def _dael_node_keys(node: CN) -> None:
         if key.dassl and key.name in node:
             continue  # Dassl's own keys keep Dassl's value
         node[key.name] = key.default
+
+
+def full_keys(node: CN, prefix: str = "") -> List[str]:
+    """Every key of ``node`` by its full dotted name (``OPTIM.LR``)."""
+    keys = []
+    for k, v in node.items():
+        keys += full_keys(v, f"{prefix}{k}.") if isinstance(v, CN) else [prefix + k]
+    return keys
+
+
+def key_value(cfg: CN, key: str):
+    """The value of the dotted ``key`` in ``cfg``."""
+    for part in key.split("."):
+        cfg = cfg[part]
+    return cfg
 
 
 def add_dael_config(cfg: CN) -> CN:

@@ -22,6 +22,7 @@ from dassl.engine import TRAINER_REGISTRY, TrainerXU
 from yacs.config import CfgNode as CN
 
 from dael_plugin.config.defaults import SUPPORTED_VALUES
+from dael_plugin.config.keys import full_keys, key_value
 from dael_plugin.dassl_adapter.backbones import build_dassl_backbone
 from dael_plugin.dassl_adapter.evaluate import dassl_test
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
@@ -118,22 +119,16 @@ def check_hosted_cfg(cfg: CN) -> None:
     key of Dassl's it would ignore (a run that silently ignores one looks like the run it names)."""
     name = cfg.TRAINER.NAME
     for key, allowed in SUPPORTED_VALUES.items():
-        value = _value(cfg, key)
+        value = key_value(cfg, key)
         if value not in allowed:
             raise DAELConfigError(f"{key}={value!r}: {name} takes {list(allowed)} on either engine")
     for key in unread_dassl_keys():
-        value, default = _value(cfg, key), _value(get_cfg_default(), key)
+        value, default = key_value(cfg, key), key_value(get_cfg_default(), key)
         if value != default:
             raise DAELConfigError(
                 f"{key}={value!r}: {name} runs the plugin's own loop, which does not read {key} on either "
                 f"engine (Dassl's own trainers do); remove it (Dassl's default: {default!r})"
             )
-
-
-def _value(cfg: CN, key: str):
-    for part in key.split("."):
-        cfg = cfg[part]
-    return cfg
 
 
 def unread_dassl_keys() -> List[str]:
@@ -143,7 +138,6 @@ def unread_dassl_keys() -> List[str]:
     evaluator read around the method, and ``TRAINER.*``, Dassl's own trainers' nodes."""
     from dael_plugin.config import add_dael_config
     from dael_plugin.config.defaults import get_builtin_cfg
-    from dael_plugin.tools.train_config import full_keys
 
     built_in = set(full_keys(add_dael_config(get_builtin_cfg())))
     around = ("DATASET.", "TEST.", "TRAINER.")

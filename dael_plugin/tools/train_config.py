@@ -17,7 +17,7 @@ from yacs.config import CfgNode as CN
 from dael_plugin.backbones.timm_backbone import check_timm_backbone
 from dael_plugin.config import TRAINER_NODES, add_dael_config, check_run_values
 from dael_plugin.config.execution import PLAIN_RUN, execution_from_cfg, resolve_execution
-from dael_plugin.config.keys import check_other_node, hparams_from_cfg
+from dael_plugin.config.keys import check_other_node, full_keys, hparams_from_cfg, key_value
 from dael_plugin.config.table import EXECUTION_KEYS
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.tools import pixel_stats
@@ -70,13 +70,6 @@ def key_error(exc: Exception, engine: str, where: str, cfg: Optional[CN] = None)
     if close:  # a typo: the fix is the spelling, whatever the engine
         return f"{where} sets {key}, which is not a config key; did you mean {close[0]}?"
     return f"{where} sets {key}, which is not a config key (keys are upper case, e.g. OPTIM.LR)"
-
-
-def full_keys(node: CN, prefix: str = "") -> List[str]:
-    keys = []
-    for k, v in node.items():
-        keys += full_keys(v, f"{prefix}{k}.") if isinstance(v, CN) else [prefix + k]
-    return keys
 
 
 def reset_cfg(cfg: CN, args: argparse.Namespace) -> None:
@@ -325,9 +318,7 @@ def check_builtin_values(cfg: CN) -> None:
     from dael_plugin.config.defaults import SUPPORTED_VALUES
 
     for key, allowed in SUPPORTED_VALUES.items():
-        node = cfg
-        for part in key.split("."):
-            node = node[part]
+        node = key_value(cfg, key)
         if node not in allowed:
             raise DAELConfigError(
                 f"{key}={node!r} is not supported by the built-in engine (it supports {list(allowed)}); "

@@ -396,6 +396,27 @@ def test_out_of_memory_is_one_line_with_the_settings_to_lower(tmp_path, tiny_roo
     assert "out of" in json.loads((out / "failed.json").read_text())["error"]
 
 
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+def test_numbers_yacs_refused_as_a_type_mismatch_are_read_as_meant(tmp_path, tiny_root, engine):
+    """An integer for a float key in a file (``LR: 1``) is that float, as on the command line; and
+    ``OPTIM.SGD_DAMPNING``, whose default is Dassl's integer 0, takes a real value from a file or the
+    command line (yacs refused every one: "Type mismatch (<class 'int'> vs. <class 'float'>)").
+    Left unset, it stays the integer 0, so the configs of earlier runs compare equal on resume."""
+    from dael_plugin.tools.train import build_parser, setup_cfg
+
+    f = tmp_path / "optim.yaml"
+    f.write_text("OPTIM:\n  LR: 1\n  SGD_DAMPNING: 0.25\n")
+    base = ["--engine", engine] + base_args(tiny_root, tmp_path / "x")
+
+    def cfg_of(*extra):
+        return setup_cfg(build_parser().parse_args(base + list(extra)), engine).OPTIM
+
+    from_file = cfg_of("--config-file", str(f))
+    assert from_file.LR == 1.0 and type(from_file.LR) is float and from_file.SGD_DAMPNING == 0.25
+    assert cfg_of("--", "OPTIM.SGD_DAMPNING", "0.5").SGD_DAMPNING == 0.5
+    assert type(cfg_of().SGD_DAMPNING) is int and type(cfg_of("--", "OPTIM.SGD_DAMPNING", "1").SGD_DAMPNING) is int
+
+
 def test_a_key_value_pair_after_a_list_flag_is_named_and_the_double_dash_works(tmp_path, tiny_root, capsys):
     from dael_plugin.tools.train import build_parser, main, setup_cfg
 

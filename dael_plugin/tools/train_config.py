@@ -44,6 +44,7 @@ def merge_file(cfg: CN, path: str, engine: str, auto: Optional[dict] = None) -> 
             "see configs/ for examples"
         )
     loaded = pixel_stats.take_from_file(loaded, {} if auto is None else auto)
+    _coerce_numbers(cfg, loaded)
     try:
         cfg.merge_from_other_cfg(CN(loaded))  # yacs decodes the values as merge_from_file does
     except KeyError as exc:
@@ -53,6 +54,19 @@ def merge_file(cfg: CN, path: str, engine: str, auto: Optional[dict] = None) -> 
             f"config file {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
         ) from None
     return loaded
+
+
+def _coerce_numbers(cfg: CN, loaded: dict, prefix: str = "") -> None:
+    """A file's numbers as the command line reads them (:func:`coerce_opts`): an integer for a
+    float key is that float (``LR: 1``), and a real value for a key of :data:`REAL_KEYS` is taken."""
+    for key, value in loaded.items():
+        current = cfg.get(key) if isinstance(cfg, CN) else None
+        if isinstance(value, dict):
+            _coerce_numbers(current, value, f"{prefix}{key}.")
+        elif f"{prefix}{key}" in REAL_KEYS and type(current) is int and type(value) is float:
+            cfg[key] = float(current)
+        elif type(current) is float and type(value) is int:
+            loaded[key] = float(value)
 
 
 def key_error(exc: Exception, engine: str, where: str, cfg: Optional[CN] = None) -> str:
@@ -97,9 +111,14 @@ def reset_cfg(cfg: CN, args: argparse.Namespace) -> None:
         cfg.MODEL.HEAD.NAME = args.head
 
 
+# Real-valued keys whose default is an integer (Dassl's 0), so that yacs refused any other value
+REAL_KEYS = ("OPTIM.SGD_DAMPNING",)
+
+
 def coerce_opts(cfg: CN, opts: List[str]) -> List[str]:
     """What yacs would refuse as a type mismatch, read as meant (nothing yacs accepts changes):
-    ``TRAINER.DAEL.WEIGHT_U 0`` is 0.0 for a float key, and a list key given bare words,
+    ``TRAINER.DAEL.WEIGHT_U 0`` is 0.0 for a float key, ``OPTIM.SGD_DAMPNING 0.5`` a real value for
+    a real-valued key whose default is the integer 0, and a list key given bare words,
     ``TRAINER.DAEL.CLASS_MASKS all`` or ``SELECTION.KEEP_BEST im,oracle``, is that list."""
     out = list(opts)
     for i in range(0, len(out) - 1, 2):
@@ -108,6 +127,9 @@ def coerce_opts(cfg: CN, opts: List[str]) -> List[str]:
             node = node.get(part) if isinstance(node, CN) else None
         current = node.get(parts[-1]) if isinstance(node, CN) else None
         value = str(out[i + 1])
+        if out[i] in REAL_KEYS and type(current) is int and not re.fullmatch(r"[-+]?\d+", value):
+            node[parts[-1]] = float(current)  # this run's value is real: yacs then takes it
+            current = node[parts[-1]]
         if isinstance(current, float) and not isinstance(current, bool) and re.fullmatch(r"[-+]?\d+", value):
             out[i + 1] = str(float(value))
         elif isinstance(current, (list, tuple)) and re.fullmatch(r"[A-Za-z_][\w.\-]*(,[A-Za-z_][\w.\-]*)*", value):

@@ -493,6 +493,22 @@ def test_values_every_dassl_trainer_stops_on_are_one_line(tmp_path, tiny_root, t
     assert last.startswith(f"error: {key}") and said in last, last
 
 
+@pytest.mark.dassl
+def test_the_dassl_trainers_that_take_several_views_are_those_whose_code_reads_the_key():
+    """K_TRANSFORMS above 1 is refused for every Dassl trainer but these: held to Dassl's own code."""
+    import inspect
+
+    from dassl.engine import TRAINER_REGISTRY
+
+    from dael_plugin.dassl_adapter.checks import DASSL_MULTI_VIEW
+
+    dassls = [TRAINER_REGISTRY.get(n) for n in TRAINER_REGISTRY.registered_names()]
+    reading = {
+        c.__name__ for c in dassls if c.__module__.startswith("dassl.") and "K_TRANSFORMS" in inspect.getsource(c)
+    }
+    assert reading == set(DASSL_MULTI_VIEW)
+
+
 def test_a_run_without_a_gpu_caps_its_data_segment_at_the_memory_available():
     """RLIMIT_DATA = what the process holds + its share of MemAvailable (Linux): past it torch's
     allocator fails with the one-line error above instead of the kernel's SIGKILL; a lower limit

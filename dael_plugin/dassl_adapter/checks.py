@@ -47,15 +47,17 @@ def check_trainer_cfg(cfg: CN) -> None:
         )
 
 
+# Dassl 0.6.3's trainers that read DATALOADER.K_TRANSFORMS views of an image (each asserts it)
+DASSL_MULTI_VIEW = ("SE", "CDAC", "MixMatch")
+
+
 def check_views(cfg: CN, trainer: type) -> None:
     """``DATALOADER.K_TRANSFORMS`` above 1 makes each batch's ``img`` a list of views, which only
-    Dassl's trainers that read the key take (SE, CDAC, MixMatch: they assert it); the others stop
-    at their first batch with ``'list' object has no attribute 'to'``: one line instead."""
-    import inspect
-
+    Dassl's trainers that read the key take (:data:`DASSL_MULTI_VIEW`); Dassl's others stop at
+    their first batch with ``'list' object has no attribute 'to'``: one line instead."""
     if int(cfg.DATALOADER.K_TRANSFORMS) == 1 or not trainer.__module__.startswith("dassl."):
-        return  # the plugin's trainers check the key themselves
-    if "K_TRANSFORMS" not in inspect.getsource(trainer):
+        return  # the plugin's trainers check the key themselves; a user's reads it as it means to
+    if trainer.__name__ not in DASSL_MULTI_VIEW:
         raise DAELConfigError(
             f"DATALOADER.K_TRANSFORMS={cfg.DATALOADER.K_TRANSFORMS}: Dassl's {cfg.TRAINER.NAME} takes one view "
             "of each image (its steps read a tensor, not a list of views); set it to 1"

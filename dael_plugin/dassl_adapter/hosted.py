@@ -122,8 +122,9 @@ def check_hosted_cfg(cfg: CN) -> None:
         value = key_value(cfg, key)
         if value not in allowed:
             raise DAELConfigError(f"{key}={value!r}: {name} takes {list(allowed)} on either engine")
+    dassls = get_cfg_default()
     for key in unread_dassl_keys():
-        value, default = key_value(cfg, key), key_value(get_cfg_default(), key)
+        value, default = key_value(cfg, key), key_value(dassls, key)
         if value != default:
             raise DAELConfigError(
                 f"{key}={value!r}: {name} runs the plugin's own loop, which does not read {key} on either "

@@ -907,11 +907,35 @@ def test_pretrained_timm_without_a_local_file_fails_fast(monkeypatch):
     from dael_plugin.backbones import timm_backbone as tb
     from dael_plugin.errors import DAELConfigError
 
-    monkeypatch.setattr(tb, "_host_resolves", lambda url: False)  # as on a machine without network
+    monkeypatch.setattr(tb, "host_resolves", lambda url: False)  # as on a machine without network
     t = time.time()
     with pytest.raises(DAELConfigError, match="MODEL.BACKBONE.WEIGHTS") as exc:
         TimmBackbone("resnet18", pretrained=True)
     assert time.time() - t < 10 and "\n" not in str(exc.value)
+
+
+@pytest.mark.dassl
+def test_dassls_own_pretrained_backbone_offline_is_one_line(tmp_path, tiny_root, monkeypatch):
+    """Dassl's resnet18_ms_l123 with PRETRAINED True, its file (resnet18's) not in the torch hub cache
+    and no network: one line naming the file and the cache, before the run's folder exists (Dassl's
+    load_url stopped in a URLError traceback after the data was read)."""
+    import torch
+
+    from dael_plugin.backbones import timm_backbone as tb
+    from dael_plugin.backbones.record import dassl_weights_url
+
+    assert dassl_weights_url("resnet18_ms_l123") == dassl_weights_url("resnet18")
+    assert dassl_weights_url("resnet18_dynamic_ms_l1").endswith("resnet18_dynamic-074db766.pth")  # the longest name
+    monkeypatch.setattr(tb, "host_resolves", lambda url: False)  # as on a machine without network
+    monkeypatch.setattr(torch.hub, "get_dir", lambda: str(tmp_path / "hub"))  # an empty cache
+    extra = ["MODEL.BACKBONE.NAME", "resnet18_ms_l123", "MODEL.BACKBONE.PRETRAINED", "True"]
+    argv = args_for(tiny_root, tmp_path / "run", extra=extra)
+    argv[argv.index("builtin")] = "dassl"
+    proc = run_here(argv)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    line = proc.stderr.strip()
+    assert "\n" not in line and "resnet18-5c106cde.pth" in line and str(tmp_path / "hub" / "checkpoints") in line, line
+    assert not (tmp_path / "run").exists()
 
 
 @pytest.mark.parametrize("each_epoch", [False, True])

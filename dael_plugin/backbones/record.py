@@ -27,19 +27,38 @@ def _timm_tag(model_name: str) -> Optional[str]:
     return getattr(pcfg, "tag", None) if pcfg is not None else None
 
 
-def _dassl_cached_file(name: str) -> Optional[str]:
-    """The torch hub cache file Dassl's own ImageNet ResNet ``name`` reads (``model_zoo.load_url``)."""
-    try:
-        from dassl.modeling.backbone.resnet import model_urls
-    except ImportError:
-        return None
-    url = model_urls.get(name)
-    if not url:
-        return None
+# Dassl's backbone modules that load ImageNet weights from their ``model_urls``
+DASSL_WEIGHT_MODULES = ("resnet", "resnet_dynamic", "alexnet", "vgg")
+
+
+def dassl_weights_url(name: str) -> Optional[str]:
+    """The URL Dassl's own backbone ``name`` reads its pretrained weights from: its module's
+    ``model_urls`` entry, the longest that names it or a variant of it (``resnet18_ms_l123`` reads
+    ``resnet18``'s, ``resnet18_dynamic_ms_l1`` ``resnet18_dynamic``'s); None for the others."""
+    import importlib
+
+    urls = {}
+    for module in DASSL_WEIGHT_MODULES:
+        try:
+            urls.update(importlib.import_module(f"dassl.modeling.backbone.{module}").model_urls)
+        except (ImportError, AttributeError):
+            continue
+    keys = [k for k in urls if name == k or name.startswith(k + "_")]
+    return urls[max(keys, key=len)] if keys else None
+
+
+def dassl_cache_file(url: str) -> str:
+    """Where Dassl's ``load_url`` keeps ``url``'s file: the torch hub cache."""
     import torch
 
-    path = os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(url))
-    return path if os.path.isfile(path) else None
+    return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(url))
+
+
+def _dassl_cached_file(name: str) -> Optional[str]:
+    """The torch hub cache file Dassl's own pretrained backbone ``name`` reads, where it is there."""
+    url = dassl_weights_url(name)
+    path = dassl_cache_file(url) if url else None
+    return path if path and os.path.isfile(path) else None
 
 
 def weights_record(name: str, pretrained: bool, weights_file: str, engine: str = "builtin") -> dict:

@@ -85,7 +85,8 @@ def _weights_cached(model_name: str) -> Optional[bool]:
     return cached_weights_file(model_name) is not None
 
 
-def _host_resolves(url: str) -> bool:
+def host_resolves(url: str) -> bool:
+    """Whether the host of ``url`` has an address (one lookup, no connection)."""
     host = urlparse(url).hostname
     if not host:
         return False
@@ -118,7 +119,7 @@ def check_pretrained_reachable(model_name: str) -> None:
         url, offline = pcfg.url, False
         expected = os.path.basename(pcfg.url)
         searched = f"the torch hub cache {os.path.join(torch.hub.get_dir(), 'checkpoints')}"
-    if offline or not _host_resolves(url):
+    if offline or not host_resolves(url):
         why = "HF_HUB_OFFLINE is set" if offline else f"{url} cannot be reached"
         raise DAELConfigError(
             f"pretrained weights for timm model {model_name!r} ({expected}) are not in {searched} and {why}; "

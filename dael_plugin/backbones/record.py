@@ -34,7 +34,8 @@ DASSL_WEIGHT_MODULES = ("resnet", "resnet_dynamic", "alexnet", "vgg")
 def dassl_weights_url(name: str) -> Optional[str]:
     """The URL Dassl's own backbone ``name`` reads its pretrained weights from: its module's
     ``model_urls`` entry, the longest that names it or a variant of it (``resnet18_ms_l123`` reads
-    ``resnet18``'s, ``resnet18_dynamic_ms_l1`` ``resnet18_dynamic``'s); None for the others."""
+    ``resnet18``'s, ``resnet18_dynamic_ms_l1`` ``resnet18_dynamic``'s; EfficientNet's ``url_map``);
+    None for the others."""
     import importlib
 
     urls = {}
@@ -43,6 +44,12 @@ def dassl_weights_url(name: str) -> Optional[str]:
             urls.update(importlib.import_module(f"dassl.modeling.backbone.{module}").model_urls)
         except (ImportError, AttributeError):
             continue
+    try:  # EfficientNet's, under its hyphenated names (efficientnet_b0 reads efficientnet-b0's)
+        from dassl.modeling.backbone.efficientnet.utils import url_map
+
+        urls.update({k.replace("-", "_"): v for k, v in url_map.items()})
+    except ImportError:
+        pass
     keys = [k for k in urls if name == k or name.startswith(k + "_")]
     return urls[max(keys, key=len)] if keys else None
 

@@ -256,6 +256,7 @@ def check_weights_reachable(cfg: CN, engine: str) -> None:
     """Pretrained weights (timm's, or Dassl's own backbone's on the Dassl engine) neither on this
     machine nor reachable: one line before the output folder is made or any data read."""
     from dael_plugin.backbones import TIMM_PREFIX, timm_name_of
+    from dael_plugin.backbones.record import check_dassl_pretrained_reachable
     from dael_plugin.backbones.timm_backbone import check_pretrained_reachable
 
     b = cfg.MODEL.BACKBONE
@@ -263,30 +264,12 @@ def check_weights_reachable(cfg: CN, engine: str) -> None:
     if not bool(b.get("PRETRAINED", False)) or str(b.get("WEIGHTS", "") or ""):
         return
     if engine == "dassl" and not name.startswith(TIMM_PREFIX):
-        check_dassl_weights_reachable(name)  # Dassl's own backbone, with Dassl's own weights
+        check_dassl_pretrained_reachable(name)  # Dassl's own backbone, with Dassl's own weights
         return
     timm_name = timm_name_of(name)
     if not timm_name:
         return
     check_pretrained_reachable(timm_name)
-
-
-def check_dassl_weights_reachable(name: str) -> None:
-    """Dassl's own pretrained backbone (``resnet18``, ``vgg16``, ...) with its weights neither in the
-    torch hub cache nor downloadable: one line (Dassl's ``load_url`` stopped in a traceback)."""
-    import os
-
-    from dael_plugin.backbones.record import dassl_cache_file, dassl_weights_url
-    from dael_plugin.backbones.timm_backbone import host_resolves
-
-    url = dassl_weights_url(name)
-    if url is None or os.path.isfile(dassl_cache_file(url)) or host_resolves(url):
-        return
-    raise DAELConfigError(
-        f"pretrained weights for Dassl's {name} ({os.path.basename(url)}) are not in the torch hub cache "
-        f"{os.path.dirname(dassl_cache_file(url))} and {url} cannot be reached; put the file there, or set "
-        "MODEL.BACKBONE.PRETRAINED False"
-    )
 
 
 def resolve_run_execution(cfg: CN, engine: str) -> None:

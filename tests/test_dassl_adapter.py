@@ -623,3 +623,41 @@ def test_a_built_in_run_is_dassls_own_dael_step_by_step(tmp_path, tiny_root, dro
     # Measured (Intel Xeon VM, one thread): weights 8.5e-5, losses 1.5e-4 (Dassl's log(p + 1e-5):
     # eps / p for a confident mistake). A schedule that never steps moves a step by 1e-2 (broken by hand).
     assert worst_l < 1e-3 and worst_w < 5e-4, (worst_l, worst_w)
+
+
+def test_best_val_deploys_the_model_of_the_best_validation_epoch(tmp_path, tiny_root, monkeypatch):
+    """``TEST.FINAL_MODEL best_val`` on the Dassl engine: Dassl's ``after_train`` reloads the best
+    model with ``load_model(OUTPUT_DIR)``. The plugin's ``load_model`` read the last checkpoint
+    there, so the final test scored the last epoch's model under Dassl's line "Deploy the model
+    with the best val performance" (epoch 4 deployed where epoch 2 was best, 2026-12-05). The
+    validation results are scripted so that the first of two epochs is the best."""
+    from dassl.config import get_cfg_default
+
+    from dael_plugin import add_dael_config
+    from dael_plugin.dassl_adapter import DAELTrainer
+
+    out = tmp_path / "dg"
+    cfg = get_cfg_default()
+    add_dael_config(cfg)
+    cfg.merge_from_file(DS_DG)  # its val split: the sources' test split
+    cfg.merge_from_file(os.path.join(ROOT, "configs/trainers/dg/daeldg/embedded_digits_dg.yaml"))
+    cfg.merge_from_list(["DATASET.ROOT", tiny_root, "DATASET.SOURCE_DOMAINS", ["hand", "blend", "font"],
+                         "DATASET.TARGET_DOMAINS", ["street"], "TRAINER.NAME", "DAELDG", "OUTPUT_DIR", str(out),
+                         "TEST.FINAL_MODEL", "best_val", *FAST[:2], "OPTIM.MAX_EPOCH", 2, *FAST[2:]])  # fmt: skip
+    results, deployed = iter([50.0, 40.0]), {}
+    test = DAELTrainer.test
+
+    def scripted(self, split=None):
+        if split == "val":
+            return next(results)
+        deployed.update({k: v.clone() for k, v in self.F.state_dict().items()})
+        return test(self, split)
+
+    monkeypatch.setattr(DAELTrainer, "test", scripted)
+    DAELTrainer(cfg).train()
+    best = torch.load(out / "F" / "model-best.pth.tar", map_location="cpu", weights_only=True)
+    last = torch.load(out / "checkpoint.pth.tar", map_location="cpu", weights_only=True)["models"]["F"]
+    assert best["epoch"] == 1 and best["val_result"] == 50.0 and deployed
+    for k, v in best["state_dict"].items():
+        assert torch.equal(deployed[k], v), k
+    assert any(not torch.equal(deployed[k], v) for k, v in last.items()), "the last epoch's model differs"

@@ -395,7 +395,11 @@ class DAELTrainer(TrainerFacts, TrainerXU):
 
     def load_model(self, directory, epoch=None, name=None):
         """The last checkpoint, Dassl's epoch ``epoch`` files, or the file ``name`` (a protocol's
-        ``model-best-<protocol>.pth.tar``) of ``directory``; returns its epoch count."""
+        ``model-best-<protocol>.pth.tar``) of ``directory``; returns its epoch count. Called by Dassl's
+        ``after_train`` under ``TEST.FINAL_MODEL best_val``: the ``model-best.pth.tar`` files that
+        Dassl's ``after_epoch`` saved at the best validation result, as Dassl's own ``load_model``."""
+        if self._deploying_best:
+            return load_dassl_checkpoints(self, directory)
         path = osp.join(directory, name or ckpt.LAST)
         if name is not None or (epoch is None and osp.isfile(path)):
             state = ckpt.load_checkpoint(path)
@@ -412,9 +416,18 @@ class DAELTrainer(TrainerFacts, TrainerXU):
             return int(state["epoch"])
         return load_dassl_checkpoints(self, directory, epoch)
 
+    _deploying_best = False
+
     def after_train(self):
         end_sync_batch_norm(self.F)  # before Dassl's final test, which uses running statistics
-        super().after_train()
+        # Dassl's after_train deploys the best validation model with load_model(OUTPUT_DIR), which
+        # without this flag read the last checkpoint: the last epoch's model, under Dassl's line
+        # "Deploy the model with the best val performance"
+        self._deploying_best = self.cfg.TEST.FINAL_MODEL == "best_val"
+        try:
+            super().after_train()
+        finally:
+            self._deploying_best = False
 
     @property
     def ensemble_mask(self):

@@ -76,8 +76,8 @@ def test_dassl_engine_worker_count_does_not_change_a_run(tmp_path, tiny_root):
     for workers in ("0", "2"):
         out = tmp_path / f"w{workers}"
         finished(dassl_args(tiny_root, out, epochs=2, extra=["DATALOADER.NUM_WORKERS", workers]))
-        runs.append(torch.load(out / "checkpoint.pth.tar", weights_only=True)["models"])
-    assert all(torch.equal(runs[0][n][k], runs[1][n][k]) for n in runs[0] for k in runs[0][n])
+        runs.append(torch.load(out / "checkpoint.pth.tar", weights_only=True)["model"])
+    assert runs[0].keys() == runs[1].keys() and all(torch.equal(v, runs[1][k]) for k, v in runs[0].items())
 
 
 def test_dassl_engine_refuses_pickled_code_and_config_changes(tmp_path, tiny_root):

@@ -190,9 +190,7 @@ def _weights(path):
 
 
 def _model_state(state):
-    if "model" in state:
-        return state["model"]
-    return {f"{n}.{k}": v for n, sd in state["models"].items() for k, v in sd.items()}
+    return state["model"]
 
 
 # An epoch of the tiny set in 3 to 4 steps (16 images per domain): last-bit differences have

@@ -13,12 +13,14 @@ its share, as on the built-in engine (the method shards the loaders and wraps it
 
 from __future__ import annotations
 
+import datetime
 import time
 from typing import Dict, List, Optional
 
 from dassl.config import get_cfg_default
 from dassl.data import DataManager
 from dassl.engine import TRAINER_REGISTRY, TrainerXU
+from dassl.utils import AverageMeter
 from yacs.config import CfgNode as CN
 
 from dael_plugin.config.defaults import SUPPORTED_VALUES
@@ -28,10 +30,13 @@ from dael_plugin.dassl_adapter.evaluate import dassl_test
 from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
 from dael_plugin.data.items import Item
 from dael_plugin.engine import distributed, hooks
-from dael_plugin.engine.loop import end_sync_batch_norm
+from dael_plugin.engine.guard import divergence_error
+from dael_plugin.engine.loop import end_sync_batch_norm, next_cycled, note_bad, train_epoch
 from dael_plugin.engine.results import TrainerFacts
+from dael_plugin.engine.step import DeviceMeters, format_meters
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.methods import TRAINERS, build_trainer
+from dael_plugin.transforms.host import build_test_transform
 
 
 class HostedMethod(TrainerFacts, TrainerXU):
@@ -47,26 +52,30 @@ class HostedMethod(TrainerFacts, TrainerXU):
         check_hosted_cfg(cfg)  # train.py checked it before the output folder; Dassl's tools/train.py here
 
     def build_data_loader(self) -> None:
-        # Dassl's DataManager reads the data; Dassl's domain sampler would stop a source smaller than
-        # its share of a batch before the method's sampler says so in one line (as the DAEL trainer).
+        # Dassl's DataManager reads the data; its loaders are the method's. Dassl's domain sampler
+        # would stop a source smaller than its share of a batch before the method's sampler says so
+        # in one line, and the method builds its own views (names Dassl's build_transform lacks).
         dm_cfg = self.cfg.clone()
         dm_cfg.defrost()
         dm_cfg.DATALOADER.TRAIN_X.SAMPLER = "RandomSampler"
-        dm = DataManager(dm_cfg, dataset_wrapper=RobustDatasetWrapper)
+        plain = build_test_transform(self.cfg)
+        dm = DataManager(dm_cfg, custom_tfm_train=plain, custom_tfm_test=plain, dataset_wrapper=RobustDatasetWrapper)
         self.dm, self.lab2cname = dm, dm.lab2cname
         self.num_classes, self.num_source_domains = dm.num_classes, dm.num_source_domains
-        # Dassl's data and Dassl's backbones (every name in its BACKBONE_REGISTRY, as its SimpleNet)
-        self.method = build_trainer(
-            self.cfg, eval_only=self.eval_only, splits=dassl_splits(dm), backbones=build_dassl_backbone
-        )
-        m = self.method
+        self.method = m = self.build_method(dassl_splits(dm))
         m.engine = "dassl"  # in its checkpoints: resumed and evaluated on this engine
         self.train_loader_x, self.train_loader_u = m.train_loader_x, m.train_loader_u
         self.val_loader, self.test_loader = m.val_loader, m.test_loader
 
+    def build_method(self, splits: dict):
+        """The method object over Dassl's data, with Dassl's backbones (every name in its
+        ``BACKBONE_REGISTRY``, as its ``SimpleNet`` builds them)."""
+        return build_trainer(self.cfg, eval_only=self.eval_only, splits=splits, backbones=build_dassl_backbone)
+
     def build_model(self) -> None:
-        for name, module in self.method.modules.items():  # Dassl's set_model_mode and model names
-            self.register_model(name, module)
+        m = self.method  # Dassl's set_model_mode, model names, save_model and current rate
+        for name, module in m.modules.items():
+            self.register_model(name, module, m.optims.get(name), m.scheds.get(name))
 
     # -- Dassl's train(): the method's own resume, epoch and hooks --------------------------
     def resume_model_if_exist(self, directory: str) -> int:
@@ -85,8 +94,62 @@ class HostedMethod(TrainerFacts, TrainerXU):
         m._run_start, m._batches_run = time.time(), 0
 
     def run_epoch(self) -> None:
-        self.method.epoch = self.epoch
-        self.method.run_epoch()
+        """Dassl's ``TrainerXU`` epoch (``TRAIN.COUNT_ITER``, the shorter loader cycled, its log
+        line every ``PRINT_FREQ`` batches) over the method's loaders and update. Dassl's
+        ``MetricMeter`` reads every loss on the host after every step, which makes the host wait
+        for the device; here the sums stay on the device and are read, with the divergence flag,
+        only where a line is printed."""
+        m = self.method
+        m.epoch = self.epoch
+        m.modules.train()
+        # Dassl's names, as its run_epoch reads them (the method's loaders, or what wraps them)
+        loaders = [ld for ld in (self.train_loader_x, self.train_loader_u if m.is_da else None) if ld is not None]
+        for loader in loaders:
+            loader.batch_sampler.set_epoch(self.epoch)
+        lengths = {"train_x": len(loaders[0])}
+        if len(loaders) > 1:
+            lengths.update(train_u=len(loaders[1]), smaller_one=min(len(ld) for ld in loaders))
+        self.num_batches = m.num_batches = lengths.get(self.cfg.TRAIN.COUNT_ITER, lengths["train_x"])
+        its = [iter(ld) for ld in loaders]
+        batch_time, data_time = AverageMeter(), AverageMeter()
+        freq, clock = self.cfg.TRAIN.PRINT_FREQ, {"end": time.time()}
+
+        def batches():
+            for self.batch_idx in range(self.num_batches):
+                m.batch_idx = self.batch_idx  # a method's step-dependent weights read it (DANN's)
+                pairs = [next_cycled(it, ld) for it, ld in zip(its, loaders)]
+                its[:] = [it for _, it in pairs]
+                data_time.update(time.time() - clock["end"])
+                yield pairs[0][0], pairs[1][0] if len(pairs) > 1 else None
+                batch_time.update(time.time() - clock["end"])
+                clock["end"] = time.time()
+
+        def report(i: int, meters: DeviceMeters) -> None:
+            if (i + 1) % freq and self.num_batches >= freq:
+                return  # Dassl's lines: every PRINT_FREQ batches, or every batch of a short epoch
+            last, avg = meters.read()
+            lr = m.optim.param_groups[0]["lr"]
+            remain = self.num_batches - i - 1 + (self.max_epoch - self.epoch - 1) * self.num_batches
+            eta = datetime.timedelta(seconds=int(batch_time.avg * remain))
+            print(
+                f"epoch [{self.epoch + 1}/{self.max_epoch}] batch [{i + 1}/{self.num_batches}] "
+                f"time {batch_time.val:.3f} ({batch_time.avg:.3f}) data {data_time.val:.3f} "
+                f"({data_time.avg:.3f}) {format_meters(avg, last)} lr {lr:.4e} eta {eta}"
+            )
+            n_iter = self.epoch * self.num_batches + i
+            for k, v in avg.items():
+                self.write_scalar("train/" + k, v, n_iter)
+            self.write_scalar("train/lr", lr, n_iter)
+
+        def diverged(done: int) -> Exception:
+            return divergence_error(self.epoch + 1, done, self.cfg.OPTIM.LR, self.output_dir)
+
+        train_epoch(batches(), self.num_batches, self.forward_backward, m.guard, freq, report, diverged)
+
+    def forward_backward(self, batch_x: dict, batch_u: Optional[dict] = None) -> dict:
+        m = self.method
+        note_bad(m.bad_images, batch_x, batch_u)
+        return m.forward_backward(batch_x, batch_u if m.is_da else None)
 
     def after_epoch(self) -> None:
         hooks.run(self.method.hooks, "after_epoch")  # schedulers, divergence, records, checkpoint
@@ -119,6 +182,8 @@ def check_hosted_cfg(cfg: CN) -> None:
     key of Dassl's it would ignore (a run that silently ignores one looks like the run it names)."""
     name = cfg.TRAINER.NAME
     for key, allowed in SUPPORTED_VALUES.items():
+        if key == "TRAIN.COUNT_ITER":
+            continue  # Dassl's epoch reads it (HostedMethod.run_epoch)
         value = key_value(cfg, key)
         if value not in allowed:
             raise DAELConfigError(f"{key}={value!r}: {name} takes {list(allowed)} on either engine")

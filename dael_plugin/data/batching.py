@@ -35,10 +35,11 @@ def split_domains(domain: torch.Tensor, per_domain: int, num_domains: int) -> Tu
     return [per_domain] * blocks.shape[0], domain.long()
 
 
-def release_loaders(root: object, depth: int = 4) -> int:
+def release_loaders(root: object, depth: int = 5) -> int:
     """Stop the worker processes of every ``DataLoader`` reachable from ``root`` (its attributes,
     and theirs, dict values and list items, ``depth`` levels down: the records' loaders sit at
-    ``trainer.selection.model.loaders[name]``, four levels); returns how many it stopped.
+    ``trainer.selection.model.loaders[name]``, four levels, and on the Dassl engine at
+    ``trainer.method.selection.model.loaders[name]``, five); returns how many it stopped.
 
     A run's loaders keep their workers across epochs (``persistent_workers``). When the run ends
     in a process that goes on (``train.main`` called from Python: a notebook, a test, a sweep in

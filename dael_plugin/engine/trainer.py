@@ -461,6 +461,14 @@ class BuiltinTrainer(TrainerFacts):
         print("No checkpoint found, train from scratch")
         return 0
 
+    def saved_model(self, state: dict, path: str) -> dict:
+        """The weights of a loaded checkpoint ``state`` (read from ``path``), by module-prefixed name."""
+        if "model" not in state:
+            raise ckpt.CheckpointError(
+                f"{path} is not a checkpoint of dael-plugin's built-in engine; evaluate it with --engine dassl"
+            )
+        return dict(state["model"])
+
     def load_model(self, directory: str, epoch: Optional[int] = None, name: Optional[str] = None) -> int:
         """Load weights for evaluation (the last checkpoint, epoch ``epoch``'s or the file ``name``,
         e.g. a protocol's ``model-best-<protocol>.pth.tar``); returns its completed-epoch count."""
@@ -469,12 +477,8 @@ class BuiltinTrainer(TrainerFacts):
         if not os.path.isfile(path):
             raise DAELConfigError(f"no checkpoint {path}; pass --model-dir <OUTPUT_DIR of a run> (and --load-epoch N)")
         state = ckpt.load_checkpoint(path)
-        if "model" not in state:
-            raise ckpt.CheckpointError(
-                f"{path} is not a checkpoint of dael-plugin's built-in engine; evaluate it with --engine dassl"
-            )
+        model = self.saved_model(state, path)
         order = ckpt.check_loaded_run(state, self.cfg, path, self.engine, self.classnames)
-        model = dict(state["model"])
         if order is not None:  # the experts of this run's sources, by name
             heads = ckpt.reorder_experts({k[2:]: v for k, v in model.items() if k.startswith("E.")}, order)
             model.update({f"E.{k}": v for k, v in heads.items()})

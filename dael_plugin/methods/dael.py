@@ -66,7 +66,7 @@ class DAELBuiltin(BuiltinTrainer):
         self.step = make_step(
             self.strategy,
             self.algorithm,
-            [self.optim],
+            list(self.optims.values()),
             len(self.sources),
             self.per_domain,
             self.is_da,

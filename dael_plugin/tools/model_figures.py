@@ -28,17 +28,15 @@ class LoadedRun:
         cfg = yaml.safe_load(rec["provenance"]["config"])
         self.cfg = cfg
         state = ckpt.load_checkpoint(os.path.join(rec["_dir"], ckpt.LAST), map_location="cpu")
-        if state.get("engine") == "builtin":
-            model = state["model"]
-            feats = {k[2:]: v for k, v in model.items() if k.startswith("F.")}
-            head = {k[2:]: v for k, v in model.items() if k.startswith(("E.", "C."))}
-        elif state.get("engine") == "dassl" and set(state.get("models", {})) == {"F", "E"}:
-            f_state = state["models"]["F"]
-            if any(k.startswith("head.") for k in f_state):  # the experts read head(backbone(x))
+        # "model" by module-prefixed name; the Dassl engine's DAEL before 2026-12-05: "models" by name
+        model = state.get("model") or {f"{n}.{k}": v for n, m in state.get("models", {}).items() for k, v in m.items()}
+        feats = {k[2:]: v for k, v in model.items() if k.startswith("F.")}
+        head = {k[2:]: v for k, v in model.items() if k.startswith(("E.", "C."))}
+        if state.get("engine") == "dassl" and any(k.startswith("backbone.") for k in feats):  # Dassl's SimpleNet
+            if any(k.startswith("head.") for k in feats):  # the experts read head(backbone(x))
                 raise ValueError("its F has Dassl's MODEL.HEAD, which the figures do not rebuild")
-            feats = {k.split(".", 1)[1]: v for k, v in f_state.items() if k.startswith("backbone.")}
-            head = state["models"]["E"]
-        else:
+            feats = {k.split(".", 1)[1]: v for k, v in feats.items() if k.startswith("backbone.")}
+        if state.get("engine") not in ("builtin", "dassl") or not feats or not head:
             raise ValueError("not a checkpoint of the built-in engine or of the plugin's DAEL on Dassl")
         # built as the run built it: a timm model for INPUT.SIZE (a ViT's position embedding)
         size = tuple(int(v) for v in cfg["INPUT"]["SIZE"])

@@ -52,14 +52,15 @@ class HostedMethod(TrainerFacts, TrainerXU):
         check_hosted_cfg(cfg)  # train.py checked it before the output folder; Dassl's tools/train.py here
 
     def build_data_loader(self) -> None:
-        # Dassl's DataManager reads the data; its loaders are the method's. Dassl's domain sampler
-        # would stop a source smaller than its share of a batch before the method's sampler says so
-        # in one line, and the method builds its own views (names Dassl's build_transform lacks).
+        # Dassl's DataManager reads the data; the loaders it builds are never iterated (the method's
+        # train and test). Its domain sampler would stop a source smaller than its share of a batch
+        # before the method's sampler says so in one line, and its training transform would refuse
+        # the names Dassl lacks: the method builds its own views.
         dm_cfg = self.cfg.clone()
         dm_cfg.defrost()
         dm_cfg.DATALOADER.TRAIN_X.SAMPLER = "RandomSampler"
         plain = build_test_transform(self.cfg)
-        dm = DataManager(dm_cfg, custom_tfm_train=plain, custom_tfm_test=plain, dataset_wrapper=RobustDatasetWrapper)
+        dm = DataManager(dm_cfg, custom_tfm_train=plain, dataset_wrapper=RobustDatasetWrapper)
         self.dm, self.lab2cname = dm, dm.lab2cname
         self.num_classes, self.num_source_domains = dm.num_classes, dm.num_source_domains
         self.method = m = self.build_method(dassl_splits(dm))

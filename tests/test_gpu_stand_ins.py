@@ -172,7 +172,7 @@ def test_dassl_resume_onto_another_device_keeps_host_states_on_the_cpu(tmp_path,
     cfg = _cfg(tmp_path, tiny_root, "dassl")
     DAELTrainer(cfg).train()
     again = DAELTrainer(cfg)
-    again.device = torch.device("meta")
+    again.device = again.method.device = torch.device("meta")  # Dassl's trainer and the method it hosts
     _meta_rng_guard(monkeypatch)
     assert again.resume_model_if_exist(cfg.OUTPUT_DIR) == 1
 

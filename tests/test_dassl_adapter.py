@@ -636,7 +636,8 @@ def test_best_val_deploys_the_model_of_the_best_validation_epoch(tmp_path, tiny_
     model with ``load_model(OUTPUT_DIR)``. The plugin's ``load_model`` read the last checkpoint
     there, so the final test scored the last epoch's model under Dassl's line "Deploy the model
     with the best val performance" (epoch 4 deployed where epoch 2 was best, 2026-12-05). The
-    validation results are scripted so that the first of two epochs is the best."""
+    validation results are scripted so that the first of two epochs is the best. ``--eval-only``
+    without ``--load-epoch`` reads that model too, as Dassl's ``load_model`` does."""
     from dassl.config import get_cfg_default
 
     from dael_plugin import add_dael_config
@@ -668,6 +669,7 @@ def test_best_val_deploys_the_model_of_the_best_validation_epoch(tmp_path, tiny_
     for k, v in best["state_dict"].items():
         assert torch.equal(deployed[k], v), k
     assert any(not torch.equal(deployed[k], v) for k, v in last.items()), "the last epoch's model differs"
+    assert DAELTrainer(cfg).load_model(str(out)) == 1  # --eval-only without --load-epoch: Dassl's best too
 
 
 @pytest.mark.parametrize("count", ["train_x", "train_u", "smaller_one"])

@@ -139,26 +139,17 @@ class DAELTrainer(HostedMethod):
             return epoch
         return super().resume_model_if_exist(directory)
 
-    _deploying_best = False
-
     def load_model(self, directory, epoch=None, name=None):
         """The last checkpoint, Dassl's epoch ``epoch`` files, or the file ``name`` (a protocol's
-        ``model-best-<protocol>.pth.tar``) of ``directory``; returns its epoch count. Called by Dassl's
-        ``after_train`` under ``TEST.FINAL_MODEL best_val``: the ``model-best.pth.tar`` files that
-        Dassl's ``after_epoch`` saved at the best validation result, as Dassl's own ``load_model``."""
-        last = name is None and epoch is None and osp.isfile(osp.join(directory, ckpt.LAST))
-        if self._deploying_best or not (name is not None or last):
+        ``model-best-<protocol>.pth.tar``) of ``directory``; returns its epoch count. Under
+        ``TEST.FINAL_MODEL best_val``, without ``epoch`` or ``name``: the ``model-best.pth.tar`` files
+        that Dassl's ``after_epoch`` saved at the best validation result, as Dassl's own
+        ``load_model`` (its ``after_train`` deploys that model with ``load_model(OUTPUT_DIR)``)."""
+        plain = name is None and epoch is None
+        best = plain and self.cfg.TEST.FINAL_MODEL == "best_val"
+        if best or not (name is not None or plain and osp.isfile(osp.join(directory, ckpt.LAST))):
             return load_dassl_checkpoints(self, directory, epoch)
         return super().load_model(directory, name=name)
-
-    def after_train(self):
-        # Dassl's after_train deploys the best validation model with load_model(OUTPUT_DIR), which
-        # must read Dassl's model-best files, not the last checkpoint (the last epoch's model)
-        self._deploying_best = self.cfg.TEST.FINAL_MODEL == "best_val"
-        try:
-            super().after_train()
-        finally:
-            self._deploying_best = False
 
     def model_inference(self, input):
         return self.method.algorithm.predict(input)

@@ -301,6 +301,37 @@ def test_a_step_on_the_meta_device_mixes_no_cpu_tensor(setting):
     assert all(p.grad is not None and p.grad.device.type == "meta" for p in net.parameters())
 
 
+@pytest.mark.dassl
+@pytest.mark.parametrize("setting", ["da", "dg"])
+def test_the_dassl_engines_dael_model_steps_on_the_meta_device_mixing_no_cpu_tensor(setting):
+    """The Dassl engine's DAEL as it builds its model (dassl_adapter/trainer.DasslsDAEL): Dassl's
+    ``SimpleNet`` F over a Dassl backbone with an MLP head (``MODEL.HEAD``), and an optimiser each
+    for F and E from Dassl's ``build_optimizer`` (``OPTIM.STAGED_LR`` on), on a non-CPU device."""
+    pytest.importorskip("dassl")
+    from dassl.config import get_cfg_default
+    from dassl.engine.trainer import SimpleNet
+    from dassl.optim import build_optimizer
+
+    from dael_plugin.core import DAEL, build_heads
+    from dael_plugin.dassl_adapter.trainer import _expert_optim_args
+    from dael_plugin.engine.step import DAELStep
+
+    cfg = get_cfg_default()
+    cfg.merge_from_list(["MODEL.BACKBONE.NAME", "cnn_digitsingle", "MODEL.HEAD.NAME", "mlp",
+                         "MODEL.HEAD.HIDDEN_LAYERS", [32], "OPTIM.STAGED_LR", True, "OPTIM.NEW_LAYERS", ["head"]])  # fmt: skip
+    dev = torch.device("meta")
+    net = SimpleNet(cfg, cfg.MODEL, 0).to(dev).to(memory_format=torch.channels_last)
+    heads = build_heads(net.fdim, 5, 3, _cs("da", dev)[0]).to(dev)
+    algo = DAEL(net, heads, _cs("da", dev)[0], fuse_chunks=True, chunk_bn="grouped")
+    optims = [build_optimizer(net, cfg.OPTIM), build_optimizer(heads, *_expert_optim_args(heads, cfg.OPTIM))]
+    assert len(optims[0].param_groups) == 2  # the staged rates: the backbone's and the head's
+    x, u = _batches()
+    da = setting == "da"
+    out = DAELStep(algo, optims, strategy(dev, channels_last=True), 3, 4, da)(x, u if da else None)
+    assert all(v.device.type == "meta" for v in out.values()) and ("loss_u" in out) == da
+    assert all(p.grad is not None and p.grad.device.type == "meta" for p in [*net.parameters(), *heads.parameters()])
+
+
 def split_on_the_host(monkeypatch):
     """Under FakeTensorMode, the step's host-side chunk check reads the loader's CPU tensors as real."""
     from torch._subclasses.fake_tensor import unset_fake_temporarily

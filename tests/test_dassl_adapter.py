@@ -489,42 +489,6 @@ def test_dael_on_dassl_with_views_on_the_device_and_a_log_per_print_freq(tmp_pat
     assert printed == ([b for b in range(1, total + 1) if b % 2 == 0] if total >= 2 else [1])
 
 
-def test_dassl_wrapper_holds_the_random_states_for_seeded_draws_only(tmp_path):
-    """torch's batched fetch (``__getitems__``) of the Dassl engine's dataset wrapper: seeded
-    draws ``(index, seed)`` hold the random states once a batch and give the per-item views; Dassl's
-    plain indices draw from the global streams, which advance as they do item by item."""
-    import numpy as np
-    from dassl.config import get_cfg_default
-    from dassl.data.datasets.base_dataset import Datum
-    from PIL import Image
-    from torchvision import transforms as T
-
-    from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
-
-    items = []
-    for i in range(4):
-        path = tmp_path / f"{i}.png"
-        Image.fromarray(np.random.default_rng(i).integers(0, 255, (12, 12, 3), dtype=np.uint8)).save(path)
-        items.append(Datum(impath=str(path), label=i % 2, domain=0, classname=f"c{i % 2}"))
-    ds = RobustDatasetWrapper(get_cfg_default(), items, T.Compose([T.RandAugment(), T.PILToTensor()]), is_train=True)
-
-    keys = [(i, 100 + i) for i in range(4)]
-    torch.manual_seed(0)
-    start = torch.get_rng_state()
-    batch = ds.__getitems__(keys)
-    assert torch.equal(torch.get_rng_state(), start)
-    assert all(torch.equal(b["img"], ds[k]["img"]) for b, k in zip(batch, keys))
-
-    torch.manual_seed(0)
-    batch = ds.__getitems__([0, 1, 2, 3])
-    after_batch = torch.get_rng_state()
-    torch.manual_seed(0)
-    one_by_one = [ds[i] for i in range(4)]
-    assert not torch.equal(after_batch, start)  # the global stream moved, as in Dassl
-    assert torch.equal(torch.get_rng_state(), after_batch)
-    assert all(torch.equal(b["img"], o["img"]) for b, o in zip(batch, one_by_one))
-
-
 def _run_state(modules, optims) -> dict:
     """A built-in run's weights, batch-norm statistics and SGD momentum buffers, by name."""
     state = {n: t.detach().clone() for n, t in modules.state_dict().items()}

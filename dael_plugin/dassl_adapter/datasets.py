@@ -11,8 +11,9 @@ from dael_plugin.data import folders
 class KeptDatum(Datum):
     """Dassl's ``Datum`` without its ``assert os.path.isfile(impath)``: a FIFO, a link to a device
     or a folder named like an image stopped the whole run with a bare ``AssertionError``. The
-    plugin's loader (``robust_data``) replaces such an entry with another image of its domain when
-    it is read, with a warning, as the built-in engine does; ``--check-data`` lists it."""
+    plugin's loader (``data/loaders.ImageList``, the hosted method's on the Dassl engine) replaces
+    such an entry with another image of its domain when it is read, with a warning; ``--check-data``
+    lists it."""
 
     def __init__(self, impath: str = "", label: int = 0, domain: int = 0, classname: str = "") -> None:
         self._impath, self._label, self._domain, self._classname = impath, label, domain, classname

@@ -27,7 +27,6 @@ from dael_plugin.config.defaults import SUPPORTED_VALUES
 from dael_plugin.config.keys import full_keys, key_value
 from dael_plugin.dassl_adapter.backbones import build_dassl_backbone
 from dael_plugin.dassl_adapter.evaluate import dassl_test
-from dael_plugin.dassl_adapter.robust_data import RobustDatasetWrapper
 from dael_plugin.data.items import Item
 from dael_plugin.engine import distributed, hooks
 from dael_plugin.engine.guard import divergence_error
@@ -60,7 +59,7 @@ class HostedMethod(TrainerFacts, TrainerXU):
         dm_cfg.defrost()
         dm_cfg.DATALOADER.TRAIN_X.SAMPLER = "RandomSampler"
         plain = build_test_transform(self.cfg)
-        dm = DataManager(dm_cfg, custom_tfm_train=plain, dataset_wrapper=RobustDatasetWrapper)
+        dm = DataManager(dm_cfg, custom_tfm_train=plain)
         self.dm, self.lab2cname = dm, dm.lab2cname
         self.num_classes, self.num_source_domains = dm.num_classes, dm.num_source_domains
         self.method = m = self.build_method(dassl_splits(dm))

@@ -1,10 +1,12 @@
-"""A method of the plugin's registry that Dassl lacks (a ``--plugin`` method of the user's own) on
-the Dassl engine: Dassl's dataset classes read the data (``DATASET_REGISTRY``, its ``DataManager``),
-Dassl's ``train()`` drives the epochs and Dassl's evaluator scores the test. Inside, the method
-object is the one the built-in engine builds (engine/trainer.py, with the items Dassl read): its
-epoch, its step with every ``EXECUTION`` option, and its hooks (checkpoint and exact resume, the
-per-epoch records), so nothing of the method is written twice. Its backbones are Dassl's, built
-as Dassl's ``SimpleNet`` builds them (any name in Dassl's ``BACKBONE_REGISTRY``).
+"""The plugin's methods on the Dassl engine: each method of the plugin's registry that Dassl lacks
+(a ``--plugin`` method of the user's own), and DAEL and DAELDG (dassl_adapter/trainer.py, which
+builds the model as Dassl's own DAEL does). Dassl's dataset classes read the data
+(``DATASET_REGISTRY``, its ``DataManager``), Dassl's ``train()`` drives the epochs (its
+``TrainerXU`` epoch: ``TRAIN.COUNT_ITER``, its log line) and Dassl's evaluator scores the test.
+Inside, the method object is the one the built-in engine builds (engine/trainer.py, with the items
+Dassl read): its step with every ``EXECUTION`` option and its hooks (checkpoint and exact resume,
+the per-epoch records), so nothing of the method is written twice. Its backbones are Dassl's,
+built as Dassl's ``SimpleNet`` builds them (any name in Dassl's ``BACKBONE_REGISTRY``).
 
 Dassl's own trainers keep their names: a method is hosted only under a name Dassl's
 ``TRAINER_REGISTRY`` does not hold (:func:`register_hosted`). Under torchrun each process hosts

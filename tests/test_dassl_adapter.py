@@ -661,3 +661,21 @@ def test_an_epoch_is_as_long_as_dassls_count_iter_says(tmp_path, tiny_root, coun
     ours.epoch = 0
     ours.run_epoch()
     assert len(steps) == ours.num_batches == lengths[count]
+
+
+def test_seed_minus_one_under_dassls_own_script_is_one_drawn_seed_for_the_run(tmp_path, tiny_root, capsys, dropout_cnn):
+    """Dassl's own ``tools/train.py`` leaves ``SEED -1`` unseeded, and a hosted method drew every
+    batch from seed 0 there (Dassl's own trainers draw at random; so did the plugin's earlier DAEL
+    trainer). The host draws one seed for the run, as scripts/train.py does, and a rerun in the
+    same folder (a resume) takes the seed its checkpoint holds."""
+    from dael_plugin.dassl_adapter import DAELTrainer
+
+    cfg = _reference_cfg(tiny_root, 0.95, tmp_path / "s", backbone=dropout_cnn)
+    cfg.merge_from_list(FAST[:2])
+    assert cfg.SEED == -1
+    a, b = DAELTrainer(cfg), DAELTrainer(cfg)
+    assert a.cfg.SEED >= 0 and a.method.seed == a.cfg.SEED != b.cfg.SEED
+    assert f"SEED -1: drew seed {a.cfg.SEED}" in capsys.readouterr().out
+    a.train()
+    again = DAELTrainer(cfg)
+    assert again.cfg.SEED == a.cfg.SEED and "this run drew" in capsys.readouterr().out

@@ -34,7 +34,9 @@ from dael_plugin.engine import distributed, hooks
 from dael_plugin.engine.guard import divergence_error
 from dael_plugin.engine.loop import end_sync_batch_norm, next_cycled, note_bad, train_epoch
 from dael_plugin.engine.results import TrainerFacts
+from dael_plugin.engine.seed import draw_seed
 from dael_plugin.engine.step import DeviceMeters, format_meters
+from dael_plugin.engine.trainer import set_random_seed
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.methods import TRAINERS, build_trainer
 from dael_plugin.transforms.host import build_test_transform
@@ -47,6 +49,12 @@ class HostedMethod(TrainerFacts, TrainerXU):
 
     def __init__(self, cfg: CN, eval_only: bool = False) -> None:
         self.eval_only = eval_only
+        if int(cfg.SEED) < 0:  # Dassl's own tools/train.py leaves SEED -1 unseeded
+            cfg = cfg.clone()
+            cfg.defrost()
+            print(draw_seed(cfg))  # one seed for everything, or the resumed run's, as scripts/train.py
+            cfg.freeze()
+            set_random_seed(cfg.SEED)
         super().__init__(cfg)  # Dassl's: check_cfg, build_data_loader, build_model, the evaluator
 
     def check_cfg(self, cfg: CN) -> None:

@@ -97,6 +97,8 @@ def _reference_cfg(data_root, conf_thre, out, backbone="cnn_digit5_m3sda"):
             0,
             "VERBOSE",
             False,
+            "SEED",  # the batches drawn: SEED -1 draws a new seed each run (engine/seed.py)
+            1,
             "OUTPUT_DIR",
             str(out),  # the test's own: the data root is shared by the suite's workers
             # Dassl's names only, so the reference can build the same strong view.
@@ -671,8 +673,7 @@ def test_seed_minus_one_under_dassls_own_script_is_one_drawn_seed_for_the_run(tm
     from dael_plugin.dassl_adapter import DAELTrainer
 
     cfg = _reference_cfg(tiny_root, 0.95, tmp_path / "s", backbone=dropout_cnn)
-    cfg.merge_from_list(FAST[:2])
-    assert cfg.SEED == -1
+    cfg.merge_from_list([*FAST[:2], "SEED", -1])
     a, b = DAELTrainer(cfg), DAELTrainer(cfg)
     assert a.cfg.SEED >= 0 and a.method.seed == a.cfg.SEED != b.cfg.SEED
     assert f"SEED -1: drew seed {a.cfg.SEED}" in capsys.readouterr().out

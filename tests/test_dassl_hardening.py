@@ -142,6 +142,8 @@ def _ref_cfg(root, out, trainer="DAEL", backbone="cnn_digit5_m3sda"):
             0,
             "VERBOSE",
             False,
+            "SEED",  # the batches drawn: SEED -1 draws a new seed each run (engine/seed.py)
+            1,
             "OUTPUT_DIR",
             str(out),  # the test's own: the data root is shared by the suite's workers
             f"{node}.STRONG_TRANSFORMS",
@@ -188,7 +190,10 @@ def test_three_steps_match_dassls_own_trainer(data_root, tmp_path, trainer, chan
 
     cfg = _ref_cfg(data_root, tmp_path / "eq", trainer, backbone=dropout_cnn)
     cfg.defrost()
-    cfg.merge_from_list(["DATALOADER.TRAIN_X.BATCH_SIZE", 12, "DATALOADER.TRAIN_U.BATCH_SIZE", 8])
+    # SEED 4: the batches. channels_last's rounding depends on them: after 3 steps, one thread,
+    # seeds 1-6 gave 6.9e-6 to 2.1e-4 with channels_last and 3.2e-6 to 1.1e-5 without (AMD EPYC,
+    # 2026-12-05); on seed 4's, L_cr weighted 1.05 fails both tolerances (broken by hand)
+    cfg.merge_from_list(["DATALOADER.TRAIN_X.BATCH_SIZE", 12, "DATALOADER.TRAIN_U.BATCH_SIZE", 8, "SEED", 4])
     cfg.OPTIM.LR = 1e-3
     cfg.TRAINER[trainer].CHANNELS_LAST = channels_last
     tol = 5e-5 if channels_last else 2e-5

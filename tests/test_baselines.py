@@ -364,9 +364,9 @@ def test_source_model_preconditions_are_one_line_each(tmp_path, tiny_root, sourc
         ("AdaBN", ["MODEL.INIT_WEIGHTS", str(tmp_path / "nothing.pth")], "no such file"),
         ("AdaBN", ["MODEL.INIT_WEIGHTS", dael], "does not fit this model"),
         ("ADDA", ["MODEL.INIT_WEIGHTS", str(other)], "was trained on other classes"),
-        ("SE", ["DATALOADER.K_TRANSFORMS", "1"], "SE takes DATALOADER.K_TRANSFORMS 2, not 1"),
-        ("DANN", ["DATALOADER.K_TRANSFORMS", "2"], "DANN takes DATALOADER.K_TRANSFORMS 1, not 2"),
-        ("MME", ["MODEL.INIT_WEIGHTS", source_run], "MME does not read MODEL.INIT_WEIGHTS"),
+        ("SE", ["DATALOADER.K_TRANSFORMS", "1"], "SE takes 2, not 1"),
+        ("DANN", ["DATALOADER.K_TRANSFORMS", "2"], "DANN takes 1, not 2"),
+        ("MME", ["MODEL.INIT_WEIGHTS", source_run], "MME does not read it"),
     ]
     cases.append(("DDAIG", ["TRAINER.DDAIG.G_ARCH", "''"], "DDAIG needs TRAINER.DDAIG.G_ARCH"))
     cases.append(("DDAIG", ["TRAINER.DDAIG.G_ARCH", "unet"], "is not one of Dassl's generators"))

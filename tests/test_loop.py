@@ -4,7 +4,7 @@ import pytest
 import torch
 
 from dael_plugin.engine.guard import FiniteGuard
-from dael_plugin.engine.loop import pick_eval_split, train_epoch
+from dael_plugin.engine.loop import epoch_batches, pick_eval_split, train_epoch
 
 
 def _epoch(n, freq, bad_at=None):
@@ -38,6 +38,62 @@ def test_a_short_epoch_is_read_at_every_batch():
 def test_a_non_finite_loss_stops_at_the_next_read_with_the_batches_done():
     with pytest.raises(RuntimeError, match="diverged at 4"):
         _epoch(8, 4, bad_at=2)
+
+
+class _Loader:
+    """A loader of ``n`` batches; each pass is numbered (``(pass, i)``), as a fresh draw would be."""
+
+    def __init__(self, n):
+        self.n, self.passes, self.batch_sampler = n, 0, self
+        self.epoch = None
+
+    def set_epoch(self, epoch):
+        self.epoch = epoch
+
+    def __len__(self):
+        return self.n
+
+    def __iter__(self):
+        self.passes += 1
+        return iter([(self.passes, i) for i in range(self.n)])
+
+
+@pytest.mark.parametrize(
+    "count, n, x_seen, u_seen",
+    [
+        ("train_x", 3, [(1, 0), (1, 1), (1, 2)], [(1, 0), (1, 1), (1, 2)]),
+        ("train_u", 5, [(1, 0), (1, 1), (1, 2), (2, 0), (2, 1)], [(1, i) for i in range(5)]),
+        ("smaller_one", 3, [(1, 0), (1, 1), (1, 2)], [(1, 0), (1, 1), (1, 2)]),
+    ],
+)
+def test_an_epoch_has_as_many_batches_as_dassls_count_iter_says(count, n, x_seen, u_seen):
+    """Dassl's ``TrainerXU.run_epoch``, hand-worked for 3 source batches and 5 target ones: under
+    ``train_u`` the source loader runs out after 3 and starts a second pass (fresh draws)."""
+    x, u = _Loader(3), _Loader(5)
+    length, pairs = epoch_batches((x, u), 7, count)
+    pairs = list(pairs)
+    assert length == len(pairs) == n and x.epoch == u.epoch == 7
+    assert [b for b, _ in pairs] == x_seen and [b for _, b in pairs] == u_seen
+
+
+def test_a_dg_epoch_is_the_source_loaders_whatever_count_iter_says():
+    x = _Loader(3)
+    length, pairs = epoch_batches((x, None), 0, "train_u")
+    assert length == 3 and [u for _, u in pairs] == [None] * 3
+
+
+def test_the_built_in_engine_counts_its_epoch_by_count_iter(tmp_path, tiny_root):
+    """On the built-in engine ``TRAIN.COUNT_ITER train_u`` makes DAEL's epoch as long as its target
+    loader, and the source loader's second pass draws batches of its own (it was refused here)."""
+    from test_contract import build
+
+    tr = build("DAEL", tiny_root, tmp_path / "run", None, None, "TRAIN.COUNT_ITER", "train_u",
+               "DATALOADER.TRAIN_X.BATCH_SIZE", "24", "DATALOADER.TRAIN_U.BATCH_SIZE", "3")  # fmt: skip
+    nx, nu = len(tr.train_loader_x), len(tr.train_loader_u)
+    assert nu > nx
+    paths = [tuple(bx["index"].tolist()) for bx, _ in tr._batches()]
+    assert tr.num_batches == len(paths) == nu
+    assert paths[nx] != paths[0] and len(set(paths)) == len(paths)
 
 
 def test_eval_loader_takes_val_where_there_is_one(capsys):

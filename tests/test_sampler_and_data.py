@@ -33,6 +33,7 @@ def test_fewer_domains_per_batch_and_determinism():
     domains = np.repeat(np.arange(4), 50)
     s = DomainBalancedBatchSampler(domains, batch_size=20, n_domain=2, seed=3)
     a = indices(s)
+    s.set_epoch(0)  # the epoch again: its batches again (a second pass of one epoch draws anew)
     assert a == indices(s)
     s.set_epoch(1)
     assert indices(s) != a
@@ -465,3 +466,17 @@ def test_a_batch_that_does_not_split_over_the_processes_is_one_line():
     short.set_shard(0, 2)
     with pytest.raises(DAELConfigError, match=r"a last batch of 1 does not split over 2 processes"):
         list(short)
+
+
+def test_a_cycled_pass_of_the_cycling_domain_sampler_draws_afresh():
+    """A source loader cycled within an epoch (``TRAIN.COUNT_ITER train_u``) draws new batches on
+    its second pass; its first pass is the epoch's plan, as before passes were counted."""
+    from dael_plugin.data.sampling import DomainBalancedBatchSampler
+
+    s = DomainBalancedBatchSampler([0] * 20 + [1] * 30, batch_size=4, seed=3)
+    s.set_epoch(2)
+    first, second = list(s), list(s)
+    assert [[i for i, _ in b] for b in first] == s.plan(2).tolist()
+    assert first != second and len(first) == len(second) == len(s)
+    s.set_epoch(2)
+    assert list(s) == first

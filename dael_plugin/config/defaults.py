@@ -10,7 +10,8 @@ from __future__ import annotations
 from yacs.config import CfgNode as CN
 
 from dael_plugin.config import add_dael_config
-from dael_plugin.config.keys import SOURCE_SAMPLERS
+from dael_plugin.config.keys import SOURCE_SAMPLERS, key_value
+from dael_plugin.errors import DAELConfigError
 
 
 def get_builtin_cfg() -> CN:
@@ -137,7 +138,16 @@ SUPPORTED_VALUES = {
     "DATALOADER.TEST.SAMPLER": ("SequentialSampler",),
     "OPTIM.NAME": ("sgd", "adam", "adamw"),
     "OPTIM.LR_SCHEDULER": ("cosine", "single_step", "multi_step"),
-    "TRAIN.COUNT_ITER": ("train_x",),
+    "TRAIN.COUNT_ITER": ("train_x", "train_u", "smaller_one"),  # Dassl's TrainerXU epoch's (engine/loop.py)
     "TEST.EVALUATOR": ("Classification",),
     "TEST.FINAL_MODEL": ("last_step",),
 }
+
+
+def check_supported_values(cfg: CN, advice: str) -> None:
+    """One line for a value of a key in :data:`SUPPORTED_VALUES` that the plugin's loop cannot
+    honour (the built-in engine's methods, and the plugin's methods on the Dassl engine)."""
+    for key, allowed in SUPPORTED_VALUES.items():
+        value = key_value(cfg, key)
+        if value not in allowed:
+            raise DAELConfigError(f"{key}={value!r}: {cfg.TRAINER.NAME} takes {list(allowed)} here; {advice}")

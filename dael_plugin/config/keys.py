@@ -309,17 +309,6 @@ def check_dael_cfg(cfg: CN) -> None:
             f"{prefix}.STRONG_TRANSFORMS is empty; DAEL needs a strong view, e.g. "
             f"{prefix}.STRONG_TRANSFORMS \"['randaugment2', 'normalize']\""
         )
-    if cfg.MODEL.INIT_WEIGHTS:  # Dassl's DAEL builds its own modules and ignores it: refused, not ignored
-        raise DAELConfigError(
-            f"MODEL.INIT_WEIGHTS {cfg.MODEL.INIT_WEIGHTS}: DAEL does not read it on either engine (neither does "
-            "Dassl's DAEL, which builds its own modules); remove it, or start the backbone from a file with "
-            "MODEL.BACKBONE.WEIGHTS"
-        )
-    if int(cfg.DATALOADER.K_TRANSFORMS) != 1:  # Dassl's would hand each step a list of views per image
-        raise DAELConfigError(
-            f"DATALOADER.K_TRANSFORMS={cfg.DATALOADER.K_TRANSFORMS}: DAEL takes 1 (its weak and strong views are "
-            f"INPUT.TRANSFORMS and {prefix}.STRONG_TRANSFORMS); set it to 1"
-        )
     if cfg.DATALOADER.TRAIN_U.SAMPLER != "RandomSampler":
         raise DAELConfigError(
             f"DATALOADER.TRAIN_U.SAMPLER={cfg.DATALOADER.TRAIN_U.SAMPLER!r}: DAEL draws its target batches "

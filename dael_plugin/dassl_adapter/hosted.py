@@ -25,14 +25,14 @@ from dassl.engine import TRAINER_REGISTRY, TrainerXU
 from dassl.utils import AverageMeter
 from yacs.config import CfgNode as CN
 
-from dael_plugin.config.defaults import SUPPORTED_VALUES
+from dael_plugin.config.defaults import check_supported_values
 from dael_plugin.config.keys import full_keys, key_value
 from dael_plugin.dassl_adapter.backbones import build_dassl_backbone
 from dael_plugin.dassl_adapter.evaluate import dassl_test
 from dael_plugin.data.items import Item
 from dael_plugin.engine import distributed, hooks
 from dael_plugin.engine.guard import divergence_error
-from dael_plugin.engine.loop import end_sync_batch_norm, next_cycled, note_bad, train_epoch
+from dael_plugin.engine.loop import end_sync_batch_norm, epoch_batches, note_bad, train_epoch
 from dael_plugin.engine.results import TrainerFacts
 from dael_plugin.engine.seed import draw_seed
 from dael_plugin.engine.step import DeviceMeters, format_meters
@@ -113,24 +113,17 @@ class HostedMethod(TrainerFacts, TrainerXU):
         m.epoch = self.epoch
         m.modules.train()
         # Dassl's names, as its run_epoch reads them (the method's loaders, or what wraps them)
-        loaders = [ld for ld in (self.train_loader_x, self.train_loader_u if m.is_da else None) if ld is not None]
-        for loader in loaders:
-            loader.batch_sampler.set_epoch(self.epoch)
-        lengths = {"train_x": len(loaders[0])}
-        if len(loaders) > 1:
-            lengths.update(train_u=len(loaders[1]), smaller_one=min(len(ld) for ld in loaders))
-        self.num_batches = m.num_batches = lengths.get(self.cfg.TRAIN.COUNT_ITER, lengths["train_x"])
-        its = [iter(ld) for ld in loaders]
+        loaders = (self.train_loader_x, self.train_loader_u)
+        n, pairs = epoch_batches(loaders, self.epoch, self.cfg.TRAIN.COUNT_ITER)
+        self.num_batches = m.num_batches = n
         batch_time, data_time = AverageMeter(), AverageMeter()
         freq, clock = self.cfg.TRAIN.PRINT_FREQ, {"end": time.time()}
 
         def batches():
-            for self.batch_idx in range(self.num_batches):
+            for self.batch_idx, pair in enumerate(pairs):
                 m.batch_idx = self.batch_idx  # a method's step-dependent weights read it (DANN's)
-                pairs = [next_cycled(it, ld) for it, ld in zip(its, loaders)]
-                its[:] = [it for _, it in pairs]
                 data_time.update(time.time() - clock["end"])
-                yield pairs[0][0], pairs[1][0] if len(pairs) > 1 else None
+                yield pair
                 batch_time.update(time.time() - clock["end"])
                 clock["end"] = time.time()
 
@@ -191,12 +184,7 @@ def check_hosted_cfg(cfg: CN) -> None:
     """The values a hosted method's loop reads as the built-in engine does, and no value set for a
     key of Dassl's it would ignore (a run that silently ignores one looks like the run it names)."""
     name = cfg.TRAINER.NAME
-    for key, allowed in SUPPORTED_VALUES.items():
-        if key == "TRAIN.COUNT_ITER":
-            continue  # Dassl's epoch reads it (HostedMethod.run_epoch)
-        value = key_value(cfg, key)
-        if value not in allowed:
-            raise DAELConfigError(f"{key}={value!r}: {name} takes {list(allowed)} on either engine")
+    check_supported_values(cfg, f"{name} runs the plugin's own loop on either engine")
     dassls = get_cfg_default()
     for key in unread_dassl_keys():
         value, default = key_value(cfg, key), key_value(dassls, key)

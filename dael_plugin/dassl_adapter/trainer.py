@@ -26,7 +26,7 @@ from dael_plugin.config import check_dael_cfg, trainer_node
 from dael_plugin.dassl_adapter.checks import check_dataset_cfg
 from dael_plugin.dassl_adapter.hosted import HostedMethod
 from dael_plugin.engine import checkpoint as ckpt
-from dael_plugin.engine import distributed, hooks
+from dael_plugin.engine import distributed
 from dael_plugin.engine.hooks import DivergenceCheck, EpochRecords, HookBase, LastCheckpoint, StepSchedulers
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.methods.dael import DAELBuiltin
@@ -43,6 +43,17 @@ class DasslsDAEL(DAELBuiltin):
     # Its "last" checkpoints hold "model"; those of the Dassl engine before it hosted the method
     # hold "models" by name, read as well (load_run_state)
     resume_keys = ("data",)
+
+    def __init__(self, cfg: CN, dassl_trainer: "DAELTrainer", **kwargs) -> None:
+        self.dassl_trainer = dassl_trainer  # whose after_epoch runs between the hooks
+        super().__init__(cfg, **kwargs)
+
+    def build_hooks(self) -> list:
+        # Dassl's own after_epoch (its evaluation and epoch files) after the divergence check and
+        # before the epoch's record; the "last" checkpoint has no epoch files (Dassl's are the run's)
+        self.checkpointer = LastCheckpoint()
+        records = EpochRecords(self.selection) if self.selection is not None else None
+        return [StepSchedulers(), DivergenceCheck(), DasslsAfterEpoch(self.dassl_trainer), records, self.checkpointer]
 
     def build_backbone(self):
         from dael_plugin.dassl_adapter.backbones import register_timm_backbone
@@ -105,13 +116,7 @@ class DAELTrainer(HostedMethod):
 
     def build_method(self, splits: dict):
         cls = DasslsDAELDG if str(self.cfg.TRAINER.NAME).upper() == "DAELDG" else DasslsDAEL
-        m = cls(self.cfg, eval_only=self.eval_only, splits=splits)
-        # After each epoch, in this order (engine/hooks.py): the schedulers, the divergence check,
-        # Dassl's own after_epoch (its evaluation and epoch files), the epoch's record, then the
-        # "last" checkpoint (no epoch files of its own: Dassl's are the run's)
-        m.checkpointer = LastCheckpoint()
-        records = EpochRecords(m.selection) if m.selection is not None else None
-        m.hooks = hooks.bind(m, [StepSchedulers(), DivergenceCheck(), DasslsAfterEpoch(self), records, m.checkpointer])
+        m = cls(self.cfg, self, eval_only=self.eval_only, splits=splits)
         print(f"DAEL setting: {'domain adaptation (L_u on)' if m.is_da else 'domain generalisation (no L_u)'}")
         return m
 

@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import random
-from typing import Iterator, List, Sequence, Tuple
+from typing import Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 import torch
@@ -123,7 +123,10 @@ class DomainBalancedBatchSampler(Shard, Sampler[List[Draw]]):
         largest = max(len(m) for m in self.members)
         self.num_batches = math.ceil(largest * k / (self.n_domain * self.per_domain))
         self.seed = seed
-        self.epoch = 0
+        self.epoch, self.passes = 0, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch, self.passes = epoch, 0
 
     def __len__(self) -> int:
         return self.num_batches
@@ -142,9 +145,9 @@ class DomainBalancedBatchSampler(Shard, Sampler[List[Draw]]):
         passes = math.ceil(count / len(members))
         return np.concatenate([rng.permutation(members) for _ in range(passes)])[:count]
 
-    def plan(self) -> np.ndarray:
-        """This epoch's ``(num_batches, batch_size)`` indices."""
-        rng = np.random.default_rng([self.seed, self.epoch])
+    def plan(self, key: Optional[int] = None) -> np.ndarray:
+        """The ``(num_batches, batch_size)`` indices of this epoch, or of the pass keyed ``key``."""
+        rng = np.random.default_rng([self.seed, self.epoch if key is None else key])
         k = len(self.domain_ids)
         if self.n_domain == k:
             chosen = np.tile(np.arange(k), (self.num_batches, 1))
@@ -167,8 +170,12 @@ class DomainBalancedBatchSampler(Shard, Sampler[List[Draw]]):
         return out.reshape(self.num_batches, -1)
 
     def __iter__(self) -> Iterator[List[Draw]]:
-        plan = self.plan()
-        seeds = draw_seeds(self.seed, self.epoch, 0, plan.size).reshape(plan.shape)
+        # Pass 0 is keyed by the epoch; a later pass of the epoch (a source loader cycled under
+        # TRAIN.COUNT_ITER) draws afresh, keyed as SeededRandomBatchSampler's later passes
+        key = self.epoch + 100_003 * self.passes
+        self.passes += 1
+        plan = self.plan(key)
+        seeds = draw_seeds(self.seed, key, 0, plan.size).reshape(plan.shape)
         for idx, s in zip(plan.tolist(), seeds.tolist()):
             yield self._take(list(zip(idx, s)))
 

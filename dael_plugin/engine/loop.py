@@ -8,7 +8,7 @@ engine/hooks.py.
 
 from __future__ import annotations
 
-from typing import Any, Callable, Iterable, Iterator, Optional, Tuple
+from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
 import torch
 
@@ -60,6 +60,30 @@ def next_cycled(it: Iterator, loader: Iterable) -> Tuple[Any, Iterator]:
     except StopIteration:
         it = iter(loader)
         return next(it), it
+
+
+def epoch_batches(loaders: Sequence[Any], epoch: int, count_iter: str) -> Tuple[int, Iterator[Batch]]:
+    """The epoch's length and its ``(batch_x, batch_u)`` pairs over the source loader and the
+    target's (``loaders[1]``, absent or None in DG; ``batch_u`` None then), as Dassl's
+    ``TrainerXU.run_epoch`` counts them under ``TRAIN.COUNT_ITER``: as many batches as the source
+    loader has (``train_x``), the target loader (``train_u``) or the shorter of the two
+    (``smaller_one``); a loader that runs out starts a fresh pass (:func:`next_cycled`)."""
+    loaders = [ld for ld in loaders if ld is not None]
+    for loader in loaders:
+        loader.batch_sampler.set_epoch(epoch)
+    lengths = {"train_x": len(loaders[0])}
+    if len(loaders) > 1:
+        lengths.update(train_u=len(loaders[1]), smaller_one=min(len(ld) for ld in loaders))
+    n = lengths.get(count_iter, lengths["train_x"])
+
+    def batches() -> Iterator[Batch]:
+        its = [iter(ld) for ld in loaders]
+        for _ in range(n):
+            pairs = [next_cycled(it, ld) for it, ld in zip(its, loaders)]
+            its[:] = [it for _, it in pairs]
+            yield pairs[0][0], pairs[1][0] if len(pairs) > 1 else None
+
+    return n, batches()
 
 
 def pick_eval_split(split: str, val_loader: Any, test_loader: Any) -> Tuple[str, Any]:

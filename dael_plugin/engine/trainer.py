@@ -43,7 +43,7 @@ from dael_plugin.engine.guard import FiniteGuard, divergence_error
 from dael_plugin.engine.hooks import DivergenceCheck, EpochRecords, EvalEachEpoch, LastCheckpoint, StepSchedulers
 from dael_plugin.engine.loop import (
     end_sync_batch_norm,
-    next_cycled,
+    epoch_batches,
     note_bad,
     pick_eval_split,
     sync_batch_norm,
@@ -147,19 +147,7 @@ class BuiltinTrainer(TrainerFacts):
         self.loaded_epoch: Optional[int] = None
         self.writer: Optional[SummaryWriter] = None
         self.selection = self._build_selection()
-        self.checkpointer = LastCheckpoint(every=int(cfg.TRAIN.CHECKPOINT_FREQ), epoch_files=True)
-        # After each epoch, in this order (engine/hooks.py): the schedulers, the divergence check,
-        # --eval-each-epoch, the epoch's record, then the checkpoint
-        self.hooks = hooks.bind(
-            self,
-            [
-                StepSchedulers(),
-                DivergenceCheck(),
-                EvalEachEpoch() if eval_each_epoch and not cfg.TEST.NO_TEST else None,
-                EpochRecords(self.selection) if self.selection is not None else None,
-                self.checkpointer,
-            ],
-        )
+        self.hooks = hooks.bind(self, self.build_hooks())
         self._summary()
 
     # What a trainer reads of Dassl's per-trainer loader and model keys (a value it would ignore
@@ -195,16 +183,31 @@ class BuiltinTrainer(TrainerFacts):
     def check_cfg(self) -> None:
         cfg, name = self.cfg, self.cfg.TRAINER.NAME
         check_transform_names(cfg.INPUT.TRANSFORMS, "INPUT.TRANSFORMS")
-        if int(cfg.DATALOADER.K_TRANSFORMS) != self.k_transforms:
+        k, views = self.k_transforms, int(cfg.DATALOADER.K_TRANSFORMS)
+        if views != k:
             raise DAELConfigError(
-                f"{name} takes DATALOADER.K_TRANSFORMS {self.k_transforms}, not {cfg.DATALOADER.K_TRANSFORMS} "
-                f"(views per image: SE alone takes 2); set it to {self.k_transforms}"
+                f"DATALOADER.K_TRANSFORMS={views}: {name} takes {k}, not {views} (views per image: SE alone "
+                f"takes 2); set it to {k}"
             )
         if cfg.MODEL.INIT_WEIGHTS and not self.reads_init_weights:
             raise DAELConfigError(
-                f"{name} does not read MODEL.INIT_WEIGHTS (neither does Dassl's: it builds its own "
-                "modules); remove it, or use SourceOnly, DANN, SE, ADDA or AdaBN, which start from it"
+                f"MODEL.INIT_WEIGHTS {cfg.MODEL.INIT_WEIGHTS}: {name} does not read it on either engine (neither "
+                "does Dassl's: it builds its own modules); remove it, start the backbone from a file with "
+                "MODEL.BACKBONE.WEIGHTS, or use SourceOnly, DANN, SE, ADDA or AdaBN, which start from it"
             )
+
+    def build_hooks(self) -> List[Optional[hooks.HookBase]]:
+        """What runs around the epochs; after each, in this order (engine/hooks.py): the
+        schedulers, the divergence check, --eval-each-epoch, the epoch's record, then the "last"
+        checkpoint (``self.checkpointer``, which resume reads). None: left out."""
+        self.checkpointer = LastCheckpoint(every=int(self.cfg.TRAIN.CHECKPOINT_FREQ), epoch_files=True)
+        return [
+            StepSchedulers(),
+            DivergenceCheck(),
+            EvalEachEpoch() if self.eval_each_epoch and not self.cfg.TEST.NO_TEST else None,
+            EpochRecords(self.selection) if self.selection is not None else None,
+            self.checkpointer,
+        ]
 
     def build_loaders(self) -> None:
         raise NotImplementedError
@@ -512,20 +515,17 @@ class BuiltinTrainer(TrainerFacts):
             self.writer.close()
 
     def _batches(self):
-        loaders = [self.train_loader_x] + ([self.train_loader_u] if self.train_loader_u is not None else [])
-        for loader in loaders:
-            loader.batch_sampler.set_epoch(self.epoch)
-        it_u = iter(self.train_loader_u) if self.train_loader_u is not None else None
-        for batch_x in self.train_loader_x:
-            batch_u = None
-            if it_u is not None:  # the target split is cycled; each pass draws afresh
-                batch_u, it_u = next_cycled(it_u, self.train_loader_u)
-            yield batch_x, batch_u
+        """This epoch's ``(batch_x, batch_u)`` pairs; ``self.num_batches`` says how many
+        (``TRAIN.COUNT_ITER``, as Dassl's epoch counts them: engine/loop.epoch_batches)."""
+        loaders = (self.train_loader_x, self.train_loader_u)
+        self.num_batches, batches = epoch_batches(loaders, self.epoch, self.cfg.TRAIN.COUNT_ITER)
+        return batches
 
     def run_epoch(self) -> None:
         self.modules.train()
         cfg = self.cfg
-        n = len(self.train_loader_x)
+        pairs = self._batches()
+        n = self.num_batches
         tty = show_progress()
         # No bar graphics: the count, the meters under short names and the run's eta fit 100 columns.
         bar = tqdm(
@@ -539,8 +539,7 @@ class BuiltinTrainer(TrainerFacts):
         def batches():
             # Dassl's names: a trainer whose update depends on the run's step (DANN's reversal
             # weight, SE's EMA rate) reads self.epoch * self.num_batches + self.batch_idx
-            self.num_batches = n
-            for self.batch_idx, (batch_x, batch_u) in enumerate(self._batches()):
+            for self.batch_idx, (batch_x, batch_u) in enumerate(pairs):
                 note_bad(self.bad_images, batch_x, batch_u)
                 yield batch_x, batch_u
                 self._batches_run += 1

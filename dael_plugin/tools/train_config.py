@@ -16,8 +16,9 @@ from yacs.config import CfgNode as CN
 
 from dael_plugin.backbones.timm_backbone import check_timm_backbone
 from dael_plugin.config import TRAINER_NODES, add_dael_config, check_run_values
+from dael_plugin.config.defaults import check_supported_values
 from dael_plugin.config.execution import PLAIN_RUN, execution_from_cfg, resolve_execution
-from dael_plugin.config.keys import check_other_node, full_keys, hparams_from_cfg, key_value
+from dael_plugin.config.keys import check_other_node, full_keys, hparams_from_cfg
 from dael_plugin.config.table import EXECUTION_KEYS
 from dael_plugin.engine.seed import draw_seed
 from dael_plugin.errors import DAELConfigError
@@ -191,7 +192,7 @@ def setup_cfg(args: argparse.Namespace, engine: str, said: Optional[List[str]] =
     if str(cfg.TRAINER.NAME).upper() in TRAINER_NODES:
         hparams_from_cfg(cfg)  # DAEL's values (weights, switches) before the output folder is made
     if engine == "builtin":
-        check_builtin_values(cfg)
+        check_supported_values(cfg, "change it, or run one of Dassl's own trainers with --engine dassl")
     check_timm_backbone(cfg.MODEL.BACKBONE.NAME)  # before either engine reads any data
     check_weights_reachable(cfg, engine)
     pixel_stats.resolve(cfg, auto)  # the numbers, in the config that is recorded
@@ -291,18 +292,6 @@ def builtin_clean_cfg(cfg: CN, trainer: str) -> None:
     for key in list(cfg.TRAINER.keys()):
         if key not in ("NAME", trainer.upper()):
             cfg.TRAINER.pop(key, None)
-
-
-def check_builtin_values(cfg: CN) -> None:
-    from dael_plugin.config.defaults import SUPPORTED_VALUES
-
-    for key, allowed in SUPPORTED_VALUES.items():
-        node = key_value(cfg, key)
-        if node not in allowed:
-            raise DAELConfigError(
-                f"{key}={node!r} is not supported by the built-in engine (it supports {list(allowed)}); "
-                "change it, or use --engine dassl"
-            )
 
 
 def settings_digest(cfg: CN) -> str:

@@ -640,7 +640,7 @@ def test_best_val_deploys_the_model_of_the_best_validation_epoch(tmp_path, tiny_
 
 @pytest.mark.parametrize("count", ["train_x", "train_u", "smaller_one"])
 def test_an_epoch_is_as_long_as_dassls_count_iter_says(tmp_path, tiny_root, count, monkeypatch, dropout_cnn):
-    """``TRAIN.COUNT_ITER`` on the Dassl engine's loop (dassl_adapter/hosted.py): an epoch has as
+    """``TRAIN.COUNT_ITER`` on the Dassl engine's loop (dassl_adapter/method_trainer.py): an epoch has as
     many batches as Dassl's own DAEL's loader of that name (the shorter loader cycled)."""
     from dassl.engine.da.dael import DAEL as Reference
 

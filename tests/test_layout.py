@@ -22,7 +22,7 @@ BELOW = {
     "data": {"core", "errors", "config", "transforms"},
     "engine": {"core", "errors", "about", "config", "data", "transforms", "backbones"},
     "methods": {"core", "errors", "about", "config", "data", "transforms", "backbones", "engine"},
-    # the Dassl engine hosts the methods (dassl_adapter/hosted.py); no method imports Dassl's side
+    # the Dassl engine hosts the methods (dassl_adapter/method_trainer.py); no method imports Dassl's side
     "dassl_adapter": {"core", "errors", "about", "config", "data", "transforms", "backbones", "engine", "methods"},
     "tools": {
         "core",

@@ -221,7 +221,7 @@ def test_a_module_of_the_methods_own_is_under_ddp_under_torchrun(tmp_path, tiny_
     """Under torchrun the critic the method adds is wrapped like F and C: the two-process run ends
     where the one-process run does (its critic too). With Dassl installed the two-process run is
     the Dassl engine's, whose host runs the same method object on Dassl's loop in each process
-    (dassl_adapter/hosted.py): it ends where the built-in engine's one process does, and rank 0
+    (dassl_adapter/method_trainer.py): it ends where the built-in engine's one process does, and rank 0
     alone writes. A method that calls its critic by itself is refused at the first step, in one
     line, instead of training copies that drift apart."""
     from test_distributed import EPOCH, torchrun
@@ -305,7 +305,7 @@ def test_a_dassl_trainer_in_a_file_of_its_own_runs_on_the_dassl_engine(tmp_path,
 
 @pytest.mark.dassl
 def test_a_method_in_a_file_of_its_own_runs_on_dassls_loop_as_built_in(tmp_path, tiny_root, methods_file, monkeypatch):
-    """The Dassl engine hosts a method of the user's own (dassl_adapter/hosted.py): Dassl's dataset
+    """The Dassl engine hosts a method of the user's own (dassl_adapter/method_trainer.py): Dassl's dataset
     class reads the data, Dassl's ``train()`` drives the epochs and Dassl's evaluator scores the
     test, around the method object the built-in engine builds. So the two engines' runs end with
     the same weights, bit for bit; a run stopped after epoch 1's checkpoint resumes to them;

@@ -426,7 +426,7 @@ def test_each_sampler_name_means_one_epoch_on_both_engines():
     assert "source_batch_sampler(" in open(os.path.join(pkg, "data/loaders.py")).read()
     assert "train_batches(" in open(os.path.join(pkg, "data/loaders.py")).read()
     # the Dassl engine trains on the method's own loaders (the adapter's source: it imports Dassl)
-    hosted = open(os.path.join(pkg, "dassl_adapter/hosted.py")).read()
+    hosted = open(os.path.join(pkg, "dassl_adapter/method_trainer.py")).read()
     assert "self.train_loader_x, self.train_loader_u = m.train_loader_x, m.train_loader_u" in hosted
     with pytest.raises(DAELConfigError, match="is not one of"):
         source_batch_sampler("RandomClassSampler", domains, 30, 0, seed=1)

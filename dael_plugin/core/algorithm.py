@@ -168,7 +168,7 @@ class DAEL:
     @property
     def ensemble_mask(self) -> Optional[torch.Tensor]:
         """The class table where the ensemble is the per-class one (``CLASS_MASKS`` part ``ensemble``),
-        for the hosts' evaluation and records; None for the mean over experts."""
+        for the trainers' evaluation and records; None for the mean over experts."""
         return self.class_mask if self.hparams.masks("ensemble") else None
 
     def _logits(self, feats: torch.Tensor) -> torch.Tensor:

@@ -70,7 +70,7 @@ def build_dassl_backbone(name: str, pretrained: bool = False, weights_file: str 
     ``build_backbone``: any backbone its ``BACKBONE_REGISTRY`` holds (Dassl's own, with Dassl's
     pretrained weights; the plugin's own and ``timm_<model>`` for ``img_size``, with
     ``weights_file``). The Dassl engine's host builds a method's backbones with it
-    (dassl_adapter/hosted.py), so a method runs on every backbone a Dassl user names."""
+    (dassl_adapter/method_trainer.py), so a method runs on every backbone a Dassl user names."""
     from dassl.modeling import build_backbone
 
     register_timm_backbone(name, weights_file, img_size)

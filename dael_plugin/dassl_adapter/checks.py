@@ -154,7 +154,11 @@ def check_run_names(cfg: CN) -> None:
     folder or log exists: a typo costs one line and leaves nothing behind."""
     from dael_plugin.dassl_adapter.backbones import register_own_backbones, register_timm_backbone
     from dael_plugin.dassl_adapter.datasets import register_datasets
-    from dael_plugin.dassl_adapter.hosted import check_hosted_cfg, is_hosted, register_hosted
+    from dael_plugin.dassl_adapter.method_trainer import (
+        check_method_trainer_cfg,
+        has_method_trainer,
+        register_method_trainers,
+    )
 
     # A timm backbone (and its local weights file) registered by name (``import dael_plugin`` did the rest),
     # and the backbones and datasets a --plugin registered since.
@@ -163,10 +167,10 @@ def check_run_names(cfg: CN) -> None:
     )
     register_own_backbones()
     register_datasets()
-    register_hosted()  # the plugin's methods Dassl lacks (a --plugin method)
+    register_method_trainers()  # the plugin's methods Dassl lacks (a --plugin method)
     check_trainer_cfg(cfg)
-    if is_hosted(cfg.TRAINER.NAME):
-        check_hosted_cfg(cfg)
+    if has_method_trainer(cfg.TRAINER.NAME):
+        check_method_trainer_cfg(cfg)
     check_dataset_cfg(cfg)
     check_backbone_cfg(cfg)
     check_backbone_weights(cfg)

@@ -11,7 +11,7 @@ from dael_plugin.data import folders
 class KeptDatum(Datum):
     """Dassl's ``Datum`` without its ``assert os.path.isfile(impath)``: a FIFO, a link to a device
     or a folder named like an image stopped the whole run with a bare ``AssertionError``. The
-    plugin's loader (``data/loaders.ImageList``, the hosted method's on the Dassl engine) replaces
+    plugin's loader (``data/loaders.ImageList``, a plugin method's on the Dassl engine) replaces
     such an entry with another image of its domain when it is read, with a warning; ``--check-data``
     lists it."""
 

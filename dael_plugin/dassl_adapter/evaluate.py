@@ -1,4 +1,4 @@
-"""The Dassl engine's test of the plugin's trainers (DAEL's, and the host of any other method):
+"""The Dassl engine's test of the plugin's trainers (DAEL's, and any other plugin method's):
 Dassl's evaluator, with each expert's and each class's accuracy beside it."""
 
 from __future__ import annotations

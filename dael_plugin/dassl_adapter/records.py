@@ -1,7 +1,7 @@
 """Per-epoch records (``SELECTION.EVAL_FREQ``) on the Dassl engine for Dassl's own baselines
 (M3SDA, MME, SourceOnly, ...), so that every trainer of a sweep is chosen under the same protocol
-from the same kind of records (engine/selection.py) as the methods the engine hosts, whose records
-are their own (dassl_adapter/hosted.py).
+from the same kind of records (engine/selection.py) as the plugin's methods on that engine, whose records
+are their own (dassl_adapter/method_trainer.py).
 
 A baseline is Dassl's class with :class:`BaselineRecords` put in front of it
 (:func:`with_records`): Dassl's training loop and losses are untouched; the held-out source split

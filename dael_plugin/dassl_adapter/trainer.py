@@ -1,11 +1,11 @@
-"""DAEL as a Dassl trainer: the method the built-in engine runs (methods/dael.py), hosted on Dassl's
-loop (dassl_adapter/hosted.py), and built as Dassl's own DAEL builds its model.
+"""DAEL as a Dassl trainer: the method the built-in engine runs (methods/dael.py), run on Dassl's
+loop (dassl_adapter/method_trainer.py), and built as Dassl's own DAEL builds its model.
 
 One class serves ``--trainer DAEL`` and ``--trainer DAELDG``. ``DAEL`` runs domain adaptation when
 the dataset gives unlabeled target data (``train_u``) and domain generalisation otherwise;
 ``DAELDG`` always runs domain generalisation and never reads target training data.
 
-What it keeps of Dassl's DAEL beyond a hosted method: F is Dassl's ``SimpleNet`` (``MODEL.HEAD``),
+What it keeps of Dassl's DAEL beyond another plugin method's trainer: F is Dassl's ``SimpleNet`` (``MODEL.HEAD``),
 F and E have an optimiser and a scheduler each from Dassl's builders (``OPTIM.STAGED_LR`` and every
 optimiser and schedule Dassl has), and Dassl's ``after_epoch`` runs between the method's hooks: its
 evaluation under ``TEST.FINAL_MODEL best_val`` and its epoch files (``F/``, ``E/``), which
@@ -24,7 +24,7 @@ from yacs.config import CfgNode as CN
 
 from dael_plugin.config import check_dael_cfg, trainer_node
 from dael_plugin.dassl_adapter.checks import check_dataset_cfg
-from dael_plugin.dassl_adapter.hosted import HostedMethod
+from dael_plugin.dassl_adapter.method_trainer import MethodTrainerXU
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed
 from dael_plugin.engine.hooks import DivergenceCheck, EpochRecords, HookBase, LastCheckpoint, StepSchedulers
@@ -40,7 +40,7 @@ class DasslsDAEL(DAELBuiltin):
     ``MODEL.HEAD``), and F and E each have Dassl's optimiser and scheduler."""
 
     engine = "dassl"
-    # Its "last" checkpoints hold "model"; those of the Dassl engine before it hosted the method
+    # Its "last" checkpoints hold "model"; those of the Dassl engine before it ran the method
     # hold "models" by name, read as well (load_run_state)
     resume_keys = ("data",)
 
@@ -74,7 +74,7 @@ class DasslsDAEL(DAELBuiltin):
         return build_lr_scheduler(optim, self.cfg.OPTIM)
 
     def saved_model(self, state: dict, path: str) -> dict:
-        if "models" in state:  # the Dassl engine's checkpoints before it hosted the method
+        if "models" in state:  # the Dassl engine's checkpoints before it ran the method
             return {f"{n}.{k}": v for n, weights in state["models"].items() for k, v in weights.items()}
         return super().saved_model(state, path)
 
@@ -90,7 +90,7 @@ class DasslsDAELDG(DasslsDAEL):
     uses_target = False
 
 
-class DAELTrainer(HostedMethod):
+class DAELTrainer(MethodTrainerXU):
     """Domain Adaptive Ensemble Learning (Zhou et al.), on Dassl's machinery."""
 
     replaced_builtins: tuple = ()  # Dassl's own trainers this class replaced (set by register_into_dassl())
@@ -168,7 +168,7 @@ class DasslsAfterEpoch(HookBase):
         self.dassl_trainer = dassl_trainer
 
     def after_epoch(self) -> None:
-        super(HostedMethod, self.dassl_trainer).after_epoch()
+        super(MethodTrainerXU, self.dassl_trainer).after_epoch()
 
 
 def load_dassl_checkpoints(trainer, directory: str, epoch: Optional[int] = None, resume: bool = False) -> int:

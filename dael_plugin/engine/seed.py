@@ -1,6 +1,6 @@
 """``SEED -1`` ("a random one"), resolved once for a whole run: by ``scripts/train.py`` before the
-config is frozen, and by the Dassl engine's host of a method under Dassl's own ``tools/train.py``
-(dassl_adapter/hosted.py), which leaves ``SEED -1`` unseeded."""
+config is frozen, and by the Dassl engine's trainer of a method under Dassl's own ``tools/train.py``
+(dassl_adapter/method_trainer.py), which leaves ``SEED -1`` unseeded."""
 
 from __future__ import annotations
 

@@ -78,7 +78,7 @@ class BuiltinTrainer(TrainerFacts):
     ) -> None:
         """``splits``: the data as read by another reader (``classnames`` and the ``train_x``,
         ``train_u``, ``val`` and ``test`` items: the Dassl engine's dataset classes,
-        dassl_adapter/hosted.py); None: the built-in engine's readers (data/folders.py).
+        dassl_adapter/method_trainer.py); None: the built-in engine's readers (data/folders.py).
         ``backbones``: the builder of ``MODEL.BACKBONE`` (``build_backbone``'s arguments), another
         engine's (the Dassl engine's registry, dassl_adapter/backbones.py); None: the plugin's."""
         self.cfg = cfg
@@ -161,7 +161,7 @@ class BuiltinTrainer(TrainerFacts):
     # The records' mask_rate validator counts the target predictions this confident (DAEL: CONF_THRE).
     pseudo_label_threshold = 0.95
     own_records = True  # the records and best models are this trainer's (engine/results.TrainerFacts)
-    # The engine its checkpoints name: the Dassl engine's host of a method says "dassl" (its
+    # The engine its checkpoints name: a method on Dassl's loop says "dassl" (its
     # dataset classes may list the images in another order, so a resume stays on one engine).
     engine = "builtin"
     # EXECUTION's None (CHANNELS_LAST, FUSED_OPTIM): the trainer's own choice; off, as Dassl's trainers run

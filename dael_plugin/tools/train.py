@@ -52,7 +52,7 @@ from dael_plugin.tools.train_cli import (
 )
 from dael_plugin.tools.train_config import (
     check_names_and_files,
-    hosted_method,
+    plugin_method_on_dassl,
     settings_digest,
     setup_cfg,
 )
@@ -83,13 +83,13 @@ def check_torchrun_trainer(cfg, engine: str) -> None:
     whose updates cannot be right under DDP (the built-in M3SDA, ...: ``refuse_under_torchrun``),
     on either engine."""
     name = str(cfg.TRAINER.NAME)
-    hosted = engine == "dassl" and hosted_method(name)
-    if engine == "dassl" and name not in ("DAEL", "DAELDG") and not hosted:
+    on_loop = engine == "dassl" and plugin_method_on_dassl(name)
+    if engine == "dassl" and name not in ("DAEL", "DAELDG") and not on_loop:
         raise DAELConfigError(
             f"Dassl's {name} trainer runs on one process only (Dassl has no multi-process training); run "
             "it without torchrun, or, for SourceOnly, with --engine builtin"
         )
-    if engine == "builtin" or hosted:
+    if engine == "builtin" or on_loop:
         from dael_plugin.methods import trainer_class
 
         trainer_class(name).refuse_under_torchrun(name)  # Dassl's baselines: one process

@@ -229,10 +229,10 @@ def check_weights_reachable(cfg: CN, engine: str) -> None:
 def resolve_run_execution(cfg: CN, engine: str) -> None:
     """``EXECUTION.*`` as this trainer runs them, written into the config (so into its record and
     checkpoint): the built-in trainers take them all (DAEL's step keys only DAEL); on the Dassl
-    engine the plugin's DAEL trainers and its own methods do (dassl_adapter/hosted.py), and Dassl's
+    engine the plugin's DAEL trainers and its own methods do (dassl_adapter/method_trainer.py), and Dassl's
     own trainers, which run as Dassl wrote them, refuse any in one line."""
     name = str(cfg.TRAINER.NAME)
-    if engine == "builtin" or (engine == "dassl" and hosted_method(name)):
+    if engine == "builtin" or (engine == "dassl" and plugin_method_on_dassl(name)):
         from dael_plugin.methods import trainer_class
 
         try:
@@ -258,16 +258,16 @@ def resolve_run_execution(cfg: CN, engine: str) -> None:
     resolve_execution(cfg)
 
 
-def hosted_method(name: str) -> bool:
-    """A method of the plugin's registry that Dassl lacks, which the Dassl engine hosts (none
+def plugin_method_on_dassl(name: str) -> bool:
+    """A method of the plugin's registry that Dassl lacks, which runs on Dassl's loop there (none
     without Dassl: a config is read for the Dassl engine there too, by the checks and tests)."""
     from dael_plugin.about import HAS_DASSL
 
     if not HAS_DASSL:
         return False
-    from dael_plugin.dassl_adapter.hosted import is_hosted
+    from dael_plugin.dassl_adapter.method_trainer import has_method_trainer
 
-    return is_hosted(name)
+    return has_method_trainer(name)
 
 
 def check_method_file_fits(method: dict, path: str, trainer: str) -> None:

@@ -80,7 +80,7 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     from dassl.utils import set_random_seed, setup_logger
 
     from dael_plugin.dassl_adapter import prepare_cfg
-    from dael_plugin.dassl_adapter.hosted import HostedMethod
+    from dael_plugin.dassl_adapter.method_trainer import MethodTrainerXU
     from dael_plugin.dassl_adapter.records import eval_freq, with_facts, with_records
 
     if cfg.SEED >= 0:
@@ -102,13 +102,13 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     # trainer has what the commands read of it (engine/results.TrainerFacts)
     print(f"Loading trainer: {cfg.TRAINER.NAME}")
     cls = TRAINER_REGISTRY.get(cfg.TRAINER.NAME)
-    if issubclass(cls, HostedMethod):  # the plugin's own method, with its own records
+    if issubclass(cls, MethodTrainerXU):  # the plugin's own method, with its own records
         trainer = cls(cfg, eval_only=args.eval_only)
     else:
         trainer = (with_facts if args.eval_only or eval_freq(cfg) == 0 else with_records)(cls)(cfg)
-    if cfg.MODEL.INIT_WEIGHTS and not args.eval_only and not isinstance(trainer, HostedMethod):
+    if cfg.MODEL.INIT_WEIGHTS and not args.eval_only and not isinstance(trainer, MethodTrainerXU):
         # The source model's images against this run's (its domains were compared as Dassl loaded it;
-        # a hosted method's own build compares them all, as on the built-in engine)
+        # a method's own build on Dassl's loop compares them all, as on the built-in engine)
         from dael_plugin.dassl_adapter.checkpoints import load_dassl_checkpoint
         from dael_plugin.data.fingerprint import dataset_fingerprint
         from dael_plugin.engine.source_model import check_source_record, source_record

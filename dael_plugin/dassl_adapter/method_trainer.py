@@ -8,8 +8,8 @@ Dassl read): its step with every ``EXECUTION`` option and its hooks (checkpoint 
 the per-epoch records), so nothing of the method is written twice. Its backbones are Dassl's,
 built as Dassl's ``SimpleNet`` builds them (any name in Dassl's ``BACKBONE_REGISTRY``).
 
-Dassl's own trainers keep their names: a method is hosted only under a name Dassl's
-``TRAINER_REGISTRY`` does not hold (:func:`register_hosted`). Under torchrun each process hosts
+Dassl's own trainers keep their names: a method gets a trainer only under a name Dassl's
+``TRAINER_REGISTRY`` does not hold (:func:`register_method_trainers`). Under torchrun each process runs
 its share, as on the built-in engine (the method shards the loaders and wraps its modules in DDP).
 """
 
@@ -42,7 +42,7 @@ from dael_plugin.methods import TRAINERS, build_trainer
 from dael_plugin.transforms.host import build_test_transform
 
 
-class HostedMethod(TrainerFacts, TrainerXU):
+class MethodTrainerXU(TrainerFacts, TrainerXU):
     """Dassl's ``TrainerXU`` around one of the plugin's methods (``self.method``)."""
 
     own_records = True  # the method's hooks write them
@@ -58,7 +58,7 @@ class HostedMethod(TrainerFacts, TrainerXU):
         super().__init__(cfg)  # Dassl's: check_cfg, build_data_loader, build_model, the evaluator
 
     def check_cfg(self, cfg: CN) -> None:
-        check_hosted_cfg(cfg)  # train.py checked it before the output folder; Dassl's tools/train.py here
+        check_method_trainer_cfg(cfg)  # train.py checked it before the output folder; Dassl's tools/train.py here
 
     def build_data_loader(self) -> None:
         # Dassl's DataManager reads the data; the loaders it builds are never iterated (the method's
@@ -180,8 +180,8 @@ class HostedMethod(TrainerFacts, TrainerXU):
     fast_path_check = property(lambda self: self.method.fast_path_check)
 
 
-def check_hosted_cfg(cfg: CN) -> None:
-    """The values a hosted method's loop reads as the built-in engine does, and no value set for a
+def check_method_trainer_cfg(cfg: CN) -> None:
+    """The values a plugin method's loop on Dassl's reads as the built-in engine does, and no value set for a
     key of Dassl's it would ignore (a run that silently ignores one looks like the run it names)."""
     name = cfg.TRAINER.NAME
     check_supported_values(cfg, f"{name} runs the plugin's own loop on either engine")
@@ -196,7 +196,7 @@ def check_hosted_cfg(cfg: CN) -> None:
 
 
 def unread_dassl_keys() -> List[str]:
-    """Dassl's config keys that a hosted method would ignore: those the built-in engine's config
+    """Dassl's config keys that a plugin method would ignore: those the built-in engine's config
     lacks (its loop never reads them: ``MODEL.HEAD``, ``OPTIM.WARMUP_*``, ``OPTIM.STAGED_LR``, the
     samplers' ``N_INS``, ...), but for ``DATASET.*`` and ``TEST.*``, which Dassl's dataset classes and
     evaluator read around the method, and ``TRAINER.*``, Dassl's own trainers' nodes."""
@@ -225,19 +225,21 @@ def dassl_splits(dm: DataManager) -> Dict[str, object]:
     }
 
 
-_HOSTED: Dict[str, type] = {}
+_TRAINERS_XU: Dict[str, type] = {}
 
 
-def register_hosted() -> None:
+def register_method_trainers() -> None:
     """Every method of the plugin's registry under a name Dassl's ``TRAINER_REGISTRY`` lacks,
-    hosted (a ``--plugin`` method registered since the last call included)."""
+    as a trainer (a ``--plugin`` method registered since the last call included)."""
     for name in TRAINERS:
         if name in TRAINER_REGISTRY.registered_names():
             continue
-        _HOSTED[name] = type(name, (HostedMethod,), {"__doc__": HostedMethod.__doc__, "__module__": __name__})
-        TRAINER_REGISTRY.register(_HOSTED[name])
+        _TRAINERS_XU[name] = type(
+            name, (MethodTrainerXU,), {"__doc__": MethodTrainerXU.__doc__, "__module__": __name__}
+        )
+        TRAINER_REGISTRY.register(_TRAINERS_XU[name])
 
 
-def is_hosted(name: str) -> bool:
-    register_hosted()
-    return name in _HOSTED
+def has_method_trainer(name: str) -> bool:
+    register_method_trainers()
+    return name in _TRAINERS_XU

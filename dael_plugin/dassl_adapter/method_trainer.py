@@ -31,8 +31,7 @@ from dael_plugin.dassl_adapter.backbones import build_dassl_backbone
 from dael_plugin.dassl_adapter.evaluate import dassl_test
 from dael_plugin.data.items import Item
 from dael_plugin.engine import distributed, hooks
-from dael_plugin.engine.guard import divergence_error
-from dael_plugin.engine.loop import end_sync_batch_norm, epoch_batches, note_bad, train_epoch
+from dael_plugin.engine.loop import EpochLog, end_sync_batch_norm, note_bad
 from dael_plugin.engine.results import TrainerFacts
 from dael_plugin.engine.seed import draw_seed
 from dael_plugin.engine.step import DeviceMeters, format_meters
@@ -74,7 +73,6 @@ class MethodTrainerXU(TrainerFacts, TrainerXU):
         self.num_classes, self.num_source_domains = dm.num_classes, dm.num_source_domains
         self.method = m = self.build_method(dassl_splits(dm))
         m.engine = "dassl"  # in its checkpoints: resumed and evaluated on this engine
-        self.train_loader_x, self.train_loader_u = m.train_loader_x, m.train_loader_u
         self.val_loader, self.test_loader = m.val_loader, m.test_loader
 
     def build_method(self, splits: dict):
@@ -104,50 +102,19 @@ class MethodTrainerXU(TrainerFacts, TrainerXU):
         m._run_start, m._batches_run = time.time(), 0
 
     def run_epoch(self) -> None:
-        """Dassl's ``TrainerXU`` epoch (``TRAIN.COUNT_ITER``, the shorter loader cycled, its log
-        line every ``PRINT_FREQ`` batches) over the method's loaders and update. Dassl's
-        ``MetricMeter`` reads every loss on the host after every step, which makes the host wait
-        for the device; here the sums stay on the device and are read, with the divergence flag,
-        only where a line is printed."""
+        """The method's epoch (``TRAIN.COUNT_ITER``, as Dassl's ``TrainerXU`` counts it), with
+        Dassl's log lines (:class:`DasslsLog`)."""
         m = self.method
         m.epoch = self.epoch
-        m.modules.train()
-        # Dassl's names, as its run_epoch reads them (the method's loaders, or what wraps them)
-        loaders = (self.train_loader_x, self.train_loader_u)
-        n, pairs = epoch_batches(loaders, self.epoch, self.cfg.TRAIN.COUNT_ITER)
-        self.num_batches = m.num_batches = n
-        batch_time, data_time = AverageMeter(), AverageMeter()
-        freq, clock = self.cfg.TRAIN.PRINT_FREQ, {"end": time.time()}
+        m.run_epoch(DasslsLog(self))
+        self.num_batches, self.batch_idx = m.num_batches, m.batch_idx
 
-        def batches():
-            for self.batch_idx, pair in enumerate(pairs):
-                m.batch_idx = self.batch_idx  # a method's step-dependent weights read it (DANN's)
-                data_time.update(time.time() - clock["end"])
-                yield pair
-                batch_time.update(time.time() - clock["end"])
-                clock["end"] = time.time()
+    # Dassl's names for the loaders (the method's; what wraps them, as the bench's timing, too)
+    train_loader_x = property(lambda self: self.method.train_loader_x, lambda self, v: self._set("train_loader_x", v))
+    train_loader_u = property(lambda self: self.method.train_loader_u, lambda self, v: self._set("train_loader_u", v))
 
-        def report(i: int, meters: DeviceMeters) -> None:
-            if (i + 1) % freq and self.num_batches >= freq:
-                return  # Dassl's lines: every PRINT_FREQ batches, or every batch of a short epoch
-            last, avg = meters.read()
-            lr = m.optim.param_groups[0]["lr"]
-            remain = self.num_batches - i - 1 + (self.max_epoch - self.epoch - 1) * self.num_batches
-            eta = datetime.timedelta(seconds=int(batch_time.avg * remain))
-            print(
-                f"epoch [{self.epoch + 1}/{self.max_epoch}] batch [{i + 1}/{self.num_batches}] "
-                f"time {batch_time.val:.3f} ({batch_time.avg:.3f}) data {data_time.val:.3f} "
-                f"({data_time.avg:.3f}) {format_meters(avg, last)} lr {lr:.4e} eta {eta}"
-            )
-            n_iter = self.epoch * self.num_batches + i
-            for k, v in avg.items():
-                self.write_scalar("train/" + k, v, n_iter)
-            self.write_scalar("train/lr", lr, n_iter)
-
-        def diverged(done: int) -> Exception:
-            return divergence_error(self.epoch + 1, done, self.cfg.OPTIM.LR, self.output_dir)
-
-        train_epoch(batches(), self.num_batches, self.forward_backward, m.guard, freq, report, diverged)
+    def _set(self, name: str, loader) -> None:
+        setattr(self.method, name, loader)
 
     def forward_backward(self, batch_x: dict, batch_u: Optional[dict] = None) -> dict:
         m = self.method
@@ -178,6 +145,40 @@ class MethodTrainerXU(TrainerFacts, TrainerXU):
     bad_images = property(lambda self: self.method.bad_images)
     ensemble_mask = property(lambda self: self.method.ensemble_mask)
     fast_path_check = property(lambda self: self.method.fast_path_check)
+
+
+class DasslsLog(EpochLog):
+    """Dassl's ``TrainerXU`` lines: every ``PRINT_FREQ`` batches (every batch of a shorter
+    epoch), with its batch and data times and its eta at the epoch's pace, and the meters to its
+    TensorBoard writer. Dassl's ``MetricMeter`` reads every loss on the host after every step;
+    here they are read where a line is printed (engine/loop.train_epoch)."""
+
+    def __init__(self, dassl_trainer: MethodTrainerXU) -> None:
+        self.t = dassl_trainer
+        self.batch_time, self.data_time, self.last = AverageMeter(), AverageMeter(), time.time()
+
+    def fetched(self) -> None:
+        self.data_time.update(time.time() - self.last)
+
+    def stepped(self) -> None:
+        self.batch_time.update(time.time() - self.last)
+        self.last = time.time()
+
+    def report(self, i: int, meters: DeviceMeters) -> None:
+        t, n = self.t, self.n
+        if (i + 1) % t.cfg.TRAIN.PRINT_FREQ and n >= t.cfg.TRAIN.PRINT_FREQ:
+            return
+        last, avg = meters.read()
+        lr = t.method.optim.param_groups[0]["lr"]
+        eta = datetime.timedelta(seconds=int(self.batch_time.avg * (n - i - 1 + (t.max_epoch - t.epoch - 1) * n)))
+        bt, dt = self.batch_time, self.data_time
+        print(
+            f"epoch [{t.epoch + 1}/{t.max_epoch}] batch [{i + 1}/{n}] time {bt.val:.3f} ({bt.avg:.3f}) "
+            f"data {dt.val:.3f} ({dt.avg:.3f}) {format_meters(avg, last)} lr {lr:.4e} eta {eta}"
+        )
+        for k, v in avg.items():
+            t.write_scalar("train/" + k, v, t.epoch * n + i)
+        t.write_scalar("train/lr", lr, t.epoch * n + i)
 
 
 def check_method_trainer_cfg(cfg: CN) -> None:

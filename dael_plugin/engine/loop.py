@@ -8,14 +8,16 @@ engine/hooks.py.
 
 from __future__ import annotations
 
+import sys
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
 import torch
+from tqdm import tqdm
 
 from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.engine import distributed
 from dael_plugin.engine.guard import FiniteGuard
-from dael_plugin.engine.step import DeviceMeters
+from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
 
 Batch = Tuple[dict, Optional[dict]]
 
@@ -43,6 +45,88 @@ def train_epoch(
                 raise diverged(i + 1)
             report(i, meters)
     return meters
+
+
+def show_progress() -> bool:
+    """Progress bars only on a terminal; redirected logs get a line per PRINT_FREQ."""
+    return sys.stderr.isatty()
+
+
+class EpochLog:
+    """What an epoch says around its loop (``BuiltinTrainer.run_epoch``): ``start(n)`` before the
+    first of its ``n`` batches, ``fetched()`` as each batch is read and ``stepped()`` after its
+    step, ``report(i, meters)`` where :func:`train_epoch` reads the meters, ``close()`` where the
+    run diverged, ``end(meters)`` after the last batch. Says nothing; the engines' logs derive."""
+
+    def start(self, num_batches: int) -> None:
+        self.n = num_batches
+
+    def fetched(self) -> None:
+        pass
+
+    def stepped(self) -> None:
+        pass
+
+    def report(self, i: int, meters: DeviceMeters) -> None:
+        pass
+
+    def close(self) -> None:
+        pass
+
+    def end(self, meters: DeviceMeters) -> None:
+        pass
+
+
+class ProgressLog(EpochLog):
+    """The built-in engine's: a progress bar on a terminal (the count, the meters under short
+    names and the run's eta, in 100 columns), else a line every ``PRINT_FREQ`` batches; a line
+    at the epoch's end; the meters and the rate to TensorBoard (``trainer.writer``)."""
+
+    def __init__(self, trainer) -> None:
+        self.tr, self.tty = trainer, show_progress()
+
+    def start(self, num_batches: int) -> None:
+        super().start(num_batches)
+        self.bar = tqdm(
+            total=num_batches,
+            desc=f"epoch {self.tr.epoch + 1}/{self.tr.cfg.OPTIM.MAX_EPOCH}",
+            leave=False,
+            disable=not self.tty,
+            bar_format="{desc} {n_fmt}/{total_fmt}{postfix}",
+        )
+
+    def stepped(self) -> None:
+        self.bar.update(1)
+
+    def _where(self) -> Tuple[str, int, float]:
+        tr = self.tr
+        lr = tr.optim.param_groups[0]["lr"]
+        return f"epoch [{tr.epoch + 1}/{tr.cfg.OPTIM.MAX_EPOCH}]", tr.cfg.OPTIM.MAX_EPOCH - tr.epoch - 1, lr
+
+    def report(self, i: int, meters: DeviceMeters) -> None:
+        tr, n = self.tr, self.n
+        if (i + 1) % tr.cfg.TRAIN.PRINT_FREQ and i + 1 < n:
+            return  # a short epoch's every batch: the flag was read, nothing to say
+        means = meters.means()
+        where, epochs_left, lr = self._where()
+        if tr.writer is not None:
+            for k, v in means.items():
+                tr.writer.add_scalar(f"train/{k}", v, tr.epoch * n + i)
+            tr.writer.add_scalar("train/lr", lr, tr.epoch * n + i)
+        eta = tr._eta(n - i - 1 + epochs_left * n)
+        if self.tty:
+            self.bar.set_postfix_str(f"{short_meters(means)} eta {eta}", refresh=False)
+        elif i + 1 < n:
+            print(f"{where} batch [{i + 1}/{n}] {format_meters(means)} lr {lr:.4e} eta {eta}")
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def end(self, meters: DeviceMeters) -> None:
+        self.bar.close()
+        where, epochs_left, lr = self._where()
+        eta = self.tr._eta(epochs_left * self.n)
+        print(f"{where} batches {self.n} {format_meters(meters.means())} eta {eta} lr {lr:.4e}")
 
 
 def note_bad(bad_images: set, *batches: Optional[dict]) -> None:

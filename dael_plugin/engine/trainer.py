@@ -18,7 +18,6 @@ from __future__ import annotations
 import datetime
 import os
 import random
-import sys
 import time
 from typing import Dict, List, Optional, Set
 
@@ -26,7 +25,6 @@ import numpy as np
 import torch
 from torch import nn
 from torch.utils.tensorboard import SummaryWriter
-from tqdm import tqdm
 from yacs.config import CfgNode as CN
 
 from dael_plugin.backbones import build_backbone
@@ -42,16 +40,18 @@ from dael_plugin.engine.execution import cuda_settings
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
 from dael_plugin.engine.hooks import DivergenceCheck, EpochRecords, EvalEachEpoch, LastCheckpoint, StepSchedulers
 from dael_plugin.engine.loop import (
+    EpochLog,
+    ProgressLog,
     end_sync_batch_norm,
     epoch_batches,
     note_bad,
     pick_eval_split,
+    show_progress,
     sync_batch_norm,
     train_epoch,
 )
 from dael_plugin.engine.results import TrainerFacts
 from dael_plugin.engine.selection import EvaluatedModel, Selection, record_loaders, split_sources
-from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
 from dael_plugin.engine.strategy import Strategy
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.host import build_test_transform, check_transform_names
@@ -63,11 +63,6 @@ def set_random_seed(seed: int) -> None:
     random.seed(seed)
     np.random.seed(seed)
     torch.manual_seed(seed)
-
-
-def show_progress() -> bool:
-    """Progress bars only on a terminal; redirected logs get a line per PRINT_FREQ."""
-    return sys.stderr.isatty()
 
 
 class BuiltinTrainer(TrainerFacts):
@@ -521,61 +516,31 @@ class BuiltinTrainer(TrainerFacts):
         self.num_batches, batches = epoch_batches(loaders, self.epoch, self.cfg.TRAIN.COUNT_ITER)
         return batches
 
-    def run_epoch(self) -> None:
+    def run_epoch(self, log: Optional[EpochLog] = None) -> None:
+        """One epoch, on either engine: ``TRAIN.COUNT_ITER``'s batches, the step of each, and what
+        ``log`` prints and writes around them (:class:`ProgressLog`: the built-in engine's bar and
+        lines; the Dassl engine gives Dassl's, dassl_adapter/method_trainer.py)."""
         self.modules.train()
-        cfg = self.cfg
         pairs = self._batches()
-        n = self.num_batches
-        tty = show_progress()
-        # No bar graphics: the count, the meters under short names and the run's eta fit 100 columns.
-        bar = tqdm(
-            total=n,
-            desc=f"epoch {self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}",
-            leave=False,
-            disable=not tty,
-            bar_format="{desc} {n_fmt}/{total_fmt}{postfix}",
-        )
+        log = log or ProgressLog(self)
+        log.start(self.num_batches)
 
         def batches():
             # Dassl's names: a trainer whose update depends on the run's step (DANN's reversal
             # weight, SE's EMA rate) reads self.epoch * self.num_batches + self.batch_idx
             for self.batch_idx, (batch_x, batch_u) in enumerate(pairs):
                 note_bad(self.bad_images, batch_x, batch_u)
+                log.fetched()
                 yield batch_x, batch_u
                 self._batches_run += 1
-                bar.update(1)
-
-        def report(i: int, meters: DeviceMeters) -> None:
-            if (i + 1) % cfg.TRAIN.PRINT_FREQ and i + 1 < n:
-                return  # a short epoch's every batch: the flag was read, nothing to say
-            means = meters.means()
-            lr = self.optim.param_groups[0]["lr"]
-            step = self.epoch * n + i
-            if self.writer is not None:
-                for k, v in means.items():
-                    self.writer.add_scalar(f"train/{k}", v, step)
-                self.writer.add_scalar("train/lr", lr, step)
-            eta = self._eta(n - i - 1 + (cfg.OPTIM.MAX_EPOCH - self.epoch - 1) * n)
-            if tty:
-                bar.set_postfix_str(f"{short_meters(means)} eta {eta}", refresh=False)
-            elif i + 1 < n:
-                print(
-                    f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batch [{i + 1}/{n}] {format_meters(means)} "
-                    f"lr {lr:.4e} eta {eta}"
-                )
+                log.stepped()
 
         def diverged(done: int) -> Exception:
-            bar.close()
-            return divergence_error(self.epoch + 1, done, cfg.OPTIM.LR, cfg.OUTPUT_DIR)
+            log.close()
+            return divergence_error(self.epoch + 1, done, self.cfg.OPTIM.LR, self.cfg.OUTPUT_DIR)
 
-        meters = train_epoch(batches(), n, self.forward_backward, self.guard, cfg.TRAIN.PRINT_FREQ, report, diverged)
-        bar.close()
-        means = meters.means()
-        eta = self._eta((cfg.OPTIM.MAX_EPOCH - self.epoch - 1) * n)
-        print(
-            f"epoch [{self.epoch + 1}/{cfg.OPTIM.MAX_EPOCH}] batches {n} {format_meters(means)} eta {eta} "
-            f"lr {self.optim.param_groups[0]['lr']:.4e}"
-        )
+        freq = self.cfg.TRAIN.PRINT_FREQ
+        log.end(train_epoch(batches(), self.num_batches, self.forward_backward, self.guard, freq, log.report, diverged))
 
     def _eta(self, batches_left: int) -> datetime.timedelta:
         """Time left in the whole run, at this process's pace so far (Dassl's eta is the run's too)."""

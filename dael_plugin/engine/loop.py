@@ -8,7 +8,9 @@ engine/hooks.py.
 
 from __future__ import annotations
 
+import datetime
 import sys
+import time
 from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 
 import torch
@@ -113,11 +115,16 @@ class ProgressLog(EpochLog):
             for k, v in means.items():
                 tr.writer.add_scalar(f"train/{k}", v, tr.epoch * n + i)
             tr.writer.add_scalar("train/lr", lr, tr.epoch * n + i)
-        eta = tr._eta(n - i - 1 + epochs_left * n)
+        eta = self._eta(n - i - 1 + epochs_left * n)
         if self.tty:
             self.bar.set_postfix_str(f"{short_meters(means)} eta {eta}", refresh=False)
         elif i + 1 < n:
             print(f"{where} batch [{i + 1}/{n}] {format_meters(means)} lr {lr:.4e} eta {eta}")
+
+    def _eta(self, batches_left: int) -> datetime.timedelta:
+        """Time left in the whole run, at this process's pace so far (Dassl's eta is the run's too)."""
+        per_batch = (time.time() - self.tr._run_start) / max(1, self.tr._batches_run)
+        return datetime.timedelta(seconds=int(per_batch * batches_left))
 
     def close(self) -> None:
         self.bar.close()
@@ -125,7 +132,7 @@ class ProgressLog(EpochLog):
     def end(self, meters: DeviceMeters) -> None:
         self.bar.close()
         where, epochs_left, lr = self._where()
-        eta = self.tr._eta(epochs_left * self.n)
+        eta = self._eta(epochs_left * self.n)
         print(f"{where} batches {self.n} {format_meters(meters.means())} eta {eta} lr {lr:.4e}")
 
 

@@ -542,11 +542,6 @@ class BuiltinTrainer(TrainerFacts):
         freq = self.cfg.TRAIN.PRINT_FREQ
         log.end(train_epoch(batches(), self.num_batches, self.forward_backward, self.guard, freq, log.report, diverged))
 
-    def _eta(self, batches_left: int) -> datetime.timedelta:
-        """Time left in the whole run, at this process's pace so far (Dassl's eta is the run's too)."""
-        per_batch = (time.time() - self._run_start) / max(1, self._batches_run)
-        return datetime.timedelta(seconds=int(per_batch * batches_left))
-
     def _write(self, tag: str, value: float) -> None:
         if self.writer is not None:
             self.writer.add_scalar(tag, value, self.epoch)

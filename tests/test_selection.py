@@ -82,7 +82,7 @@ def test_no_protocol_but_the_oracle_reads_target_labels():
 
 
 def test_records_skip_a_corrupt_line_and_keep_the_earliest_best(tmp_path, capsys):
-    rec = S.EpochRecords(str(tmp_path))
+    rec = S.EpochsFile(str(tmp_path))
     saved = []
     for epoch, acc in [(1, 10.0), (2, 30.0), (3, 30.0), (4, 20.0)]:
         rec.append(

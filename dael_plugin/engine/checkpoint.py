@@ -36,7 +36,7 @@ from dael_plugin.config.keys import TRAINER_NODES
 from dael_plugin.config.table import DATASET_KEYS, IN_EVERY_CHECKPOINT, KEYS, SELECTION_KEYS, TOP_KEYS
 from dael_plugin.core.hparams import ALL_CLASS_MASK_PARTS, CLASS_MASK_PARTS
 from dael_plugin.engine.atomic import save_torch
-from dael_plugin.engine.results_reader import WHERE_AND_HOW_KEYS, with_execution
+from dael_plugin.engine.results_reader import WHERE_AND_HOW_KEYS, flatten, with_execution
 from dael_plugin.errors import DAELConfigError
 
 LAST = "checkpoint.pth.tar"  # the "last" checkpoint, rewritten after every epoch
@@ -193,21 +193,10 @@ def load_sched_state(sched: torch.optim.lr_scheduler.LRScheduler, sd: dict) -> N
 
 
 # -- config ----------------------------------------------------------------
-def _flatten(d, prefix: str = "") -> Dict[str, object]:
-    out: Dict[str, object] = {}
-    for k, v in d.items():
-        key = f"{prefix}{k}"
-        if isinstance(v, dict):
-            out.update(_flatten(v, key + "."))
-        else:
-            out[key] = list(v) if isinstance(v, tuple) else v
-    return out
-
-
 def comparable_config(cfg: CN, free: Iterable[str] = RESUME_FREE_KEYS) -> str:
     """The config's training-relevant keys as sorted ``KEY=value`` lines: two runs with the same
     text are one run (the keys a resume may change, ``free``, are left out)."""
-    now = _flatten(yaml.safe_load(cfg.dump()) or {})
+    now = flatten(yaml.safe_load(cfg.dump()) or {})
     free = tuple(free)
     keep = [k for k in sorted(now) if not any(k == f or (f.endswith(".") and k.startswith(f)) for f in free)]
     return "\n".join(f"{k}={now[k]!r}" for k in keep)
@@ -231,8 +220,8 @@ def _class_mask_parts(value: object) -> object:
 
 def config_diff(saved_yaml: str, cfg: CN, free: Iterable[str] = RESUME_FREE_KEYS) -> List[Tuple[str, object, object]]:
     """``(key, checkpoint value, current value)`` for each training-relevant difference."""
-    saved = _flatten(yaml.safe_load(saved_yaml) or {})
-    now = _flatten(yaml.safe_load(cfg.dump()) or {})
+    saved = flatten(yaml.safe_load(saved_yaml) or {})
+    now = flatten(yaml.safe_load(cfg.dump()) or {})
     for key, value in LEGACY_VALUES.items():
         if key in now and key not in saved:
             saved[key] = value

@@ -22,6 +22,7 @@ from typing import AbstractSet, Dict, List, Optional, Sequence
 from yacs.config import CfgNode as CN
 
 from dael_plugin.engine.distributed import world
+from dael_plugin.engine.results_reader import FAILED
 
 SCHEMA_VERSION = 1
 
@@ -201,9 +202,6 @@ def write_results(output_dir: str, record: Dict[str, object], name: str = "resul
     from dael_plugin.engine.atomic import write_json
 
     return write_json(os.path.join(output_dir, name), record)
-
-
-FAILED = "failed.json"
 
 
 def write_failure(output_dir: str, message: str) -> str:

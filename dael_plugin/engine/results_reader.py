@@ -141,11 +141,12 @@ def _read(path: str):
 
 def _percentages(value) -> bool:
     return isinstance(value, dict) and all(
-        isinstance(k, str) and _number(v) and math.isfinite(v) and 0 <= v <= 100 for k, v in value.items()
+        isinstance(k, str) and is_number(v) and math.isfinite(v) and 0 <= v <= 100 for k, v in value.items()
     )
 
 
-def _number(v) -> bool:
+def is_number(v) -> bool:
+    """A JSON number (not a bool)."""
     return isinstance(v, (int, float)) and not isinstance(v, bool)
 
 
@@ -186,11 +187,12 @@ def setting_of(data: dict) -> str:
     return data.get("setting") or ("DG" if data.get("trainer") in ("DAELDG", "Vanilla") else "DA")
 
 
-def _flatten(d, prefix: str = "") -> Dict[str, object]:
+def flatten(d, prefix: str = "") -> Dict[str, object]:
+    """A nested mapping (a config read from YAML or JSON) by dotted key."""
     flat: Dict[str, object] = {}
     for k, v in d.items():
         if isinstance(v, dict):
-            flat.update(_flatten(v, f"{prefix}{k}."))
+            flat.update(flatten(v, f"{prefix}{k}."))
         else:
             flat[f"{prefix}{k}"] = v
     return flat
@@ -216,7 +218,7 @@ def setting_items(rec: Record) -> Dict[str, object]:
     or timm's weights of another tag, is another setting)."""
     flat = {
         k: v
-        for k, v in with_execution(_flatten(rec.config)).items()
+        for k, v in with_execution(flatten(rec.config)).items()
         if not any(k == n or (n.endswith(".") and k.startswith(n)) for n in NOT_SETTING)
     }
     flat["engine"] = rec.data.get("engine")

@@ -37,6 +37,7 @@ import torch
 from dael_plugin.core import validators as V
 from dael_plugin.data.images import LEFT_OUT, note_unreadable
 from dael_plugin.engine import distributed
+from dael_plugin.engine.results_reader import is_number
 
 EPOCHS = "epochs.jsonl"
 VALIDATORS = V.NAMES
@@ -63,10 +64,6 @@ def classifiers(record: Dict[str, Any]) -> int:
 ACCURACIES = ("target_test_accuracy", "source_val_accuracy", "target_val_accuracy")
 
 
-def _number(v: Any) -> bool:
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
 def record_problem(rec: Any, previous_epoch: int) -> Optional[str]:
     """What is wrong with one line of ``epochs.jsonl`` (None when nothing): the checks that
     ``results.json`` gets, for each epoch. A validator may be NaN (a score that is undefined there:
@@ -80,13 +77,13 @@ def record_problem(rec: Any, previous_epoch: int) -> Optional[str]:
         return f"epoch {epoch} does not come after epoch {previous_epoch}"
     for key in ACCURACIES:
         v = rec.get(key)
-        if v is not None and not (_number(v) and 0.0 <= v <= 100.0):
+        if v is not None and not (is_number(v) and 0.0 <= v <= 100.0):
             return f"epoch {epoch}: {key} {v!r} is not an accuracy in [0, 100]"
     validators = rec.get("validators")
     if validators is not None and not isinstance(validators, dict):
         return f"epoch {epoch}: validators is not a mapping"
     for k, v in (validators or {}).items():
-        if v is not None and not _number(v):
+        if v is not None and not is_number(v):
             return f"epoch {epoch}: validator {k} {v!r} is not a number"
     return None
 
@@ -428,7 +425,7 @@ def check_chosen_model(path: str, protocol: str, model_dir: str, seed: Any, data
 
     state = load_checkpoint(path, fix=CHOSEN_FIX)
     epoch = state.get("epoch")
-    records, problems = EpochRecords(model_dir).read_checked()
+    records, problems = EpochsFile(model_dir).read_checked()
     if problems:
         raise CheckpointError(f"cannot check {path} against its run: {problems[0]}; restore epochs.jsonl")
     scored = [(s, r["epoch"]) for r in records for s in [protocol_score(r, protocol)] if s is not None]
@@ -460,7 +457,7 @@ def check_chosen_model(path: str, protocol: str, model_dir: str, seed: Any, data
             )
 
 
-class EpochRecords:
+class EpochsFile:
     """``OUTPUT_DIR/epochs.jsonl``: read, cut back on resume, appended (each write replaces the file
     atomically), and the protocols' best checkpoints kept beside it."""
 
@@ -569,7 +566,7 @@ class Selection:
         scoring: Scoring,
         model: EvaluatedModel,
     ) -> None:
-        self.records = EpochRecords(output_dir)
+        self.records = EpochsFile(output_dir)
         self.eval_freq, self.max_epoch = int(eval_freq), int(max_epoch)
         self.keep, self.scoring, self.model = list(keep), scoring, model
 

@@ -40,10 +40,10 @@ def runs_of(rec: Dict):
     """The selection's view of one finished run (tools/select.py): its record and its epoch records,
     or None where they are damaged or absent (named by the caller)."""
     from dael_plugin.engine.results_reader import Record
-    from dael_plugin.engine.selection import EpochRecords
+    from dael_plugin.engine.selection import EpochsFile
     from dael_plugin.tools.select import Run
 
-    epochs, problems = EpochRecords(rec["output_dir"]).read_checked()
+    epochs, problems = EpochsFile(rec["output_dir"]).read_checked()
     if problems or not epochs:
         return None
     return Run(Record(os.path.join(rec["output_dir"], "results.json"), rec), epochs)

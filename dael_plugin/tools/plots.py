@@ -233,7 +233,7 @@ def validators(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optiona
     import matplotlib.pyplot as plt
 
     from dael_plugin.engine.results_reader import setting_of as _setting
-    from dael_plugin.engine.selection import EpochRecords
+    from dael_plugin.engine.selection import EpochsFile
     from dael_plugin.tools.select import rank_runs
 
     runs = [
@@ -242,7 +242,7 @@ def validators(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optiona
             _setting(r),
             ",".join(r.get("target_domains") or []),
             r.get("seed"),
-            EpochRecords(r["_dir"]).read(),
+            EpochsFile(r["_dir"]).read(),
         )
         for r in recs
     ]

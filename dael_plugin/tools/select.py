@@ -26,7 +26,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from dael_plugin.core.validators import NAMES
 from dael_plugin.engine.results_reader import Record, read_records
-from dael_plugin.engine.selection import EPOCHS, EXPERT_SIGNALS, EpochRecords, classifiers, protocol_score
+from dael_plugin.engine.selection import EPOCHS, EXPERT_SIGNALS, EpochsFile, classifiers, protocol_score
 
 
 # -- the protocols: each names what it may read ----------------------------------------------------
@@ -134,7 +134,7 @@ def read_sweep(root: str, warn: Callable[[str], None] = print) -> List[Tuple[Rec
         warn(problem.warning())
     out = []
     for rec in walk.records:
-        epochs, problems = EpochRecords(rec.dir).read_checked()
+        epochs, problems = EpochsFile(rec.dir).read_checked()
         total = rec.data.get("epochs")
         if epochs and isinstance(total, int) and epochs[-1]["epoch"] > total:
             problems.append(f"{os.path.join(rec.dir, EPOCHS)}: epoch {epochs[-1]['epoch']} is past the run's {total}")

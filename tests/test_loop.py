@@ -82,6 +82,14 @@ def test_a_dg_epoch_is_the_source_loaders_whatever_count_iter_says():
     assert length == 3 and [u for _, u in pairs] == [None] * 3
 
 
+def test_a_count_iter_dassl_lacks_is_one_line_not_the_source_loaders_epoch():
+    """Dassl's TrainerXU raises on any other value; a silent fallback would run another epoch."""
+    from dael_plugin.errors import DAELConfigError
+
+    with pytest.raises(DAELConfigError, match="TRAIN.COUNT_ITER='train_uu': an epoch counts"):
+        epoch_batches((_Loader(3), _Loader(5)), 0, "train_uu")
+
+
 def test_the_built_in_engine_counts_its_epoch_by_count_iter(tmp_path, tiny_root):
     """On the built-in engine ``TRAIN.COUNT_ITER train_u`` makes DAEL's epoch as long as its target
     loader, and the source loader's second pass draws batches of its own (it was refused here)."""

@@ -237,6 +237,20 @@ def test_best_val_on_the_builtin_engine_names_last_step(tmp_path, tiny_root, cap
     assert code == 2 and "last_step" in one_error_line(err)
 
 
+@pytest.mark.parametrize(
+    "key, value, said",
+    [
+        ("TRAIN.COUNT_ITER", "train_uu", "['train_x', 'train_u', 'smaller_one'] on the built-in engine"),
+        ("OPTIM.LR_SCHEDULER", "linear", "['cosine', 'single_step', 'multi_step'] on the built-in engine"),
+    ],
+)
+def test_a_value_the_loop_cannot_honour_is_one_line_naming_the_values_it_takes(tmp_path, tiny_root, capsys, key, value, said):  # fmt: skip
+    code, _, err = cli(args_for(tiny_root, tmp_path / "o", extra=[key, value]), capsys)
+    line = one_error_line(err)
+    assert code == 2 and line.startswith(f"error: {key}={value!r}: DAEL takes ") and said in line, line
+    assert not (tmp_path / "o").exists()  # refused before the output folder
+
+
 def test_a_dataset_only_dassl_reads_says_so(tmp_path, tiny_root, capsys):
     ds = tmp_path / "visda17.yaml"
     ds.write_text('DATASET:\n  NAME: "VisDA17"\n')

@@ -138,16 +138,16 @@ SUPPORTED_VALUES = {
     "DATALOADER.TEST.SAMPLER": ("SequentialSampler",),
     "OPTIM.NAME": ("sgd", "adam", "adamw"),
     "OPTIM.LR_SCHEDULER": ("cosine", "single_step", "multi_step"),
-    "TRAIN.COUNT_ITER": ("train_x", "train_u", "smaller_one"),  # Dassl's TrainerXU epoch's (engine/loop.py)
+    "TRAIN.COUNT_ITER": ("train_x", "train_u", "smaller_one"),  # Dassl's TrainerXU's (engine/loop.COUNT_ITER)
     "TEST.EVALUATOR": ("Classification",),
     "TEST.FINAL_MODEL": ("last_step",),
 }
 
 
-def check_supported_values(cfg: CN, advice: str) -> None:
+def check_supported_values(cfg: CN, where: str, advice: str) -> None:
     """One line for a value of a key in :data:`SUPPORTED_VALUES` that the plugin's loop cannot
     honour (the built-in engine's methods, and the plugin's methods on the Dassl engine)."""
     for key, allowed in SUPPORTED_VALUES.items():
         value = key_value(cfg, key)
         if value not in allowed:
-            raise DAELConfigError(f"{key}={value!r}: {cfg.TRAINER.NAME} takes {list(allowed)} here; {advice}")
+            raise DAELConfigError(f"{key}={value!r}: {cfg.TRAINER.NAME} takes {list(allowed)} {where}; {advice}")

@@ -185,7 +185,7 @@ def check_method_trainer_cfg(cfg: CN) -> None:
     """The values a plugin method's loop on Dassl's reads as the built-in engine does, and no value set for a
     key of Dassl's it would ignore (a run that silently ignores one looks like the run it names)."""
     name = cfg.TRAINER.NAME
-    check_supported_values(cfg, f"{name} runs the plugin's own loop on either engine")
+    check_supported_values(cfg, "on either engine (it runs the plugin's own loop)", "change it")
     dassls = get_cfg_default()
     for key in unread_dassl_keys():
         value, default = key_value(cfg, key), key_value(dassls, key)

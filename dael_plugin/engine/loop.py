@@ -20,8 +20,10 @@ from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.engine import distributed
 from dael_plugin.engine.guard import FiniteGuard
 from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
+from dael_plugin.errors import DAELConfigError
 
 Batch = Tuple[dict, Optional[dict]]
+COUNT_ITER = ("train_x", "train_u", "smaller_one")  # TRAIN.COUNT_ITER's values (Dassl's TrainerXU)
 
 
 def train_epoch(
@@ -159,13 +161,15 @@ def epoch_batches(loaders: Sequence[Any], epoch: int, count_iter: str) -> Tuple[
     ``TrainerXU.run_epoch`` counts them under ``TRAIN.COUNT_ITER``: as many batches as the source
     loader has (``train_x``), the target loader (``train_u``) or the shorter of the two
     (``smaller_one``); a loader that runs out starts a fresh pass (:func:`next_cycled`)."""
+    if count_iter not in COUNT_ITER:  # Dassl's TrainerXU raises a ValueError in its first epoch
+        raise DAELConfigError(f"TRAIN.COUNT_ITER={count_iter!r}: an epoch counts the batches of one of {COUNT_ITER}")
     loaders = [ld for ld in loaders if ld is not None]
     for loader in loaders:
         loader.batch_sampler.set_epoch(epoch)
     lengths = {"train_x": len(loaders[0])}
     if len(loaders) > 1:
         lengths.update(train_u=len(loaders[1]), smaller_one=min(len(ld) for ld in loaders))
-    n = lengths.get(count_iter, lengths["train_x"])
+    n = lengths.get(count_iter, lengths["train_x"])  # DG: the source loader's, as Dassl's TrainerX
 
     def batches() -> Iterator[Batch]:
         its = [iter(ld) for ld in loaders]

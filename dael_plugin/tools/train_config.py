@@ -192,7 +192,8 @@ def setup_cfg(args: argparse.Namespace, engine: str, said: Optional[List[str]] =
     if str(cfg.TRAINER.NAME).upper() in TRAINER_NODES:
         hparams_from_cfg(cfg)  # DAEL's values (weights, switches) before the output folder is made
     if engine == "builtin":
-        check_supported_values(cfg, "change it, or run one of Dassl's own trainers with --engine dassl")
+        advice = "change it, or run one of Dassl's own trainers with --engine dassl"
+        check_supported_values(cfg, "on the built-in engine", advice)
     check_timm_backbone(cfg.MODEL.BACKBONE.NAME)  # before either engine reads any data
     check_weights_reachable(cfg, engine)
     pixel_stats.resolve(cfg, auto)  # the numbers, in the config that is recorded

@@ -138,7 +138,7 @@ SUPPORTED_VALUES = {
     "DATALOADER.TEST.SAMPLER": ("SequentialSampler",),
     "OPTIM.NAME": ("sgd", "adam", "adamw"),
     "OPTIM.LR_SCHEDULER": ("cosine", "single_step", "multi_step"),
-    "TRAIN.COUNT_ITER": ("train_x", "train_u", "smaller_one"),  # Dassl's TrainerXU's (engine/loop.COUNT_ITER)
+    "TRAIN.COUNT_ITER": ("train_x", "train_u", "smaller_one"),  # Dassl's TrainerXU's (engine/loop.py)
     "TEST.EVALUATOR": ("Classification",),
     "TEST.FINAL_MODEL": ("last_step",),
 }

@@ -16,6 +16,7 @@ from typing import Any, Callable, Iterable, Iterator, Optional, Sequence, Tuple
 import torch
 from tqdm import tqdm
 
+from dael_plugin.config.defaults import SUPPORTED_VALUES
 from dael_plugin.data.images import REPLACED, note_unreadable
 from dael_plugin.engine import distributed
 from dael_plugin.engine.guard import FiniteGuard
@@ -23,7 +24,7 @@ from dael_plugin.engine.step import DeviceMeters, format_meters, short_meters
 from dael_plugin.errors import DAELConfigError
 
 Batch = Tuple[dict, Optional[dict]]
-COUNT_ITER = ("train_x", "train_u", "smaller_one")  # TRAIN.COUNT_ITER's values (Dassl's TrainerXU)
+COUNT_ITER = SUPPORTED_VALUES["TRAIN.COUNT_ITER"]  # Dassl's TrainerXU's values
 
 
 def train_epoch(

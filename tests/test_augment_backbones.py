@@ -171,6 +171,12 @@ def test_timms_weights_in_its_cache_are_recorded_with_their_sha256(tmp_path, mon
 def test_unknown_backbones_are_one_line_errors():
     with pytest.raises(DAELConfigError, match="timm has no model 'resnet181'.*did you mean timm_resnet18"):
         build_backbone("timm_resnet181")
+    with pytest.raises(DAELConfigError, match=r"no weights tag 'foo' for resnet18 \(its tags: a1_in1k, .*tv_in1k\)"):
+        build_backbone("timm_resnet18.foo")
+    with pytest.raises(
+        DAELConfigError, match=r"no weights tag 'x' for botnet50ts_256 \(it has none; use timm_botnet50ts_256\)"
+    ):
+        build_backbone("timm_botnet50ts_256.x")
     with pytest.raises(DAELConfigError, match="not available without Dassl"):
         build_backbone("cnn_digitsingle")  # a Dassl backbone not rebuilt here
     with pytest.raises(DAELConfigError, match="is not a file"):

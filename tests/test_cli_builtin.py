@@ -172,6 +172,8 @@ BAD_INPUT = [
     ("indivisible batch", {}, ["DATALOADER.TRAIN_X.BATCH_SIZE", "100"], "not divisible by the 3 domains"),
     ("empty strong transforms", {}, ["TRAINER.DAEL.STRONG_TRANSFORMS", "()"], "STRONG_TRANSFORMS is empty"),
     ("unknown timm model", {}, ["MODEL.BACKBONE.NAME", "timm_resnet181"], "timm has no model 'resnet181'"),
+    # timm raises a RuntimeError for it at build time, after the data was read (PRETRAINED False too)
+    ("unknown timm tag", {}, ["MODEL.BACKBONE.NAME", "timm_resnet18.tv_in1"], "did you mean timm_resnet18.tv_in1k?"),
     ("unknown dataset", {}, ["DATASET.NAME", "Digit55"], "Digit55"),
     ("unknown domain", dict(tgt=("svhn",)), [], "has no domain 'svhn'"),
     ("unbalanced sampler", {}, ["DATALOADER.TRAIN_X.SAMPLER", "RandomSampler"], "not domain-balanced"),
@@ -183,7 +185,14 @@ BAD_INPUT = [
 # Both engines share the check functions; every case runs in-process (``cli.main`` is what
 # scripts/train.py calls) on the built-in engine, and the cases that reach Dassl's own code
 # on the Dassl engine. One subprocess case holds the stderr contract of the script itself.
-DASSL_CASES = {"fewer than 2 sources", "unknown dataset", "unbalanced sampler", "unknown key", "indivisible batch"}
+DASSL_CASES = {
+    "fewer than 2 sources",
+    "unknown timm tag",
+    "unknown dataset",
+    "unbalanced sampler",
+    "unknown key",
+    "indivisible batch",
+}
 
 
 @pytest.mark.parametrize("case,kw,opts,message", BAD_INPUT, ids=[c[0] for c in BAD_INPUT])

@@ -28,13 +28,24 @@ def timm_model_name(backbone_name: str) -> str:
 
 
 def check_timm_model(model_name: str) -> None:
-    """A one-line error, with close names, if timm has no such model."""
+    """A one-line error, with close names, if timm has no such model or no such weights tag
+    (``timm_<model>.<tag>``: timm itself refuses an unknown tag with a RuntimeError at build time,
+    after the data was read, even with PRETRAINED False)."""
     import timm
 
-    if not timm.is_model(model_name.split(".")[0]):
+    arch, _, tag = model_name.partition(".")
+    if not timm.is_model(arch):
         close = difflib.get_close_matches(model_name, timm.list_models(), n=3)
         hint = f" (did you mean {', '.join(PREFIX + c for c in close)}?)" if close else ""
         raise DAELConfigError(f"MODEL.BACKBONE.NAME={PREFIX}{model_name}: timm has no model {model_name!r}{hint}")
+    tags = [t.partition(".")[2] for t in timm.list_pretrained(f"{arch}.*")]
+    if tag and tag not in tags:
+        close = difflib.get_close_matches(tag, tags, n=1)
+        hint = f"did you mean {PREFIX}{arch}.{close[0]}? " if close else ""
+        known = f"its tags: {', '.join(tags)}" if tags else f"it has none; use {PREFIX}{arch}"
+        raise DAELConfigError(
+            f"MODEL.BACKBONE.NAME={PREFIX}{model_name}: timm has no weights tag {tag!r} for {arch} ({hint}{known})"
+        )
 
 
 def check_timm_backbone(backbone_name: str) -> None:

@@ -179,6 +179,10 @@ BAD_INPUT = [
     ("unbalanced sampler", {}, ["DATALOADER.TRAIN_X.SAMPLER", "RandomSampler"], "not domain-balanced"),
     ("unknown switch value", {}, ["TRAINER.DAEL.CR_MODE", "both"], "CR_MODE must be one of"),
     ("unknown key", {}, ["TRAINER.DAEL.WEIGHT_X", "1.0"], "TRAINER.DAEL.WEIGHT_X"),
+    # Dassl raises a KeyError for it as it builds the transforms
+    ("unknown interpolation", {}, ["INPUT.INTERPOLATION", "cubicc"], "INPUT.INTERPOLATION='cubicc' is invalid"),
+    ("unknown split", {}, ["TEST.SPLIT", "valid"], "TEST.SPLIT='valid' is invalid"),  # Dassl: test, silently
+    ("a word for a number", {}, ["OPTIM.LR", "abc"], "OPTIM.LR=abc is a string; the key takes a number, as 0.05"),
 ]
 
 
@@ -188,6 +192,9 @@ BAD_INPUT = [
 DASSL_CASES = {
     "fewer than 2 sources",
     "unknown timm tag",
+    "unknown interpolation",
+    "unknown split",
+    "a word for a number",
     "unknown dataset",
     "unbalanced sampler",
     "unknown key",
@@ -222,6 +229,35 @@ def test_bad_input_gives_one_clear_line_dassl(tmp_path, tiny_root, capsys, case,
     assert len(err.strip().splitlines()) == 1, err
     assert err.startswith("error: ") and message in err, err
     assert not type(sys.stdout).__module__.startswith("dassl"), "Dassl's logger left on sys.stdout"
+
+
+DASSL_REFUSALS = [
+    # Dassl's own builders refuse these with a ValueError as the trainer is built, after the data is read
+    ("DAEL", ["OPTIM.NAME", "sgdd"], "OPTIM: Dassl refuses it: optim must be one of"),
+    ("DAEL", ["OPTIM.LR_SCHEDULER", "cosin"], "scheduler must be one of ['single_step', 'multi_step', 'cosine']"),
+    ("DAEL", ["OPTIM.NAME", "adam", "OPTIM.ADAM_BETA1", "1.5"], "Invalid beta parameter at index 0: 1.5"),
+    ("DAEL", ["TEST.EVALUATOR", "Classificaton"], "(did you mean 'Classification'?)"),
+    # Dassl's trainer's own check_cfg asserts it (without M3SDA's config file the sampler is RandomSampler)
+    ("M3SDA", [], 'M3SDA refuses this config: its check_cfg asserts `assert cfg.DATALOADER.TRAIN_X.SAMPLER == "Random'),
+]
+
+
+@pytest.mark.dassl
+@pytest.mark.parametrize(
+    "trainer,opts,message", DASSL_REFUSALS, ids=[" ".join(c[1][:2]) or c[0] for c in DASSL_REFUSALS]
+)
+def test_what_dassl_refuses_as_it_builds_a_trainer_is_one_line_before_the_data(
+    tmp_path, tiny_root, capsys, trainer, opts, message
+):
+    from dael_plugin.tools.train import main
+
+    args = base_args(tiny_root, tmp_path / "bad", trainer=trainer)
+    if trainer != "DAEL":
+        args = args[:6] + args[8:]  # no --config-file: the trainer's defaults
+    code = main(["--engine", "dassl"] + args + FAST + opts)
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert len(err.strip().splitlines()) == 1 and err.startswith("error: ") and message in err, err
 
 
 @pytest.mark.dassl

@@ -148,6 +148,15 @@ def check_run_values(cfg: CN) -> None:
             raise DAELConfigError(f"{key}={value!r} is invalid: {what} must be an integer from {low} to {high}")
     if not float(cfg.OPTIM.LR) > 0:
         raise DAELConfigError(f"OPTIM.LR={cfg.OPTIM.LR!r} is invalid: the learning rate must be > 0")
+    from dael_plugin.transforms.registry import INTERPOLATION  # Dassl's INTERPOLATION_MODES, name for name
+
+    # Dassl raises a KeyError for another interpolation, and evaluates on test for another split.
+    for key, value, allowed in (
+        ("INPUT.INTERPOLATION", cfg.INPUT.INTERPOLATION, tuple(INTERPOLATION)),
+        ("TEST.SPLIT", cfg.TEST.SPLIT, ("val", "test")),
+    ):
+        if value not in allowed:
+            raise DAELConfigError(f"{key}={value!r} is invalid; use one of {list(allowed)}")
     check_baseline_values(cfg)
     check_input_size(cfg)
     check_selection(cfg)

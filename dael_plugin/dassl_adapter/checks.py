@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+from typing import Optional
 
 from dassl.data.datasets import DATASET_REGISTRY
 from yacs.config import CfgNode as CN
@@ -196,3 +197,45 @@ def check_dassl_stops(cfg: CN) -> None:
             f"LRScheduler, which torch {torch.__version__} no longer takes (every trainer stops as it builds "
             "its scheduler); remove it"
         )
+    check_dassl_builders(cfg)
+
+
+def check_dassl_builders(cfg: CN) -> None:
+    """Dassl's own optimiser and scheduler builders on a one-weight model, and its evaluator names:
+    another OPTIM.NAME, LR_SCHEDULER or TEST.EVALUATOR (or a value torch's optimiser refuses, as an
+    ADAM_BETA of 1.5) stops every trainer with a ValueError as it is built, after the data is read."""
+    from dassl.evaluation import EVALUATOR_REGISTRY
+    from dassl.optim import build_lr_scheduler, build_optimizer
+    from torch import nn
+
+    optim = cfg.OPTIM.clone()
+    optim.defrost()
+    optim.STAGED_LR = False  # its layer names are the model's: the trainer's own build checks them
+    optim.WARMUP_EPOCH = 0  # check_dassl_stops's
+    try:
+        build_lr_scheduler(build_optimizer(nn.Linear(1, 1), optim), optim)
+    except ValueError as exc:
+        raise DAELConfigError(f"OPTIM: Dassl refuses it: {exc}") from None
+    names = EVALUATOR_REGISTRY.registered_names()
+    if cfg.TEST.EVALUATOR not in names:
+        close = difflib.get_close_matches(str(cfg.TEST.EVALUATOR), list(names), n=1)
+        hint = f" (did you mean {close[0]!r}?)" if close else ""
+        raise DAELConfigError(f"TEST.EVALUATOR={cfg.TEST.EVALUATOR!r} is not an evaluator Dassl has{hint}: {names}")
+
+
+def check_cfg_refusal(exc: AssertionError, name: str) -> Optional[str]:
+    """One line for an assertion of a Dassl trainer's own ``check_cfg`` (the config it needs: M3SDA's
+    RandomDomainSampler), naming the assertion; None for any other assertion, whose stack stays."""
+    import linecache
+    import traceback
+
+    frame = traceback.extract_tb(exc.__traceback__)[-1]
+    if frame.name != "check_cfg":
+        return None
+    lines = range(frame.lineno, (frame.end_lineno or frame.lineno) + 1)
+    said = " ".join(linecache.getline(frame.filename, i).strip() for i in lines)
+    why = f" ({exc})" if str(exc) else ""
+    return (
+        f"{name} refuses this config: its check_cfg asserts `{said}`{why}; set that key (its config file under "
+        "Dassl's configs/trainers sets it)"
+    )

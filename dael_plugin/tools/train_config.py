@@ -52,10 +52,28 @@ def merge_file(cfg: CN, path: str, engine: str, auto: Optional[dict] = None) -> 
     except KeyError as exc:
         raise DAELConfigError(key_error(exc, engine, f"config file {path}", cfg)) from None
     except (ValueError, AssertionError, TypeError) as exc:
-        raise DAELConfigError(
-            f"config file {path}: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
-        ) from None
+        raise DAELConfigError(f"config file {path}: {value_error(exc)}") from None
     return loaded
+
+
+# yacs's words for a value of another type than the key's default
+_MISMATCH = re.compile(
+    r"Type mismatch \(<class '(\w+)'> vs\. <class '(\w+)'>\) with values \((.*) vs\. (.*)\) for config key: (\S+)"
+)
+
+
+_KINDS = {"int": "a whole number", "float": "a number", "str": "a string", "bool": "True or False"}
+_KINDS.update(tuple="a list", list="a list")
+
+
+def value_error(exc: Exception) -> str:
+    """yacs's refusal of a value, in one line: its type mismatch as what the key takes."""
+    said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+    m = _MISMATCH.match(said)
+    if m:
+        takes, given, default, value, key = (_KINDS.get(g, g) for g in m.groups())
+        return f"{key}={value} is {given}; the key takes {takes}, as {default}"
+    return said[:300] + (" ..." if len(said) > 300 else "")
 
 
 def _coerce_numbers(cfg: CN, loaded: dict, prefix: str = "") -> None:
@@ -176,8 +194,7 @@ def setup_cfg(args: argparse.Namespace, engine: str, said: Optional[List[str]] =
     except (KeyError, AssertionError) as exc:  # yacs asserts on unknown keys here
         raise DAELConfigError(key_error(exc, engine, "the command line", cfg)) from None
     except ValueError as exc:
-        said = str(exc)
-        raise DAELConfigError(f"the command line: {said[:300]}{' ...' if len(said) > 300 else ''}") from None
+        raise DAELConfigError(f"the command line: {value_error(exc)}") from None
     if not cfg.TRAINER.NAME:
         raise DAELConfigError("no trainer given; pass --trainer DAEL (or DAELDG, SourceOnly, M3SDA, MME, ...)")
     if not str(cfg.DATASET.ROOT).strip():

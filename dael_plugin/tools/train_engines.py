@@ -102,10 +102,18 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     # trainer has what the commands read of it (engine/results.TrainerFacts)
     print(f"Loading trainer: {cfg.TRAINER.NAME}")
     cls = TRAINER_REGISTRY.get(cfg.TRAINER.NAME)
-    if issubclass(cls, MethodTrainerXU):  # the plugin's own method, with its own records
-        trainer = cls(cfg, eval_only=args.eval_only)
-    else:
-        trainer = (with_facts if args.eval_only or eval_freq(cfg) == 0 else with_records)(cls)(cfg)
+    try:
+        if issubclass(cls, MethodTrainerXU):  # the plugin's own method, with its own records
+            trainer = cls(cfg, eval_only=args.eval_only)
+        else:
+            trainer = (with_facts if args.eval_only or eval_freq(cfg) == 0 else with_records)(cls)(cfg)
+    except AssertionError as exc:  # a trainer's check_cfg: one line (any other assertion keeps its stack)
+        from dael_plugin.dassl_adapter.checks import check_cfg_refusal
+
+        said = check_cfg_refusal(exc, cfg.TRAINER.NAME)
+        if said is None:
+            raise
+        raise DAELConfigError(said) from None
     if cfg.MODEL.INIT_WEIGHTS and not args.eval_only and not isinstance(trainer, MethodTrainerXU):
         # The source model's images against this run's (its domains were compared as Dassl loaded it;
         # a method's own build on Dassl's loop compares them all, as on the built-in engine)

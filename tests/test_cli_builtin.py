@@ -183,6 +183,17 @@ BAD_INPUT = [
     ("unknown interpolation", {}, ["INPUT.INTERPOLATION", "cubicc"], "INPUT.INTERPOLATION='cubicc' is invalid"),
     ("unknown split", {}, ["TEST.SPLIT", "valid"], "TEST.SPLIT='valid' is invalid"),  # Dassl: test, silently
     ("a word for a number", {}, ["OPTIM.LR", "abc"], "OPTIM.LR=abc is a string; the key takes a number, as 0.05"),
+    # each stopped in a traceback: at the first batch, or as the loaders or the optimiser were built
+    ("zero pixel std", {}, ["INPUT.PIXEL_STD", "[0,0,0]"], "INPUT.PIXEL_STD=[0, 0, 0] is invalid"),
+    ("two pixel means", {}, ["INPUT.PIXEL_MEAN", "[0.5,0.5]"], "INPUT.PIXEL_MEAN=[0.5, 0.5] is invalid"),
+    ("negative crop padding", {}, ["INPUT.CROP_PADDING", "-4"], "INPUT.CROP_PADDING=-4 is invalid"),
+    (
+        "negative jitter",
+        {},
+        ["INPUT.COLORJITTER_B", "-1", "INPUT.TRANSFORMS", "colorjitter,normalize"],
+        "must be non negative",
+    ),
+    ("negative momentum", {}, ["OPTIM.MOMENTUM", "-1"], "refuses it: Invalid momentum value: -1.0"),
 ]
 
 
@@ -195,6 +206,11 @@ DASSL_CASES = {
     "unknown interpolation",
     "unknown split",
     "a word for a number",
+    "zero pixel std",
+    "two pixel means",
+    "negative crop padding",
+    "negative jitter",
+    "negative momentum",
     "unknown dataset",
     "unbalanced sampler",
     "unknown key",

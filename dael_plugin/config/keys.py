@@ -142,6 +142,8 @@ def check_run_values(cfg: CN) -> None:
         ("DATALOADER.NUM_WORKERS", cfg.DATALOADER.NUM_WORKERS, 0, 1024, "the number of loader processes"),
         ("TRAIN.PRINT_FREQ", cfg.TRAIN.PRINT_FREQ, 1, 2**31 - 1, "the logging interval in batches"),
         ("SEED", cfg.SEED, -1, 2**32 - 1, "the seed (-1: a random one)"),
+        # a negative one crops, and random_crop's first image stops in a traceback
+        ("INPUT.CROP_PADDING", cfg.INPUT.CROP_PADDING, 0, 2**15, "random_crop's padding in pixels"),
     ]
     for key, value, low, high, what in checks:
         if not isinstance(value, int) or isinstance(value, bool) or not low <= value <= high:

@@ -65,6 +65,31 @@ def set_random_seed(seed: int) -> None:
     torch.manual_seed(seed)
 
 
+def make_optimizer(o: CN, params) -> torch.optim.Optimizer:
+    """The OPTIM node's optimiser (``sgd``, ``adam`` or ``adamw``, with Dassl's keys) over ``params``."""
+    if o.NAME == "sgd":
+        return torch.optim.SGD(
+            params,
+            lr=o.LR,
+            momentum=o.MOMENTUM,
+            weight_decay=o.WEIGHT_DECAY,
+            dampening=o.SGD_DAMPNING,
+            nesterov=o.SGD_NESTEROV,
+        )
+    cls = torch.optim.Adam if o.NAME == "adam" else torch.optim.AdamW
+    return cls(params, lr=o.LR, weight_decay=o.WEIGHT_DECAY, betas=(o.ADAM_BETA1, o.ADAM_BETA2))
+
+
+def check_optim_values(o: CN) -> None:
+    """The optimiser built on one weight before any data is read: torch's refusal of a value (a
+    negative OPTIM.MOMENTUM or WEIGHT_DECAY, an ADAM_BETA1 of 1.5) is one line, not a traceback as
+    the trainer builds it."""
+    try:
+        make_optimizer(o, [torch.zeros(1, requires_grad=True)])
+    except ValueError as exc:
+        raise DAELConfigError(f"OPTIM ({o.NAME}): torch refuses it: {exc}") from None
+
+
 class BuiltinTrainer(TrainerFacts):
     """Epoch loop, evaluation, checkpoints and logs shared by the built-in trainers."""
 
@@ -338,20 +363,7 @@ class BuiltinTrainer(TrainerFacts):
             )
 
     def _build_optim(self, params):
-        o = self.cfg.OPTIM
-        if o.NAME == "sgd":
-            opt = torch.optim.SGD(
-                params,
-                lr=o.LR,
-                momentum=o.MOMENTUM,
-                weight_decay=o.WEIGHT_DECAY,
-                dampening=o.SGD_DAMPNING,
-                nesterov=o.SGD_NESTEROV,
-            )
-        else:
-            cls = torch.optim.Adam if o.NAME == "adam" else torch.optim.AdamW
-            opt = cls(params, lr=o.LR, weight_decay=o.WEIGHT_DECAY, betas=(o.ADAM_BETA1, o.ADAM_BETA2))
-        return self.strategy.optimizer(opt)  # EXECUTION.FUSED_OPTIM
+        return self.strategy.optimizer(make_optimizer(self.cfg.OPTIM, params))  # EXECUTION.FUSED_OPTIM
 
     def _build_sched(self, optim):
         o = self.cfg.OPTIM

@@ -211,9 +211,15 @@ def setup_cfg(args: argparse.Namespace, engine: str, said: Optional[List[str]] =
     if engine == "builtin":
         advice = "change it, or run one of Dassl's own trainers with --engine dassl"
         check_supported_values(cfg, "on the built-in engine", advice)
+        from dael_plugin.engine.trainer import check_optim_values
+
+        check_optim_values(cfg.OPTIM)
     check_timm_backbone(cfg.MODEL.BACKBONE.NAME)  # before either engine reads any data
     check_weights_reachable(cfg, engine)
     pixel_stats.resolve(cfg, auto)  # the numbers, in the config that is recorded
+    from dael_plugin.transforms.host import check_transform_values
+
+    check_transform_values(cfg)
     clean_cfg(cfg, cfg.TRAINER.NAME)
     resolve_run_execution(cfg, engine)
     cfg.freeze()

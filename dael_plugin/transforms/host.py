@@ -41,6 +41,7 @@ __all__ = [
     "build_train_views",
     "build_views",
     "check_transform_names",
+    "check_transform_values",
     "tv_randaugment_params",
 ]
 
@@ -50,6 +51,32 @@ def check_transform_names(choices: Sequence[str], key: str) -> None:
     for name in choices:
         if name not in BY_NAME:
             raise DAELConfigError(f"{key} has unknown transform {name!r}; choose from {sorted(BY_NAME)}")
+
+
+def check_transform_values(cfg: CN) -> None:
+    """The INPUT values the transforms read, before any data is read (both engines build the same
+    operations by name): ``PIXEL_MEAN`` / ``PIXEL_STD`` of 1 or 3 numbers, the std above 0 (else the
+    first batch stops in a traceback), and the weak and strong transforms built, so torchvision's
+    refusal of a value (a negative ``INPUT.COLORJITTER_B``) is one line. Names the registry lacks are
+    left to the trainer (Dassl's own, or a check that names them)."""
+    import math
+
+    for key in ("PIXEL_MEAN", "PIXEL_STD"):
+        v = list(cfg.INPUT[key])
+        ok = len(v) in (1, 3) and all(isinstance(x, (int, float)) and math.isfinite(x) for x in v)
+        if not ok or (key == "PIXEL_STD" and min(v) <= 0):
+            what = "above 0" if key == "PIXEL_STD" else "finite"
+            raise DAELConfigError(f"INPUT.{key}={v} is invalid: 1 number or 3 (one per RGB channel), each {what}")
+    node = cfg.TRAINER.get(str(cfg.TRAINER.NAME).upper())
+    lists = [("INPUT.TRANSFORMS", cfg.INPUT.TRANSFORMS, None)]
+    if isinstance(node, CN) and "STRONG_TRANSFORMS" in node:
+        lists.append((f"TRAINER.{str(cfg.TRAINER.NAME).upper()}.STRONG_TRANSFORMS", node.STRONG_TRANSFORMS, node))
+    for key, choices, dassl_node in lists:
+        if all(name in BY_NAME for name in choices):
+            try:
+                build_train_transform(cfg, choices, dassl_node)
+            except (ValueError, TypeError) as exc:
+                raise DAELConfigError(f"{key} {list(choices)}: {exc} (check the INPUT keys it reads)") from None
 
 
 def build_train_transform(cfg: Any, choices: Sequence[str], dassl_node: Any = None) -> Callable:

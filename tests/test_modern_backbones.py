@@ -46,6 +46,11 @@ def test_a_size_the_model_cannot_take_is_one_line():
         build_backbone(f"timm_{VIT}", img_size=(8, 8))
     said = str(info.value)
     assert "\n" not in said and "does not take INPUT.SIZE 8x8" in said and 'set INPUT.SIZE "[224, 224]"' in said
+    # timm builds a ViT/16 for 30x30 and reads its top-left 16x16 pixels alone, without a word
+    with pytest.raises(
+        DAELConfigError, match=r'the top-left 16x32 pixels of each image and drop the rest; set INPUT.SIZE "\[32, 32\]"'
+    ):
+        build_backbone(f"timm_{VIT}", img_size=(30, 32))
 
 
 @pytest.mark.parametrize(
@@ -394,7 +399,7 @@ FAMILIES = [
     "timm_deit_tiny_patch16_224",  # DeiT
     "timm_swin_tiny_patch4_window7_224",  # Swin (windows fitted to the size by timm)
     "timm_convnext_atto",  # ConvNeXt (LayerNorm)
-    "timm_eva02_tiny_patch14_224",  # EVA-02 (rotary position embeddings)
+    "timm_eva02_tiny_patch14_224",  # EVA-02 (rotary position embeddings), at 28x28: whole 14x14 patches
     "timm_vit_base_patch16_clip_quickgelu_224.openai",  # CLIP's image tower, QuickGELU
 ]
 
@@ -412,12 +417,13 @@ def test_each_encoder_family_takes_a_dael_step_at_32x32(name):
     from dael_plugin.engine.step import DAELStep
 
     torch.manual_seed(0)
-    net = build_backbone(name, img_size=(32, 32))
+    size = 28 if "patch14" in name else 32
+    net = build_backbone(name, img_size=(size, size))
     heads = build_heads(net.out_features, 5, 3, DAELHparams(conf_thre=0.0))
     algo = DAEL(net, heads, DAELHparams(conf_thre=0.0), fuse_chunks=True)
     opt = torch.optim.AdamW(list(net.parameters()) + list(heads.parameters()), lr=1e-4)
     before = [p.detach().clone() for p in net.parameters()]
-    out = DAELStep(algo, [opt], strategy(), 3, 4, True)(*_batches())
+    out = DAELStep(algo, [opt], strategy(), 3, 4, True)(*_batches(size=size))
     assert all(torch.isfinite(v) for v in out.values()) and "loss_u" in out
     assert sum(not torch.equal(b, p) for b, p in zip(before, net.parameters())) > len(before) // 2
     if "clip" in name:

@@ -188,7 +188,28 @@ def create_at_size(model_name: str, pretrained: bool, img_size: Optional[Sequenc
         ) from None
     finally:
         model.train(was)
+    check_whole_patches(model, model_name, [int(v) for v in img_size])
     return model
+
+
+def check_whole_patches(model: nn.Module, model_name: str, size: Sequence[int]) -> None:
+    """One line where ``size`` is not a multiple of the model's patch size: timm's patch embedding
+    (without ``dynamic_img_pad``) reads the whole patches and drops the rest of every image without a
+    word (a ViT/16 at 30x30 reads its top-left 16x16 pixels: the others change no output)."""
+    embed = getattr(model, "patch_embed", None)
+    patch = getattr(embed, "patch_size", None)
+    if patch is None or getattr(embed, "dynamic_img_pad", False):
+        return
+    patch = tuple(int(p) for p in patch) if isinstance(patch, (tuple, list)) else (int(patch),) * 2
+    if all(s % p == 0 for s, p in zip(size, patch)):
+        return
+    read = [s // p * p for s, p in zip(size, patch)]
+    fit = [max(p, round(s / p) * p) for s, p in zip(size, patch)]
+    raise DAELConfigError(
+        f"MODEL.BACKBONE.NAME={PREFIX}{model_name} at INPUT.SIZE {size[0]}x{size[1]}: not a multiple of its "
+        f"{patch[0]}x{patch[1]} patches, so it would read the top-left {read[0]}x{read[1]} pixels of each image "
+        f'and drop the rest; set INPUT.SIZE "{fit}"'
+    )
 
 
 class TimmBackbone(nn.Module):

@@ -96,6 +96,8 @@ def test_the_plan(tmp_path, capsys):
         ),
         (["--trainers", "DAEL", "--workers", "0"], "--workers 0: give at least 1"),
         (["--trainers", "DAEL", "--seeds", "1", "1"], "--seeds names 1 twice"),
+        (["--trainers", "DAEL", "--seeds", "-5"], "--seeds -5: a seed is a whole number from 0"),
+        (["--trainers", "DAEL", "--config", "DAEL=/nonexistent.yaml"], "--config DAEL=/nonexistent.yaml: no such file"),
         (["--trainers", "DAEL", "DAEL"], "--trainers names DAEL twice"),
         (["--trainers", "DAEL", "--grid", "OPTIM.LR", "0.1", "0.1"], "--grid OPTIM.LR names 0.1 twice"),
         (

@@ -198,6 +198,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             raise DAELConfigError(f"the trailing options {args.opts} are not KEY VALUE pairs")
         if any("=" not in c for c in args.config):
             raise DAELConfigError("--config takes TRAINER=FILE")
+        missing = [c for c in args.config if not os.path.isfile(os.path.expanduser(c.split("=", 1)[1]))]
+        if missing:
+            raise DAELConfigError(f"--config {missing[0]}: no such file")
+        out_of_range = [s for s in args.seeds if not 0 <= s <= 2**32 - 1]
+        if out_of_range:  # -1 would draw each run's seed: a row's seeds would be unknown
+            raise DAELConfigError(f"--seeds {out_of_range[0]}: a seed is a whole number from 0 to 4294967295")
         if args.gpus_per_run < 1:
             raise DAELConfigError(f"--gpus-per-run {args.gpus_per_run}: give at least 1")
         if args.workers is not None and args.workers < 1:

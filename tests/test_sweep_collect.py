@@ -191,8 +191,10 @@ def test_submitit_local_sweep_and_a_failed_run(tmp_path, tiny_root, capsys):
     assert code == 1, out
     assert out.count("done   ") == 1 and "done   SourceOnly[LR=0.05] -> street seed 1: accuracy " in out, out
     log = tmp_path / "EmbeddedDigits" / "SourceOnly" / "LR=-1" / "street" / "seed1" / "sweep_log.txt"
-    assert f"FAILED SourceOnly[LR=-1] -> street seed 1: exit 2; log {log}" in out, out
-    assert "OPTIM.LR" in log.read_text()
+    # the run's own line, read from the end of its log
+    said = "error: OPTIM.LR=-1.0 is invalid: the learning rate must be > 0"
+    assert f"FAILED SourceOnly[LR=-1] -> street seed 1: exit 2: {said} (log {log})" in out, out
+    assert said in log.read_text()
     assert (tmp_path / ".submitit").is_dir()
     code, out, _ = sweep(argv[: -len(FAST)] + ["--dry-run"] + FAST, capsys)
     assert code == 0 and "(1 done, 1 to run)" in out, out

@@ -8,6 +8,7 @@ import argparse
 import json
 import os
 import signal
+import stat
 import subprocess
 import time
 from collections import Counter
@@ -144,7 +145,24 @@ def _report(run: Run, code: int, n_done: int, total: int, seconds: float) -> str
             f"[{n_done}/{total}] FAILED {run.name}: a live run with other settings holds {run.output_dir} "
             "(another sweep with other options on this folder); give this sweep another --output-dir"
         )
-    return f"[{n_done}/{total}] FAILED {run.name}: exit {code}; log {run.log_path()}"
+    said = last_words(run.log_path())
+    return f"[{n_done}/{total}] FAILED {run.name}: exit {code}{': ' + said if said else ''} (log {run.log_path()})"
+
+
+def last_words(log: str, tail: int = 8192) -> str:
+    """What a failed run said last (its ``error:`` line, else its last line: a traceback's
+    exception), from the end of its log; "" for no such regular file."""
+    try:
+        if not stat.S_ISREG(os.stat(log).st_mode):
+            return ""
+        with open(log, "rb") as f:
+            f.seek(max(0, os.path.getsize(log) - tail))
+            lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
+    except OSError:
+        return ""
+    errors = [ln for ln in lines if ln.startswith("error: ")]
+    said = (errors or lines or [""])[-1]
+    return said[:300] + (" ..." if len(said) > 300 else "")
 
 
 def launch_local(runs: List[Run], workers: int, bar, per_run: int = 1) -> int:

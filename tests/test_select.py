@@ -303,8 +303,29 @@ def test_a_folder_of_both_engines_gives_a_row_per_engine(tmp_path):
     assert sorted(cells) == ["DAEL [engine=builtin]", "DAEL [engine=dassl]"]
     assert cells["DAEL [engine=builtin]"]["t"].values == [51.0, 52.0]
     assert cells["DAEL [engine=dassl]"]["t"].values == [71.0, 72.0]
-    per = _cell(root, "source_val", per_setting=True)
-    assert sorted(per) == ["Set/DAEL/lam=1 [engine=builtin]", "Set/DAEL/lam=1 [engine=dassl]"]
+    per = _cell(root, "source_val", per_setting=True)  # rows named as plain collect names them
+    assert sorted(per) == ["DAEL [engine=builtin]", "DAEL [engine=dassl]"]
+
+
+def test_runs_of_one_seed_in_other_settings_outside_the_sweep_layout_are_settings_to_choose_from(tmp_path):
+    """Two runs of one trainer, target and seed in folders of the user's own (not a sweep's
+    layout), in other settings: plain collect shows a row per setting, and --select chooses
+    between the two as between a sweep's grid settings (it refused: "two records ... keep one")."""
+    root = str(tmp_path / "own")
+    for name, lr, test in (("a", 0.1, 40.0), ("b", 0.2, 60.0)):
+        d = os.path.join(root, name)
+        os.makedirs(d)
+        rec = {"accuracy": test, "target_domains": ["t"], "source_domains": ["a", "b"], "dataset": "Set"}
+        rec.update(trainer="DAEL", seed=1, setting="DA", epochs=1, engine="builtin")
+        with open(os.path.join(d, "results.json"), "w") as f:
+            json.dump(dict(rec, provenance={"config": f"OPTIM:\n  LR: {lr}\n"}), f)
+        with open(os.path.join(d, "epochs.jsonl"), "w") as f:
+            f.write(json.dumps(_ep(1, test, src=100 - test)) + "\n")
+    rows = {row for table in collect.read_runs(root).values() for row in table}
+    assert rows == {"DAEL [LR=0.1]", "DAEL [LR=0.2]"}
+    cell = _cell(root, "source_val")["DAEL"]["t"]
+    assert cell.values == [40.0] and {c.setting for c in cell.choices.values()} == {"DAEL [LR=0.1]"}
+    assert sorted(_cell(root, "source_val", per_setting=True)) == sorted(rows)
 
 
 def test_validators_with_every_record_refused_name_the_runs_and_lines(tmp_path, capsys):

@@ -29,7 +29,7 @@ import os
 import statistics
 import sys
 from collections import Counter, defaultdict
-from typing import Dict, List, Optional, Tuple
+from typing import Dict, List, Optional, Sequence, Tuple
 
 from dael_plugin.data.fingerprint import one_digest
 from dael_plugin.engine.atomic import write_text
@@ -96,6 +96,22 @@ def _layout(path: str, root: str):
     return None
 
 
+def row_labels(records: Sequence[Record], root: str) -> Dict[int, str]:
+    """Each record's row, by ``id``, as the tables and ``--select`` name it: the sweep layout's
+    ``trainer[/setting]`` (else the trainer), and records of one such label with other settings
+    told apart by the keys that differ (``DAEL [MAX_EPOCH=15]``)."""
+    groups: Dict[tuple, Dict[Optional[str], List[Record]]] = defaultdict(lambda: defaultdict(list))
+    for rec in records:
+        table = (rec.data.get("dataset"), _setting(rec.data))
+        groups[(table, _row_label(rec.dir, root, str(rec.data.get("trainer"))))][setting_key(rec)].append(rec)
+    out: Dict[int, str] = {}
+    for (_, label), by_setting in groups.items():
+        names = _setting_names(label, by_setting)
+        for key, recs in by_setting.items():
+            out.update((id(rec), names[key]) for rec in recs)
+    return out
+
+
 def read_runs(root: str, warn=print):
     """``{(dataset, setting): {row: {target: slot}}}`` from the records under ``root``. A cell
     holds one setting: records of one row label with different settings become rows of their
@@ -103,31 +119,25 @@ def read_runs(root: str, warn=print):
     walk = read_records(root)
     for problem in walk.problems:
         warn(problem.warning())
-    groups: Dict[tuple, Dict[Optional[str], List[Record]]] = defaultdict(lambda: defaultdict(list))
-    for rec in walk.records:
-        table = (rec.data.get("dataset"), _setting(rec.data))
-        label = _row_label(rec.dir, root, str(rec.data.get("trainer")))
-        groups[(table, label)][setting_key(rec)].append(rec)
+    rows = row_labels(walk.records, root)
     data_seen: Dict[tuple, Record] = {}  # (table, target, seed) -> the first record with a fingerprint
     tables: Dict[Tuple[str, str], Dict[str, Dict[str, dict]]] = defaultdict(
         lambda: defaultdict(
             lambda: defaultdict(lambda: {"values": [], "failed": 0, "missing": 0, "corrupt": 0, "seeds": {}})
         )
     )
-    for (table, label), by_setting in sorted(groups.items(), key=lambda kv: (str(kv[0][0]), kv[0][1])):
-        names = _setting_names(label, by_setting)
-        for key, recs in by_setting.items():
-            for rec in recs:
-                slot = tables[table][names[key]][rec.target]
-                seed = rec.data.get("seed")
-                if seed in slot["seeds"]:
-                    raise CollectError(
-                        f"two records for {names[key]} -> {rec.target} seed {seed}: "
-                        f"{slot['seeds'][seed]} and {rec.path}; keep one (move the other out of {root})"
-                    )
-                slot["seeds"][seed] = rec.path
-                slot["values"].append(float(rec.data["accuracy"]))
-                _same_data(slot, data_seen, table, rec, names[key])
+    for rec in walk.records:
+        table, row = (rec.data.get("dataset"), _setting(rec.data)), rows[id(rec)]
+        slot = tables[table][row][rec.target]
+        seed = rec.data.get("seed")
+        if seed in slot["seeds"]:
+            raise CollectError(
+                f"two records for {row} -> {rec.target} seed {seed}: "
+                f"{slot['seeds'][seed]} and {rec.path}; keep one (move the other out of {root})"
+            )
+        slot["seeds"][seed] = rec.path
+        slot["values"].append(float(rec.data["accuracy"]))
+        _same_data(slot, data_seen, table, rec, row)
     if walk.failed or walk.pending or walk.problems:
         from dael_plugin.methods import method_setting
     for kind, paths in (

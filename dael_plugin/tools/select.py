@@ -111,13 +111,6 @@ class CellChoice:
         return f"{mean:.2f} ± {std:.2f} [{std / math.sqrt(len(self.values)):.2f}]{n}"
 
 
-def _setting_label(rec: Record, root: str) -> str:
-    rel = os.path.relpath(rec.dir, root).split(os.sep)
-    if len(rel) >= 4 and rel[-1].startswith("seed"):
-        return "/".join(rel[1:-2])
-    return str(rec.data.get("trainer"))
-
-
 def _table_key(rec: Record) -> Tuple[str, str]:
     from dael_plugin.engine.results_reader import setting_of as _setting
 
@@ -132,6 +125,9 @@ def read_sweep(root: str, warn: Callable[[str], None] = print) -> List[Tuple[Rec
     walk = read_records(root)
     for problem in walk.problems:
         warn(problem.warning())
+    from dael_plugin.tools.collect import row_labels
+
+    labels = row_labels(walk.records, root)  # the settings to choose between are the table's rows
     out = []
     for rec in walk.records:
         epochs, problems = EpochsFile(rec.dir).read_checked()
@@ -140,7 +136,7 @@ def read_sweep(root: str, warn: Callable[[str], None] = print) -> List[Tuple[Rec
             problems.append(f"{os.path.join(rec.dir, EPOCHS)}: epoch {epochs[-1]['epoch']} is past the run's {total}")
         for problem in problems:
             warn(f"warning: {problem}; the run is left out of --select and --validators")
-        out.append((rec, None if problems else epochs, _setting_label(rec, root)))
+        out.append((rec, None if problems else epochs, labels[id(rec)]))
     return out
 
 

@@ -16,8 +16,9 @@ import json
 import math
 import os
 import stat
+from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 RESULTS = "results.json"
 FAILED = "failed.json"
@@ -244,12 +245,58 @@ def differing(records: List[Record]) -> List[str]:
     return [k for k in keys if len({json.dumps(i.get(k), default=str) for i in items}) > 1]
 
 
+def _row_label(rec_dir: str, root: str, trainer: str) -> str:
+    """``trainer[/override]`` from the sweep layout ``<dataset>/<trainer>[/<setting>]/<target>/seed<N>``."""
+    rel = os.path.relpath(rec_dir, root).split(os.sep)
+    if len(rel) >= 4 and rel[-1].startswith("seed") and rel[1] == trainer:
+        return "/".join(rel[1:-2])
+    return str(trainer)
+
+
+def _setting_names(label: str, by_setting: Dict[Optional[str], List[Record]]) -> Dict[Optional[str], str]:
+    if len(by_setting) == 1:
+        return {k: label for k in by_setting}
+    firsts = [recs[0] for recs in by_setting.values()]
+    keys = differing(firsts)
+    # Name the rows by what a reader set: the engine first, then keys every record has (a key only
+    # one engine's config holds, such as Dassl's K_TRANSFORMS, says nothing about the setting).
+    every = [setting_items(r) for r in firsts]
+    shared = [k for k in keys if k != "engine" and all(k in i for i in every)]
+    if "engine" in keys:
+        keys = ["engine"] + shared
+    else:
+        keys = shared or keys
+    names = {}
+    for key, recs in by_setting.items():
+        items = setting_items(recs[0])
+        shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={items.get(k)}" for k in keys[:3])
+        names[key] = f"{label} [{shown}{', ...' if len(keys) > 3 else ''}]"
+    return names
+
+
+def row_labels(records: Sequence[Record], root: str) -> Dict[int, str]:
+    """Each record's row, by ``id``, as the tables and ``--select`` name it: the sweep layout's
+    ``trainer[/setting]`` (else the trainer), and records of one such label with other settings
+    told apart by the keys that differ (``DAEL [MAX_EPOCH=15]``)."""
+    groups: Dict[tuple, Dict[Optional[str], List[Record]]] = defaultdict(lambda: defaultdict(list))
+    for rec in records:
+        table = (rec.data.get("dataset"), setting_of(rec.data))
+        groups[(table, _row_label(rec.dir, root, str(rec.data.get("trainer"))))][setting_key(rec)].append(rec)
+    out: Dict[int, str] = {}
+    for (_, label), by_setting in groups.items():
+        names = _setting_names(label, by_setting)
+        for key, recs in by_setting.items():
+            out.update((id(rec), names[key]) for rec in recs)
+    return out
+
+
 __all__ = [
     "Problem",
     "Record",
     "Walk",
     "differing",
     "read_records",
+    "row_labels",
     "setting_items",
     "setting_key",
     "setting_of",

@@ -29,16 +29,14 @@ import os
 import statistics
 import sys
 from collections import Counter, defaultdict
-from typing import Dict, List, Optional, Sequence, Tuple
+from typing import Dict, List, Optional, Tuple
 
 from dael_plugin.data.fingerprint import one_digest
 from dael_plugin.engine.atomic import write_text
 from dael_plugin.engine.results_reader import (
     Record,
-    differing,
     read_records,
-    setting_items,
-    setting_key,
+    row_labels,
     setting_of,
 )
 
@@ -80,36 +78,12 @@ class Cell:
 _setting = setting_of  # DA or DG (engine/results_reader.py)
 
 
-def _row_label(rec_dir: str, root: str, trainer: str) -> str:
-    """``trainer[/override]`` from the sweep layout ``<dataset>/<trainer>[/<setting>]/<target>/seed<N>``."""
-    rel = os.path.relpath(rec_dir, root).split(os.sep)
-    if len(rel) >= 4 and rel[-1].startswith("seed") and rel[1] == trainer:
-        return "/".join(rel[1:-2])
-    return str(trainer)
-
-
 def _layout(path: str, root: str):
     """(dataset, row label, target) of a sweep run folder, from its place in the layout."""
     rel = os.path.relpath(path, root).split(os.sep)
     if len(rel) >= 4 and rel[-1].startswith("seed"):
         return rel[0], "/".join(rel[1:-2]), rel[-2]
     return None
-
-
-def row_labels(records: Sequence[Record], root: str) -> Dict[int, str]:
-    """Each record's row, by ``id``, as the tables and ``--select`` name it: the sweep layout's
-    ``trainer[/setting]`` (else the trainer), and records of one such label with other settings
-    told apart by the keys that differ (``DAEL [MAX_EPOCH=15]``)."""
-    groups: Dict[tuple, Dict[Optional[str], List[Record]]] = defaultdict(lambda: defaultdict(list))
-    for rec in records:
-        table = (rec.data.get("dataset"), _setting(rec.data))
-        groups[(table, _row_label(rec.dir, root, str(rec.data.get("trainer"))))][setting_key(rec)].append(rec)
-    out: Dict[int, str] = {}
-    for (_, label), by_setting in groups.items():
-        names = _setting_names(label, by_setting)
-        for key, recs in by_setting.items():
-            out.update((id(rec), names[key]) for rec in recs)
-    return out
 
 
 def read_runs(root: str, warn=print):
@@ -180,27 +154,6 @@ def _same_data(slot: dict, seen: Dict[tuple, Record], table: tuple, rec: Record,
     other = seen.setdefault(key, rec)
     if other is not rec and one_digest(other.data["data"]) != one_digest(fp):
         raise say(other, f"one column, {rec.target} seed {rec.data.get('seed')}")
-
-
-def _setting_names(label: str, by_setting: Dict[Optional[str], List[Record]]) -> Dict[Optional[str], str]:
-    if len(by_setting) == 1:
-        return {k: label for k in by_setting}
-    firsts = [recs[0] for recs in by_setting.values()]
-    keys = differing(firsts)
-    # Name the rows by what a reader set: the engine first, then keys every record has (a key only
-    # one engine's config holds, such as Dassl's K_TRANSFORMS, says nothing about the setting).
-    every = [setting_items(r) for r in firsts]
-    shared = [k for k in keys if k != "engine" and all(k in i for i in every)]
-    if "engine" in keys:
-        keys = ["engine"] + shared
-    else:
-        keys = shared or keys
-    names = {}
-    for key, recs in by_setting.items():
-        items = setting_items(recs[0])
-        shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={items.get(k)}" for k in keys[:3])
-        names[key] = f"{label} [{shown}{', ...' if len(keys) > 3 else ''}]"
-    return names
 
 
 def build(root: str, paper: bool, warn=print):

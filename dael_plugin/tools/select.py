@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from dael_plugin.core.validators import NAMES
-from dael_plugin.engine.results_reader import Record, read_records
+from dael_plugin.engine.results_reader import Record, read_records, row_labels
 from dael_plugin.engine.selection import EPOCHS, EXPERT_SIGNALS, EpochsFile, classifiers, protocol_score
 
 
@@ -125,8 +125,6 @@ def read_sweep(root: str, warn: Callable[[str], None] = print) -> List[Tuple[Rec
     walk = read_records(root)
     for problem in walk.problems:
         warn(problem.warning())
-    from dael_plugin.tools.collect import row_labels
-
     labels = row_labels(walk.records, root)  # the settings to choose between are the table's rows
     out = []
     for rec in walk.records:

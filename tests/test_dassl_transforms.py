@@ -145,6 +145,17 @@ def test_the_randaugment_lists_are_dassls():
         assert [f.__name__.lower() for f, _, _ in theirs] == [f.__name__.replace("_", "") for f, _, _ in ours]
 
 
+@pytest.mark.dassl
+def test_the_interpolations_are_dassls():
+    """INPUT.INTERPOLATION takes Dassl's names, each Dassl's mode (another name is refused in one
+    line before the data: Dassl raises a KeyError for it as it builds the transforms)."""
+    from dassl.data.transforms.transforms import INTERPOLATION_MODES
+
+    from dael_plugin.transforms.registry import INTERPOLATION
+
+    assert INTERPOLATION == INTERPOLATION_MODES
+
+
 # ------------------------------------------------------------------ hand-worked, without Dassl
 def dot(size=(9, 9), at=(6, 4), value=255):
     """A black RGB image with one pixel lit at ``at`` (x, y)."""

@@ -153,10 +153,11 @@ def last_words(log: str, tail: int = 8192) -> str:
     """What a failed run said last (its ``error:`` line, else its last line: a traceback's
     exception), from the end of its log; "" for no such regular file."""
     try:
-        if not stat.S_ISREG(os.stat(log).st_mode):
+        st = os.stat(log)
+        if not stat.S_ISREG(st.st_mode):
             return ""
         with open(log, "rb") as f:
-            f.seek(max(0, os.path.getsize(log) - tail))
+            f.seek(max(0, st.st_size - tail))
             lines = [ln.strip() for ln in f.read().decode("utf-8", "replace").splitlines() if ln.strip()]
     except OSError:
         return ""

@@ -62,8 +62,14 @@ _MISMATCH = re.compile(
 )
 
 
-_KINDS = {"int": "a whole number", "float": "a number", "str": "a string", "bool": "True or False"}
-_KINDS.update(tuple="a list", list="a list")
+_KINDS = {
+    "int": "a whole number",
+    "float": "a number",
+    "str": "a string",
+    "bool": "True or False",
+    "tuple": "a list",
+    "list": "a list",
+}
 
 
 def value_error(exc: Exception) -> str:

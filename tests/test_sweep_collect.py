@@ -3,6 +3,7 @@
 import csv
 import json
 import os
+import re
 
 import pytest
 
@@ -104,11 +105,38 @@ def test_the_plan(tmp_path, capsys):
             ["--trainers", "DAEL", "--grid", "OPTIM.LR", "0.1", "0.10", "1e-1"],
             "--grid OPTIM.LR lists one value more than once (0.1 0.10 1e-1 are all 0.1)",
         ),
+        # what every run of a setting would refuse at once, read as its runs read it, before any is launched
+        (
+            ["--trainers", "SourceOnly", "DAEL", "--grid", "OPTIM.LRR", "0.1", "0.01"],
+            "SourceOnly[LRR=0.1] -> hand would stop at once (no run was launched): the command line sets "
+            "OPTIM.LRR, which is not a config key; did you mean OPTIM.LR?",
+        ),
+        (
+            ["--trainers", "DAEL", "--grid", "OPTIM.LR", "0.05", "-1"],
+            "DAEL[LR=-1] -> hand would stop at once (no run was launched): OPTIM.LR=-1.0 is invalid",
+        ),
+        (
+            ["--trainers", "M3SDA", "--targets", "blend", "TRAINER.M3SDA.LMDA", "x"],
+            "M3SDA -> blend would stop at once (no run was launched): the command line: TRAINER.M3SDA.LMDA=x",
+        ),
     ],
 )
 def test_bad_sweeps_are_one_line(tmp_path, capsys, argv, msg):
-    code, _, err = sweep(base("data", tmp_path, *argv, "--dry-run"), capsys)
-    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1
+    code, _, err = sweep(base("data", tmp_path, "--dry-run", *argv), capsys)
+    assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
+    assert not tmp_path.joinpath("EmbeddedDigits").exists()
+
+
+def test_missing_data_is_refused_before_a_local_sweep_not_a_slurm_one(tmp_path, capsys):
+    """The dataset's file lists are read before a local sweep launches its runs; a Slurm sweep
+    plans without them (a compute node may hold data its submitting host lacks)."""
+    argv = ["--root", str(tmp_path / "nodata"), "--dataset-config-file", os.path.join(ROOT, "configs/datasets/da/digit5.yaml"),
+            "--output-dir", str(tmp_path / "out"), "--engine", "builtin", "--trainers", "DAEL", "--targets", "mnist",
+            "--dry-run"]  # fmt: skip
+    code, _, err = sweep(argv, capsys)
+    assert code == 2 and "DAEL -> mnist would stop at once (no run was launched): dataset folder " in err, err
+    code, out, _ = sweep(argv + ["--launcher", "slurm"], capsys)
+    assert code == 0 and "[   new] DAEL -> mnist seed 1" in out, out
 
 
 @pytest.mark.parametrize("kind", ["fifo", "truncated"])
@@ -167,8 +195,8 @@ def test_init_weights_from_gives_each_target_and_seed_its_own_source_model(tmp_p
 
 def test_submitit_local_sweep_and_a_failed_run(tmp_path, tiny_root, capsys):
     """One submitit-local sweep, two jobs side by side: a grid over the rate, one of
-    which (-1) the run refuses. The good run finishes, the bad one is reported with its
-    log, and the exit code is 1; relaunched, only the failed run is tried again."""
+    which (1e30) diverges in its first batches. The good run finishes, the bad one is reported
+    with its log, and the exit code is 1; relaunched, only the failed run is tried again."""
     pytest.importorskip("submitit")
     argv = base(
         tiny_root,
@@ -180,7 +208,7 @@ def test_submitit_local_sweep_and_a_failed_run(tmp_path, tiny_root, capsys):
         "--grid",
         "OPTIM.LR",
         "0.05",
-        "-1",
+        "1e30",
         "--launcher",
         "submitit-local",
         "--workers",
@@ -190,11 +218,11 @@ def test_submitit_local_sweep_and_a_failed_run(tmp_path, tiny_root, capsys):
     code, out, _ = sweep(argv, capsys)
     assert code == 1, out
     assert out.count("done   ") == 1 and "done   SourceOnly[LR=0.05] -> street seed 1: accuracy " in out, out
-    log = tmp_path / "EmbeddedDigits" / "SourceOnly" / "LR=-1" / "street" / "seed1" / "sweep_log.txt"
+    log = tmp_path / "EmbeddedDigits" / "SourceOnly" / "LR=1e30" / "street" / "seed1" / "sweep_log.txt"
     # the run's own line, read from the end of its log
-    said = "error: OPTIM.LR=-1.0 is invalid: the learning rate must be > 0"
-    assert f"FAILED SourceOnly[LR=-1] -> street seed 1: exit 2: {said} (log {log})" in out, out
-    assert said in log.read_text()
+    said = re.search(r"FAILED SourceOnly\[LR=1e30\] -> street seed 1: exit 3: (.*) \(log (.*)\)", out)
+    assert said and said[2] == str(log), out
+    assert said[1].startswith("error: the loss became NaN/inf at epoch 1 (by batch ") and said[1] in log.read_text()
     assert (tmp_path / ".submitit").is_dir()
     code, out, _ = sweep(argv[: -len(FAST)] + ["--dry-run"] + FAST, capsys)
     assert code == 0 and "(1 done, 1 to run)" in out, out

@@ -58,6 +58,7 @@ from dael_plugin.tools.sweep_plan import (  # noqa: F401  (the names callers use
     Run,
     method_config,
     plan,
+    preflight,
     read_dataset,
 )
 
@@ -226,6 +227,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"{'; '.join(what)}{more}; its result stays as it is: pass another --output-dir "
                 "for these settings"
             )
+        preflight(runs, data=args.launcher != "slurm")  # a compute node may hold data the sweep's host lacks
     except DAELConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -331,3 +331,28 @@ def _resolved_engine(engine: str) -> str:
     from dael_plugin.about import HAS_DASSL
 
     return "dassl" if HAS_DASSL else "builtin"
+
+
+def preflight(runs: List[Run], data: bool = True) -> None:
+    """Each trainer, grid setting and target of the sweep, read as its runs will read it (the
+    config, its keys and values, the names and, with ``data``, the dataset's file lists): a
+    setting that every one of its runs would refuse at once (a mistyped grid key, a value out of
+    range) is one line before any run is launched. Seeds do not change what is checked, so one
+    run per setting and target is read, in this process (which then imports torch)."""
+    from dael_plugin.tools.train_cli import build_parser
+    from dael_plugin.tools.train_config import check_names_and_files, setup_cfg
+
+    seen = set()
+    for run in runs:
+        if (run.trainer, run.grid, run.target) in seen:
+            continue
+        seen.add((run.trainer, run.grid, run.target))
+        at = next(i for i in range(len(run.argv)) if run.argv[i : i + 2] == TRAIN) + 2
+        args = build_parser().parse_args(list(run.argv[at:]))
+        engine = _resolved_engine(args.engine)
+        try:
+            check_names_and_files(setup_cfg(args, engine, said=[]), engine, data)
+        except DAELConfigError as exc:
+            raise DAELConfigError(
+                f"{run.name.rsplit(' seed ', 1)[0]} would stop at once (no run was launched): {exc}"
+            ) from None

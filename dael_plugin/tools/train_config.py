@@ -334,11 +334,12 @@ def settings_digest(cfg: CN) -> str:
     return hashlib.sha256(comparable_config(cfg).encode()).hexdigest()[:16]
 
 
-def check_names_and_files(cfg: CN, engine: str) -> None:
+def check_names_and_files(cfg: CN, engine: str, data: bool = True) -> None:
+    """The trainer, dataset, domain and backbone names, and (``data``) the dataset's file lists."""
     if engine == "dassl":
         from dael_plugin.dassl_adapter.checks import check_run_names
 
-        check_run_names(cfg)
+        check_run_names(cfg, data)
         return
     from dael_plugin.data.folders import check_dataset_files, check_dataset_names
     from dael_plugin.methods import trainer_names
@@ -352,6 +353,8 @@ def check_names_and_files(cfg: CN, engine: str) -> None:
             "(docs/internals.md); one that only Dassl has: install Dassl and use --engine dassl"
         )
     check_dataset_names(cfg.DATASET.NAME, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS)
+    if not data:
+        return
     check_dataset_files(
         cfg.DATASET.NAME,
         cfg.DATASET.ROOT,

@@ -119,6 +119,10 @@ def test_the_plan(tmp_path, capsys):
             ["--trainers", "M3SDA", "--targets", "blend", "TRAINER.M3SDA.LMDA", "x"],
             "M3SDA -> blend would stop at once (no run was launched): the command line: TRAINER.M3SDA.LMDA=x",
         ),
+        (
+            ["--trainers", "DAEL", "M3SDA", "--targets", "blend", "--gpus-per-run", "2"],
+            "M3SDA -> blend would stop at once (no run was launched): M3SDA on the built-in engine runs on one process",
+        ),
     ],
 )
 def test_bad_sweeps_are_one_line(tmp_path, capsys, argv, msg):

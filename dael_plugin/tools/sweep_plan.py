@@ -351,7 +351,12 @@ def preflight(runs: List[Run], data: bool = True) -> None:
         args = build_parser().parse_args(list(run.argv[at:]))
         engine = _resolved_engine(args.engine)
         try:
-            check_names_and_files(setup_cfg(args, engine, said=[]), engine, data)
+            cfg = setup_cfg(args, engine, said=[])
+            check_names_and_files(cfg, engine, data)
+            if dict(run.identity).get("processes"):  # a run of N processes (--gpus-per-run)
+                from dael_plugin.tools.train import check_torchrun_trainer
+
+                check_torchrun_trainer(cfg, engine)
         except DAELConfigError as exc:
             raise DAELConfigError(
                 f"{run.name.rsplit(' seed ', 1)[0]} would stop at once (no run was launched): {exc}"

@@ -78,10 +78,10 @@ from dael_plugin.tools.train_stops import (
 
 
 def check_torchrun_trainer(cfg, engine: str) -> None:
-    """Under torchrun, one line where the trainer runs on one process only, before any process
-    joins the group: Dassl's own trainers (Dassl has no multi-process training), and the methods
-    whose updates cannot be right under DDP (the built-in M3SDA, ...: ``refuse_under_torchrun``),
-    on either engine."""
+    """Under torchrun (or before a sweep launches a run of N processes), one line where the trainer
+    runs on one process only, before any process joins the group: Dassl's own trainers (Dassl has no
+    multi-process training), and the methods whose updates cannot be right under DDP (the built-in
+    M3SDA, ...: ``refuse_under_torchrun``), on either engine."""
     name = str(cfg.TRAINER.NAME)
     on_loop = engine == "dassl" and plugin_method_on_dassl(name)
     if engine == "dassl" and name not in ("DAEL", "DAELDG") and not on_loop:
@@ -92,7 +92,7 @@ def check_torchrun_trainer(cfg, engine: str) -> None:
     if engine == "builtin" or on_loop:
         from dael_plugin.methods import trainer_class
 
-        trainer_class(name).refuse_under_torchrun(name)  # Dassl's baselines: one process
+        trainer_class(name).refuse_under_torchrun(name, several=True)  # Dassl's baselines: one process
 
 
 def main(argv: Optional[List[str]] = None) -> int:

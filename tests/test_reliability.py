@@ -448,9 +448,11 @@ def test_a_record_with_a_bad_accuracy_is_corrupt_never_averaged(tmp_path, capsys
     assert "| DAEL | 70.00 ± 0.00 | corrupt | — |" in cap.out, cap.out
 
 
-def test_rows_of_two_engines_are_named_by_the_engine(tmp_path, capsys):
+@pytest.mark.parametrize("saved_config", [True, False])
+def test_rows_of_two_engines_are_named_by_the_engine(tmp_path, capsys, saved_config):
     """Runs of the two engines differ in keys only one engine's config holds (Dassl's
-    K_TRANSFORMS); their rows are named by the engine, not by such a key."""
+    K_TRANSFORMS); their rows are named by the engine, not by such a key. Records written before
+    they kept their config are two settings by their engine as well, not two records of one seed."""
     from dael_plugin.tools.collect import main as collect
 
     for engine, extra in (("builtin", ""), ("dassl", "INPUT:\n  K_TRANSFORMS: 1\n")):
@@ -463,7 +465,7 @@ def test_rows_of_two_engines_are_named_by_the_engine(tmp_path, capsys):
             "seed": 1,
             "accuracy": 70.0 if engine == "builtin" else 71.0,
             "engine": engine,
-            "provenance": {"config": "OPTIM:\n  MAX_EPOCH: 15\n" + extra},
+            "provenance": {"config": "OPTIM:\n  MAX_EPOCH: 15\n" + extra} if saved_config else {},
         }
         (d / "results.json").write_text(json.dumps(rec))
     assert collect([str(tmp_path)]) == 0

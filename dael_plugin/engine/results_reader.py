@@ -230,10 +230,9 @@ def setting_items(rec: Record) -> Dict[str, object]:
     return flat
 
 
-def setting_key(rec: Record) -> Optional[str]:
-    """A short hash of :func:`setting_items`; None for a record without its config."""
-    if not rec.config:
-        return None
+def setting_key(rec: Record) -> str:
+    """A short hash of :func:`setting_items` (of a record written before records kept their config:
+    of what it says, the engine and the weights)."""
     text = json.dumps(setting_items(rec), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
@@ -253,7 +252,7 @@ def _row_label(rec_dir: str, root: str, trainer: str) -> str:
     return str(trainer)
 
 
-def _setting_names(label: str, by_setting: Dict[Optional[str], List[Record]]) -> Dict[Optional[str], str]:
+def _setting_names(label: str, by_setting: Dict[str, List[Record]]) -> Dict[str, str]:
     if len(by_setting) == 1:
         return {k: label for k in by_setting}
     firsts = [recs[0] for recs in by_setting.values()]
@@ -278,7 +277,7 @@ def row_labels(records: Sequence[Record], root: str) -> Dict[int, str]:
     """Each record's row, by ``id``, as the tables and ``--select`` name it: the sweep layout's
     ``trainer[/setting]`` (else the trainer), and records of one such label with other settings
     told apart by the keys that differ (``DAEL [MAX_EPOCH=15]``)."""
-    groups: Dict[tuple, Dict[Optional[str], List[Record]]] = defaultdict(lambda: defaultdict(list))
+    groups: Dict[tuple, Dict[str, List[Record]]] = defaultdict(lambda: defaultdict(list))
     for rec in records:
         table = (rec.data.get("dataset"), setting_of(rec.data))
         groups[(table, _row_label(rec.dir, root, str(rec.data.get("trainer"))))][setting_key(rec)].append(rec)

@@ -250,6 +250,10 @@ def test_expert_tally_by_hand():
         "a": {"one": 50.0, "two": 0.0},
         "b": {"one": 50.0, "two": 100.0},
     }
+    # Dassl's VLCS, CIFARSTL and DigitSingle name every class "": the classes are then their labels,
+    # not one "" entry holding the last class's figure
+    assert t.per_class(["", "", ""])["ensemble"] == {"1": 50.0, "2": 100.0}
+    assert t.per_class(["x", "y", "x"])["ensemble"] == {"1": 50.0, "2": 100.0}  # two classes of one name
 
 
 @pytest.mark.parametrize(

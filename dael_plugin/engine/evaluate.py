@@ -75,7 +75,12 @@ class ExpertTally:
         return torch.cat(self.y_true).cpu(), torch.cat(self.y_pred).cpu()
 
     def per_class(self, classnames: Sequence[str], expert_names: Sequence[str] = ()) -> Dict[str, Dict[str, float]]:
-        """``{"ensemble": {class: %}, <expert>: {class: %}}`` over the classes present."""
+        """``{"ensemble": {class: %}, <expert>: {class: %}}`` over the classes present. The classes
+        are their labels where the dataset leaves one unnamed (Dassl's VLCS, CIFARSTL and DigitSingle
+        name every class "") or names two alike, so that no two share an entry."""
+        names = list(classnames)
+        if not all(names) or len(set(names)) < len(names):
+            names = [str(c) for c in range(len(names))]
         true = torch.cat(self.y_true).cpu()
         preds = {"ensemble": torch.cat(self.y_pred).cpu()}
         experts = torch.cat(self.expert_pred).cpu()
@@ -87,8 +92,9 @@ class ExpertTally:
             out[who] = {}
             for c in true.unique().tolist():
                 sel = true == c
-                name = classnames[c] if c < len(classnames) else str(c)
-                out[who][name] = round(100.0 * float((pred[sel] == c).float().mean()), 2)
+                out[who][names[c] if c < len(names) else str(c)] = round(
+                    100.0 * float((pred[sel] == c).float().mean()), 2
+                )
         return out
 
 

@@ -172,6 +172,8 @@ def layouts_root(tmp_path_factory):
     dassl_layouts.office(root, "office_home", DATASETS["OfficeHome"].domains)
     dassl_layouts.pacs(root)
     dassl_layouts.vlcs(root)
+    dassl_layouts.visda17(root)
+    dassl_layouts.cifar_stl(root)
     return root
 
 

@@ -107,3 +107,26 @@ def digit5(root: str, domains=("mnist", "mnist_m", "svhn", "syn", "usps")) -> No
             n = DIGIT5_SMALL[d][split == "test"] if d in DIGIT5_SMALL else DIGIT5_CAPS[split] + 7
             for i in range(n):
                 os.link(os.path.join(base, f"{i % 10}.png"), os.path.join(folder, f"{i:05d}_{i % 10}.png"))
+
+
+def visda17(root: str, per_class: int = 2) -> None:
+    """``visda17/{train,validation}/<class>/<image>`` with each folder's ``image_list.txt`` of
+    ``<class>/<image> <label>`` lines (labels by sorted class name, lines out of that order)."""
+    labels = {c: i for i, c in enumerate(sorted(CLASSES))}
+    for folder in ("train", "validation"):
+        lines = []
+        for c in reversed(CLASSES):
+            for k in range(per_class):
+                rel = f"{c}/{folder}_{k:03d}.png"
+                _image(os.path.join(root, "visda17", folder, rel), labels[c], k)
+                lines.append(f"{rel} {labels[c]}")
+        _write_lines(os.path.join(root, "visda17", folder, "image_list.txt"), lines)
+
+
+def cifar_stl(root: str, per_class: int = 2) -> None:
+    """``cifar_stl/<domain>/{train,test}/<NNN>_<class>/<image>``, as Dassl's ``cifar_stl.py`` writes it."""
+    for d in ("cifar", "stl"):
+        for split in ("train", "test"):
+            for label, c in enumerate(CLASSES):
+                for k in range(per_class):
+                    _image(os.path.join(root, "cifar_stl", d, split, f"{label:03d}_{c}", f"{k + 1:05d}.jpg"), label, k)

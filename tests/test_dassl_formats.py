@@ -25,10 +25,18 @@ RUNS = {
     "VLCS": (["caltech", "labelme", "pascal"], ["sun"]),
     "Digit5": (["mnist_m", "svhn", "syn", "usps"], ["mnist"]),
 }
+# Dassl's datasets of one source domain (VisDA17, CIFARSTL) or of a DG protocol without a class
+# layout to take away from one source (DigitSingle): not in the category-shift tests
+OTHER_RUNS = {
+    "VisDA17": (["synthetic"], ["real"]),
+    "CIFARSTL": (["cifar"], ["stl"]),
+    "DigitSingle": (["mnist", "usps"], ["svhn", "syn"]),
+}
+UNNAMED = ("VLCS", "CIFARSTL", "DigitSingle")  # Dassl names every class "": ours are the folders' or the digits
 
 
 def _root(name, layouts_root, digit5_root):
-    return digit5_root if name == "Digit5" else layouts_root
+    return digit5_root if name in ("Digit5", "DigitSingle") else layouts_root
 
 
 def _tuples(items):
@@ -36,7 +44,7 @@ def _tuples(items):
 
 
 @pytest.mark.dassl
-@pytest.mark.parametrize("name", sorted(RUNS))
+@pytest.mark.parametrize("name", sorted(RUNS) + sorted(OTHER_RUNS))
 def test_each_reader_gives_dassls_items(name, layouts_root, digit5_root):
     """Paths, labels, domains, class names and their order, split for split, as Dassl's own reader
     gives them on the same files (Digit-5: the same subsample, from the same seed)."""
@@ -44,7 +52,7 @@ def test_each_reader_gives_dassls_items(name, layouts_root, digit5_root):
     from dassl.data.datasets import DATASET_REGISTRY
 
     root = _root(name, layouts_root, digit5_root)
-    sources, targets = RUNS[name]
+    sources, targets = {**RUNS, **OTHER_RUNS}[name]
     cfg = get_cfg_default()
     cfg.DATASET.ROOT, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS = root, sources, targets
     random.seed(5)  # as Dassl's set_random_seed(SEED) leaves Python's RNG before the dataset is read
@@ -53,12 +61,14 @@ def test_each_reader_gives_dassls_items(name, layouts_root, digit5_root):
     for split in ("train_x", "train_u", "val", "test"):
         want = _tuples(getattr(ref, split) or None)
         got = _tuples(ours[split])
-        if name == "VLCS" and got:  # Dassl leaves VLCS's class names empty; ours are the folders'
+        if name in UNNAMED and got:  # Dassl leaves these class names empty
             got = [(p, label, d, "") for p, label, d, _ in got]
         assert got == want, (name, split)
     assert ours["train_x"], name
-    if name == "VLCS":
-        assert ref.classnames == [""] * 3 and ours["classnames"] == sorted(layouts.CLASSES)
+    if name in UNNAMED:
+        assert (
+            set(ref.classnames) == {""} and all(ours["classnames"]) and len(ours["classnames"]) == len(ref.classnames)
+        )
     else:
         assert ours["classnames"] == ref.classnames
 
@@ -142,6 +152,65 @@ def test_class_folder_formats_give_the_hand_written_items(layouts_root):
     }
     assert {r[0].split("/")[1] for r in _rel(root, s["test"])} == {"test"} and len(s["test"]) == 6
     assert not any(i.impath.endswith(".txt") for i in s["train_x"])
+
+
+def test_one_source_formats_give_the_hand_written_items(layouts_root):
+    """VisDA17: the list files' order and labels, the class from the path, every item domain 0, the
+    real images both unlabeled and test. CIFARSTL: the label is the class folder's number."""
+    s = load_splits("VisDA17", layouts_root, ["synthetic"], ["real"])
+    root = os.path.join(layouts_root, "visda17")
+    assert _rel(root, s["train_x"]) == [
+        ("train/house/train_000.png", 2, 0, "house"),
+        ("train/house/train_001.png", 2, 0, "house"),
+        ("train/dog/train_000.png", 0, 0, "dog"),
+        ("train/dog/train_001.png", 0, 0, "dog"),
+        ("train/giraffe/train_000.png", 1, 0, "giraffe"),
+        ("train/giraffe/train_001.png", 1, 0, "giraffe"),
+    ]
+    assert (
+        _rel(root, s["test"])
+        == _rel(root, s["train_u"])
+        == [(p.replace("train", "validation"), lab, d, c) for p, lab, d, c in _rel(root, s["train_x"])]
+    )
+    assert s["val"] is None and s["classnames"] == ["dog", "giraffe", "house"]
+    for sources, targets in ((["real"], ["synthetic"]), (["synthetic"], ["synthetic"])):
+        with pytest.raises(DAELConfigError, match="VisDA17 is synthetic -> real") as exc:
+            load_splits("VisDA17", layouts_root, sources, targets)  # Dassl would read synthetic -> real
+        assert "--source-domains synthetic --target-domains real" in str(exc.value)
+
+    s = load_splits("CIFARSTL", layouts_root, ["stl"], ["cifar"])
+    root = os.path.join(layouts_root, "cifar_stl")
+    assert set(_rel(root, s["test"])) == {
+        (f"cifar/test/{lab:03d}_{c}/{k:05d}.jpg", lab, 0, c) for lab, c in enumerate(layouts.CLASSES) for k in (1, 2)
+    }
+    assert {r[0].split("/")[1] for r in _rel(root, s["train_u"])} == {"train"} and len(s["train_u"]) == 6
+    assert {r[0].split("/")[0] for r in _rel(root, s["train_x"])} == {"stl"}
+    assert s["classnames"] == list(layouts.CLASSES) and s["val"] is None
+
+
+def test_digit_single_takes_the_first_10000_of_each_folder(digit5_root, tmp_path):
+    """Dassl's DigitSingle on Digit-5's folders: no draw, the listing's first 10,000 training
+    images of a capped domain (USPS's all, once), validation on the sources' test folders, test on
+    the targets'; a training folder of fewer images is one line (Dassl would train on them)."""
+    from dael_plugin.data.dassl_formats import DIGIT_SINGLE_CAP
+
+    s = load_splits("DigitSingle", digit5_root, ["mnist", "usps"], ["svhn"])
+
+    def listing(d, split):
+        folder = os.path.join(digit5_root, "digit5", d, f"{split}_images")
+        return [os.path.join(folder, f) for f in os.listdir(folder)]
+
+    assert [i.impath for i in s["train_x"]] == listing("mnist", "train")[:DIGIT_SINGLE_CAP] + listing("usps", "train")
+    assert [i.domain for i in s["train_x"]][DIGIT_SINGLE_CAP - 1 : DIGIT_SINGLE_CAP + 1] == [0, 1]
+    assert [i.impath for i in s["val"]] == listing("mnist", "test") + listing("usps", "test")
+    assert [i.impath for i in s["test"]] == listing("svhn", "test") and s["train_u"] is None
+    assert all(i.label == int(i.impath[-5]) and i.classname == str(i.label) for i in s["test"])
+    small = tmp_path / "digit5" / "mnist" / "train_images"
+    small.mkdir(parents=True)
+    for k in range(12):
+        os.link(listing("mnist", "train")[k], small / os.path.basename(listing("mnist", "train")[k]))
+    with pytest.raises(DAELConfigError, match="holds 12 images; DigitSingle trains on its first 10,000"):
+        load_splits("DigitSingle", str(tmp_path), ["mnist"], ["mnist"])
 
 
 def test_digit5_subsamples_as_dassl_describes(digit5_root):

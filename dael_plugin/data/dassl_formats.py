@@ -307,13 +307,8 @@ def _digit5(path: str, sources: Sequence[str], targets: Sequence[str], seed: int
         _need_dir(im_dir, "image folder", "digit-5")
         pairs: Pairs = []
         for name in _listdir(im_dir):
-            parts = os.path.splitext(name)[0].split("_")
-            if len(parts) < 2 or not parts[1].isdigit():
-                raise DAELConfigError(
-                    f"{os.path.join(im_dir, name)}: Digit-5 file names are <id>_<label>.<ext>, "
-                    f"as {_where('digit-5')} builds them; move other files out of {im_dir}"
-                )
-            pairs.append((os.path.join(im_dir, name), int(parts[1]), parts[1]))
+            label = _digit_label(im_dir, name, "digit-5")
+            pairs.append((os.path.join(im_dir, name), label, str(label)))
         if dname == "usps":
             return pairs * DIGIT5_USPS_REPEAT if split == "train" else pairs
         cap = DIGIT5_CAPS[split]
@@ -331,6 +326,104 @@ def _digit5(path: str, sources: Sequence[str], targets: Sequence[str], seed: int
     train_x = split(sources, "train")  # Dassl's order of draws
     train_u = split(targets, "train")
     return {"train_x": train_x, "train_u": train_u, "val": None, "test": split(targets, "test")}
+
+
+DIGIT_SINGLE_CAP = 10000  # the first of each training folder's listing (Volpi et al.'s protocol), USPS's all
+
+
+def _digit_single(path: str, sources: Sequence[str], targets: Sequence[str], seed: int, category_shift: bool) -> Splits:
+    """Dassl's DigitSingle: Digit-5's folders, no draw: the sources' training folders cut to their
+    listing's first 10,000, validation on the sources' test folders, test on the targets'."""
+
+    def split(domains: Sequence[str], name: str) -> List[Item]:
+        per_domain = []
+        for dname in domains:
+            im_dir = os.path.join(path, dname, f"{name}_images")
+            _need_dir(im_dir, "image folder", "digit-single")
+            pairs = [(os.path.join(im_dir, f), _digit_label(im_dir, f, "digit-single"), "") for f in _listdir(im_dir)]
+            if name == "train" and dname != "usps":
+                if len(pairs) < DIGIT_SINGLE_CAP:  # Dassl would train on fewer without a word
+                    raise DAELConfigError(
+                        f"{im_dir} holds {len(pairs):,} images; DigitSingle trains on its first {DIGIT_SINGLE_CAP:,}: "
+                        f"the folder is incomplete, see {_where('digit-single')}"
+                    )
+                pairs = pairs[:DIGIT_SINGLE_CAP]
+            per_domain.append([(p, label, str(label)) for p, label, _ in pairs])
+        return _items(per_domain)
+
+    return {
+        "train_x": split(sources, "train"),
+        "train_u": None,
+        "val": split(sources, "test"),
+        "test": split(targets, "test"),
+    }
+
+
+def _digit_label(im_dir: str, name: str, anchor: str) -> int:
+    parts = os.path.splitext(name)[0].split("_")
+    if len(parts) < 2 or not parts[1].isdigit():
+        raise DAELConfigError(
+            f"{os.path.join(im_dir, name)}: Digit-5 file names are <id>_<label>.<ext>, "
+            f"as {_where(anchor)} builds them; move other files out of {im_dir}"
+        )
+    return int(parts[1])
+
+
+# -- VisDA17, CIFAR10-STL10 (one source domain) ---------------------------------
+def _visda17(path: str, sources: Sequence[str], targets: Sequence[str], seed: int, category_shift: bool) -> Splits:
+    """``{train,validation}/image_list.txt`` of ``<class>/<image> <label>`` lines: the synthetic
+    images are the source, the real ones the target (train_u and test), every item domain 0."""
+    if list(sources) != ["synthetic"] or list(targets) != ["real"]:  # Dassl reads these whatever is asked
+        raise DAELConfigError(
+            f"VisDA17 is synthetic -> real (Dassl's reader takes train/ as the source and validation/ as the "
+            f"target whatever the domains say), not {list(sources)} -> {list(targets)}; pass "
+            "--source-domains synthetic --target-domains real"
+        )
+    listing = _Listing()
+
+    def read(folder: str) -> List[Item]:
+        file, image_root = os.path.join(path, folder, "image_list.txt"), os.path.join(path, folder)
+        return _items(
+            [
+                [
+                    (p, label, rel.split("/")[0])
+                    for p, label, rel in _read_split_file(file, image_root, "visda17", listing)
+                ]
+            ]
+        )
+
+    real = read("validation")
+    return {"train_x": read("train"), "train_u": real, "val": None, "test": list(real)}
+
+
+def _cifar_stl(path: str, sources: Sequence[str], targets: Sequence[str], seed: int, category_shift: bool) -> Splits:
+    """``<domain>/{train,test}/<label>_<class>/<image>``: the label is the folder's number (Dassl's
+    script writes ``000_airplane``), in the folders' own order."""
+
+    def split(domains: Sequence[str], name: str) -> List[Item]:
+        per_domain = []
+        for dname in domains:
+            sdir = os.path.join(path, dname, name)
+            _need_dir(sdir, "split folder", "cifar10-stl10")
+            pairs = []
+            for folder in _listdir(sdir):
+                number, _, cname = folder.partition("_")
+                if not number.isdigit() or not cname:
+                    raise DAELConfigError(
+                        f"{os.path.join(sdir, folder)}: class folders are <label>_<class> (000_airplane), as "
+                        f"{_where('cifar10-stl10')} builds them; move other entries out of {sdir}"
+                    )
+                cdir = os.path.join(sdir, folder)
+                pairs += [(os.path.join(cdir, f), int(number), cname) for f in _listdir(cdir)]
+            per_domain.append(pairs)
+        return _items(per_domain)
+
+    return {
+        "train_x": split(sources, "train"),
+        "train_u": split(targets, "train"),
+        "val": None,
+        "test": split(targets, "test"),
+    }
 
 
 def _format(dataset_dir, domains, da, read, layout, anchor, seeded=()) -> Format:
@@ -365,6 +458,16 @@ _FORMATS: Dict[str, Format] = {
     ),
     "VLCS": _format(
         "VLCS", "caltech labelme pascal sun", False, _vlcs, "<DOMAIN>/{train,crossval,test}/<class>/*.jpg", "vlcs"
+    ),
+    "VisDA17": _format(
+        "visda17", "synthetic real", True, _visda17, "{train,validation}/image_list.txt + the images they name", "visda17"
+    ),
+    "CIFARSTL": _format(
+        "cifar_stl", "cifar stl", True, _cifar_stl, "<domain>/{train,test}/<label>_<class>/<image>", "cifar10-stl10"
+    ),
+    "DigitSingle": _format(
+        "digit5", "mnist mnist_m svhn syn usps", False, _digit_single, "<domain>/{train,test}_images/<id>_<label>.<ext>",
+        "digit-single",
     ),
 }  # fmt: skip
 for _name, _fmt in _FORMATS.items():  # into the one registry of datasets

@@ -4,6 +4,7 @@ import glob
 import hashlib
 import json
 import os
+import re
 import sys
 import types
 
@@ -59,7 +60,8 @@ def base_args(tiny_root, out, trainer="DAEL", ds=DS_DA, cfg=DAEL_CFG, src=("hand
 
 def test_auto_engine_without_dassl_runs_dael_da_and_writes_results(tmp_path, tiny_root):
     out = tmp_path / "da"
-    proc = run_train(base_args(tiny_root, out) + FAST, env_hide_dassl=True)
+    per_class = ["TEST.PER_CLASS_RESULT", "True", "TEST.COMPUTE_CMAT", "True"]  # Dassl's evaluator's keys
+    proc = run_train(base_args(tiny_root, out) + FAST + per_class, env_hide_dassl=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "engine = builtin (Dassl is not installed)" in proc.stdout
     # Dassl's epoch under Dassl's name: 60 images a domain, 8 a chunk: 7 batches (the plugin's
@@ -101,6 +103,12 @@ def test_auto_engine_without_dassl_runs_dael_da_and_writes_results(tmp_path, tin
     assert set(res["per_class_expert_accuracy"]) == {"hand", "blend", "font"}
     log = (out / "log.txt").read_text()
     assert "pl_acc_u" in log and "* per-class accuracy: " in log
+    # TEST.PER_CLASS_RESULT: Dassl's per-class block, its average the mean over the classes tested
+    average = re.findall(r"\* average: ([\d.]+)%", proc.stdout)[-1]
+    per = res["per_class_accuracy"].values()
+    assert "=> per-class result\n* class: 0 (0)\ttotal: " in proc.stdout
+    assert float(average) == pytest.approx(sum(per) / len(per), abs=0.051)
+    assert f"Confusion matrix is saved to {out / 'cmat.pt'}" in proc.stdout and (out / "cmat.pt").is_file()
 
 
 def test_provenance_reads_a_librarys_version_without_importing_it(monkeypatch):

@@ -1,6 +1,7 @@
 """The unsupervised validators against numbers worked by hand (dael_plugin.core.validators)."""
 
 import math
+import os
 
 import pytest
 import torch
@@ -144,3 +145,57 @@ def test_macro_f1_is_dassls_by_hand_and_equals_scikit_learns():
         y, p = rng.integers(0, c, n), rng.integers(0, c + 2, n)
         want = 100.0 * f1_score(y, p, average="macro", labels=np.unique(y), zero_division=0)
         assert macro_f1(y, p) == pytest.approx(want, abs=1e-9), (y, p)
+
+
+def test_per_class_result_is_dassls_by_hand():
+    """TEST.PER_CLASS_RESULT's ``perclass_accuracy``: labels 0 0 1 1 1 3, predictions 0 1 1 1 0 2.
+    Class 0: 1 of 2, class 1: 2 of 3, class 3: 0 of 1; class 2 has no test image and counts for
+    nothing (Dassl's evaluator averages over the labels it saw): (50 + 66.67 + 0) / 3 = 38.89.
+    Over all four classes it would be 29.17, and the plain accuracy is 50."""
+    from dael_plugin.engine.evaluate import classification_results
+
+    results, lines = classification_results([0, 0, 1, 1, 1, 3], [0, 1, 1, 1, 0, 2], ["a", "b", "c", "d"], True)
+    assert results["perclass_accuracy"] == pytest.approx((50 + 200 / 3 + 0) / 3, abs=1e-9)
+    assert results["accuracy"] == 50.0 and results["error_rate"] == 50.0
+    assert lines[6:] == [
+        "=> per-class result",
+        "* class: 0 (a)\ttotal: 2\tcorrect: 1\tacc: 50.0%",
+        "* class: 1 (b)\ttotal: 3\tcorrect: 2\tacc: 66.7%",
+        "* class: 3 (d)\ttotal: 1\tcorrect: 0\tacc: 0.0%",
+        "* average: 38.9%",
+    ]
+    assert "perclass_accuracy" not in classification_results([0, 1], [0, 0], ["a", "b"])[0]
+
+
+@pytest.mark.dassl
+@pytest.mark.parametrize("per_class", [False, True])
+def test_the_evaluator_is_dassls(tmp_path, capsys, per_class):
+    """The built-in engine's results, printed lines and ``cmat.pt`` against Dassl's ``Classification``
+    evaluator on the same labels and predictions (classes missing from the labels, predictions of
+    classes the labels lack)."""
+    import numpy as np
+    import torch
+    from dassl.config import get_cfg_default
+    from dassl.evaluation import build_evaluator
+
+    from dael_plugin.engine.evaluate import classification_results, save_confusion_matrix
+
+    rng = np.random.default_rng(3)
+    y, p = rng.integers(0, 6, 200), rng.integers(0, 8, 200)
+    y[y == 4] = 5  # class 4 has no test image
+    names = [f"class{k}" for k in range(8)]
+    cfg = get_cfg_default()
+    cfg.TEST.PER_CLASS_RESULT, cfg.TEST.COMPUTE_CMAT, cfg.OUTPUT_DIR = per_class, True, str(tmp_path / "dassl")
+    os.makedirs(cfg.OUTPUT_DIR)
+    ev = build_evaluator(cfg, lab2cname=dict(enumerate(names)))
+    ev.process(torch.nn.functional.one_hot(torch.as_tensor(p), 8).float(), torch.as_tensor(y))
+    capsys.readouterr()
+    want = ev.evaluate()
+    said = capsys.readouterr().out.splitlines()
+    results, lines = classification_results(y, p, names, per_class)
+    assert list(results) == list(want) and all(results[k] == pytest.approx(want[k], abs=1e-9) for k in want)
+    assert lines == said[: len(lines)] and said[len(lines)].startswith("Confusion matrix is saved to")
+    ours = tmp_path / "ours"
+    ours.mkdir()
+    got = torch.load(save_confusion_matrix(y, p, str(ours)), weights_only=False)  # a NumPy array, as Dassl's
+    np.testing.assert_array_equal(got, torch.load(os.path.join(cfg.OUTPUT_DIR, "cmat.pt"), weights_only=False))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from dael_plugin.backbones.dassl_cnns import DigitsDGConvNet, M3SDADigitCNN
+from dael_plugin.backbones.dassl_cnns import DigitsDGConvNet, DigitSingleCNN, M3SDADigitCNN
 from dael_plugin.backbones.small_cnn import SmallCNN
 from dael_plugin.backbones.timm_backbone import PREFIX as TIMM_PREFIX
 from dael_plugin.backbones.timm_backbone import TimmBackbone, timm_model_name
@@ -17,7 +17,7 @@ OWN_BACKBONES = {
 }
 
 # Dassl's digit backbones, rebuilt key for key (see dassl_cnns); under Dassl, Dassl's own are used.
-DASSL_CNNS = {"cnn_digit5_m3sda": M3SDADigitCNN, "cnn_digitsdg": DigitsDGConvNet}
+DASSL_CNNS = {"cnn_digit5_m3sda": M3SDADigitCNN, "cnn_digitsdg": DigitsDGConvNet, "cnn_digitsingle": DigitSingleCNN}
 
 # Dassl names whose architecture timm builds identically (the built-in engine
 # maps them; under Dassl, Dassl's own builders are used). Dassl's pretrained

@@ -1,8 +1,9 @@
 """Dassl's digit backbones, built without Dassl.
 
 Same layers, same names, same initialisation and same forward as Dassl's
-``cnn_digit5_m3sda`` (Digit-5; Peng et al., M3SDA, ICCV 2019) and
-``cnn_digitsdg`` (Digits-DG; Zhou et al., DDAIG, AAAI 2020), so their state
+``cnn_digit5_m3sda`` (Digit-5; Peng et al., M3SDA, ICCV 2019), ``cnn_digitsdg``
+(Digits-DG; Zhou et al., DDAIG, AAAI 2020) and ``cnn_digitsingle`` (Digit-Single;
+Volpi et al., NeurIPS 2018), so their state
 dicts are equal key for key and a backbone trained on one engine loads on
 the other. Under Dassl, Dassl's own builders keep these names.
 """
@@ -83,3 +84,26 @@ class DigitsDGConvNet(nn.Module):
         for conv in (self.conv1, self.conv2, self.conv3, self.conv4):
             x = F.max_pool2d(conv(x), 2)
         return x.flatten(1)
+
+
+class DigitSingleCNN(nn.Module):
+    """``cnn_digitsingle``: two 5x5 conv-ReLU-max-pool blocks (no padding), then two FC-ReLU layers;
+    1024 features. Kaiming-normal (fan-in) weights and zero biases for every layer, as Dassl's
+    ``init_network_weights(model, "kaiming")``, after PyTorch's own (the same random stream)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 5)
+        self.conv2 = nn.Conv2d(64, 128, 5)
+        self.fc3 = nn.Linear(5 * 5 * 128, 1024)
+        self.fc4 = nn.Linear(1024, 1024)
+        self.out_features = 1024
+        for m in (self.conv1, self.conv2, self.fc3, self.fc4):  # Dassl's order
+            nn.init.kaiming_normal_(m.weight, a=0, mode="fan_in")
+            nn.init.constant_(m.bias, 0.0)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _need_32(x, "cnn_digitsingle")
+        x = F.max_pool2d(F.relu(self.conv1(x)), 2)
+        x = F.max_pool2d(F.relu(self.conv2(x)), 2)
+        return F.relu(self.fc4(F.relu(self.fc3(x.flatten(1)))))

@@ -96,6 +96,8 @@ def get_builtin_cfg() -> CN:
     _C.TEST.SPLIT = "test"
     _C.TEST.FINAL_MODEL = "last_step"
     _C.TEST.NO_TEST = False
+    _C.TEST.PER_CLASS_RESULT = False
+    _C.TEST.COMPUTE_CMAT = False
 
     _C.TRAINER = CN()
     _C.TRAINER.NAME = ""

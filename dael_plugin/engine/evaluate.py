@@ -120,6 +120,55 @@ def macro_f1(labels, predictions) -> float:
     return float(100.0 * f1.mean())
 
 
+def classification_results(
+    labels, predictions, classnames: Sequence[str], per_class: bool = False
+) -> Tuple[Dict[str, float], List[str]]:
+    """Dassl's ``Classification`` evaluator without Dassl (dassl/evaluation/evaluator.py): its
+    results (``accuracy``, ``error_rate``, ``macro_f1`` and, with ``TEST.PER_CLASS_RESULT``
+    (``per_class``), ``perclass_accuracy``: the mean of the accuracies of the classes the labels
+    hold, a class without a test image counting for nothing) and the lines it prints."""
+    import numpy as np
+
+    y, p = np.asarray(labels, dtype=np.int64).ravel(), np.asarray(predictions, dtype=np.int64).ravel()
+    total, correct = len(y), int((y == p).sum())
+    acc = 100.0 * correct / total
+    results = {"accuracy": acc, "error_rate": 100.0 - acc, "macro_f1": macro_f1(y, p)}
+    lines = [
+        "=> result",
+        f"* total: {total:,}",
+        f"* correct: {correct:,}",
+        f"* accuracy: {acc:.1f}%",
+        f"* error: {100.0 - acc:.1f}%",
+        f"* macro_f1: {results['macro_f1']:.1f}%",
+    ]
+    if per_class:
+        lines.append("=> per-class result")
+        accs = []
+        for label in np.unique(y).tolist():
+            hits = int((p[y == label] == label).sum())
+            n = int((y == label).sum())
+            accs.append(100.0 * hits / n)
+            name = classnames[label] if label < len(classnames) else str(label)
+            lines.append(f"* class: {label} ({name})\ttotal: {n:,}\tcorrect: {hits:,}\tacc: {accs[-1]:.1f}%")
+        results["perclass_accuracy"] = float(np.mean(accs))
+        lines.append(f"* average: {results['perclass_accuracy']:.1f}%")
+    return results, lines
+
+
+def save_confusion_matrix(labels, predictions, output_dir: str) -> str:
+    """``TEST.COMPUTE_CMAT``: Dassl's ``cmat.pt``, scikit-learn's confusion matrix normalised over
+    each true class (a NumPy array, as Dassl saves it), written whole or not at all."""
+    import os
+
+    from sklearn.metrics import confusion_matrix
+
+    from dael_plugin.engine.atomic import save_torch
+
+    path = os.path.join(output_dir, "cmat.pt")
+    save_torch(path, confusion_matrix(labels, predictions, normalize="true"))
+    return path
+
+
 def evaluate_experts(
     predict_experts: Callable[[torch.Tensor], torch.Tensor],
     loader: Iterable[dict],

@@ -35,7 +35,7 @@ from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, hooks
-from dael_plugin.engine.evaluate import evaluate_experts, macro_f1, report_experts
+from dael_plugin.engine.evaluate import classification_results, evaluate_experts, report_experts, save_confusion_matrix
 from dael_plugin.engine.execution import cuda_settings
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
 from dael_plugin.engine.hooks import DivergenceCheck, EpochRecords, EvalEachEpoch, LastCheckpoint, StepSchedulers
@@ -573,13 +573,14 @@ class BuiltinTrainer(TrainerFacts):
                 f"no readable image in the {split} split; run with --check-data to list the bad files"
             )
         yt, yp = (t.numpy() for t in tally.labels())  # Dassl's evaluator's lines, without Dassl
-        total = len(yt)
-        n_correct = int((yt == yp).sum())
-        acc = 100.0 * n_correct / total
-        print(
-            f"=> result\n* total: {total:,}\n* correct: {n_correct:,}\n* accuracy: {acc:.1f}%\n"
-            f"* error: {100 - acc:.1f}%\n* macro_f1: {macro_f1(yt, yp):.1f}%"
-        )
+        test = self.cfg.TEST
+        results, lines = classification_results(yt, yp, self.classnames, bool(test.PER_CLASS_RESULT))
+        print("\n".join(lines))
+        acc = results["accuracy"]
+        if test.COMPUTE_CMAT and self.world.is_main:
+            print(f"Confusion matrix is saved to {save_confusion_matrix(yt, yp, self.cfg.OUTPUT_DIR)}")
+        if "perclass_accuracy" in results:
+            self._write(f"{split}/perclass_accuracy", results["perclass_accuracy"])
         if skipped:
             print(f"* unreadable images left out: {skipped}")
         names = self.sources if self.num_experts > 1 else []

@@ -273,6 +273,13 @@ def test_modules_it_cannot_fuse_are_named():
     assert unfusable_reason(nn.Sequential(nn.SyncBatchNorm(4))) is None  # split calls its forward per chunk
     assert "not an nn.Module" in unfusable_reason(lambda x: x)
     assert "TorchScript" in unfusable_reason(torch.jit.script(nn.Sequential(nn.Linear(2, 2))))
+
+    class MixStyle(nn.Module):  # Dassl's (dassl.modeling.ops), which mixes the samples of a call
+        def forward(self, x):
+            return x
+
+    mixing = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.BatchNorm2d(4), MixStyle()))
+    assert "its MixStyle layer mixes the samples of one call" in unfusable_reason(mixing)
     with pytest.raises(ValueError, match="cannot fuse"):
         with per_chunk_batch_norm(lambda x: x, [2, 2]):
             pass

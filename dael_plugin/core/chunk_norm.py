@@ -72,17 +72,31 @@ IMPLS = ("auto", "split", "grouped")
 Runs = Tuple[Tuple[int, int], ...]  # (number of chunks, chunk size) for each run of equal chunks
 
 
+# Layers other than batch norm that mix the samples of one call (Dassl's MixStyle and EFDMix, in its
+# ``*_ms_l*`` and ``*_efdmix_l*`` ResNets; ``dassl.modeling.ops``), by class name: core imports no Dassl
+BATCH_MIXERS = ("MixStyle", "EFDMix")
+
+
 def unfusable_reason(module) -> Optional[str]:
     """Why ``module`` cannot take the fused pass at all, or None when it can.
 
     The fused pass changes only how batch-norm layers see the batch, so any
-    ``nn.Module`` takes it; a plain function or a scripted module does not
-    (its layers cannot be converted).
+    ``nn.Module`` takes it whose other layers treat each sample alone; a plain
+    function or a scripted module does not (its layers cannot be converted), nor
+    one with a layer that mixes the samples of a call (MixStyle: one call over
+    every chunk would mix the domains that per-chunk calls keep apart, and draw
+    its random numbers once instead of once a chunk).
     """
     if not isinstance(module, nn.Module):
         return f"the featurizer is a {type(module).__name__}, not an nn.Module"
     if isinstance(module, torch.jit.ScriptModule):
         return "the featurizer is a TorchScript module, whose layers cannot be converted"
+    mixer = next((m for m in module.modules() if type(m).__name__ in BATCH_MIXERS), None)
+    if mixer is not None:
+        return (
+            f"its {type(mixer).__name__} layer mixes the samples of one call, so one call over every chunk would "
+            "mix the domains that per-chunk calls keep apart"
+        )
     return None
 
 

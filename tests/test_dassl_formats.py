@@ -365,6 +365,67 @@ def test_dassl_digit_backbones_equal_dassls(name):
     ref.load_state_dict(ours.state_dict(), strict=True)
 
 
+MIXING = ["resnet18_ms_l123", "resnet18_efdmix_l12", "resnet50_ms_l1"]
+
+
+def test_dassls_mixstyle_resnets_without_dassl():
+    """``resnet18_ms_l123``: timm's ResNet-18 (torchvision's weights, as Dassl's ``resnet18``) with
+    one MixStyle layer after stages 1-3. In evaluation, or never drawn (``p`` 0), it is the plain
+    ResNet; drawn every time, each image's features are another image's style; DAEL's fused pass
+    takes per-chunk calls for it."""
+    import random
+
+    from dael_plugin.backbones import build_backbone, timm_name_of
+    from dael_plugin.core.chunk_norm import unfusable_reason
+
+    net = build_backbone("resnet18_ms_l123")
+    plain = build_backbone("resnet18")
+    plain.load_state_dict(net.state_dict(), strict=True)  # the same keys: the mixing layer holds no weight
+    assert timm_name_of("resnet18_ms_l123") == timm_name_of("resnet18") == "resnet18.tv_in1k"
+    x = torch.randn(4, 3, 32, 32)
+    assert torch.equal(net.eval()(x), plain.eval()(x))
+    net.train(), plain.train()
+    net.mixstyle.p = 0.0
+    assert torch.equal(net(x), plain(x))
+    net.mixstyle.p = 1.0
+    random.seed(0), torch.manual_seed(0)
+    assert not torch.allclose(net(x), plain(x), atol=1e-3)
+    assert "MixStyle layer mixes the samples of one call" in unfusable_reason(net)
+    assert "EFDMix" in unfusable_reason(build_backbone("resnet18_efdmix_l1"))
+    assert "resnet{18,50,101}_{ms,efdmix}_l{1,12,123}" in _one_line(lambda: build_backbone("resnet34_ms_l123"))
+
+
+@pytest.mark.dassl
+@pytest.mark.parametrize("name", MIXING)
+def test_dassls_mixstyle_resnets_equal_dassls(name):
+    """Dassl's weights load key for key, and from the same random states (Python's, for whether a
+    layer mixes; torch's, for the Beta weights and the partners) the features and the gradients are
+    Dassl's bit for bit, in training (over seeds where some layers mix and some do not) and in
+    evaluation."""
+    import random
+
+    from dassl.modeling import build_backbone as dassl_build
+
+    from dael_plugin.backbones import build_backbone
+
+    ref, ours = dassl_build(name, pretrained=False), build_backbone(name)
+    ours.model.load_state_dict(ref.state_dict(), strict=True)
+    x = torch.randn(6, 3, 32, 32)
+    mixed = 0
+    for seed in range(4):
+        for net in (ref, ours):
+            net.train().zero_grad()
+            random.seed(seed), torch.manual_seed(seed)
+            net.y = net(x)
+            net.y.square().sum().backward()
+        assert torch.equal(ref.y, ours.y), seed
+        assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), ours.model.parameters()))
+        random.seed(seed)
+        mixed += random.random() <= 0.5
+    assert 0 < mixed < 4  # the first layer mixed on some seeds and not on others
+    assert torch.equal(ref.eval()(x), ours.eval()(x))
+
+
 # -- every shipped dataset config trains on both engines ----------------------------------------
 # dataset config: (sources, target, INPUT.SIZE override); the fixture holds these domains.
 SHIPPED = {

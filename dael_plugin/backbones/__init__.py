@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
+from dael_plugin.backbones import mixstyle
 from dael_plugin.backbones.dassl_cnns import DigitsDGConvNet, DigitSingleCNN, M3SDADigitCNN
 from dael_plugin.backbones.small_cnn import SmallCNN
 from dael_plugin.backbones.timm_backbone import PREFIX as TIMM_PREFIX
@@ -34,7 +35,7 @@ def register_backbone(name: str):
 
     def add(builder):
         taken = (name in OWN_BACKBONES and OWN_BACKBONES[name] is not builder) or name in DASSL_CNNS
-        if taken or name in TIMM_ALIASES or name.startswith(TIMM_PREFIX):
+        if taken or name in TIMM_ALIASES or mixstyle.timm_name(name) or name.startswith(TIMM_PREFIX):
             raise DAELConfigError(f"a backbone named {name!r} exists; give yours another name")
         if not callable(builder):
             raise DAELConfigError(f"register_backbone({name!r}): {builder!r} is not a class or a function")
@@ -62,9 +63,12 @@ def build_backbone(name: str, pretrained: bool = False, weights_file: str = "", 
         return TimmBackbone(timm_model_name(name), pretrained=pretrained, weights_file=weights_file, img_size=img_size)
     if name in TIMM_ALIASES:
         return TimmBackbone(TIMM_ALIASES[name], pretrained=pretrained, weights_file=weights_file, img_size=img_size)
+    if mixstyle.timm_name(name):
+        return mixstyle.MixingResNet(name, pretrained=pretrained, weights_file=weights_file, img_size=img_size)
     raise DAELConfigError(
         f"MODEL.BACKBONE.NAME={name!r} is not available without Dassl; use one of "
-        f"{sorted(OWN_BACKBONES) + sorted(DASSL_CNNS) + sorted(TIMM_ALIASES)} or timm_<any timm model>, or run with --engine dassl"
+        f"{sorted(OWN_BACKBONES) + sorted(DASSL_CNNS) + sorted(TIMM_ALIASES)}, Dassl's MixStyle and EFDMix "
+        "ResNets (resnet{18,50,101}_{ms,efdmix}_l{1,12,123}) or timm_<any timm model>, or run with --engine dassl"
     )
 
 
@@ -73,7 +77,7 @@ def timm_name_of(name: str):
     and Dassl's digit CNNs, a user's registered backbone)."""
     if name.startswith(TIMM_PREFIX):
         return timm_model_name(name)
-    return TIMM_ALIASES.get(name)
+    return TIMM_ALIASES.get(name) or mixstyle.timm_name(name)
 
 
 def pretrained_stats(name: str):

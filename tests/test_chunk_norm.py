@@ -280,6 +280,9 @@ def test_modules_it_cannot_fuse_are_named():
 
     mixing = nn.Sequential(nn.Conv2d(3, 4, 3), nn.Sequential(nn.BatchNorm2d(4), MixStyle()))
     assert "its MixStyle layer mixes the samples of one call" in unfusable_reason(mixing)
+    from timm.layers import EvoNorm2dB0  # its variance is the whole call's, in training
+
+    assert "its EvoNorm2dB0 layer mixes" in unfusable_reason(nn.Sequential(nn.Conv2d(3, 4, 3), EvoNorm2dB0(4)))
     with pytest.raises(ValueError, match="cannot fuse"):
         with per_chunk_batch_norm(lambda x: x, [2, 2]):
             pass

@@ -72,9 +72,10 @@ IMPLS = ("auto", "split", "grouped")
 Runs = Tuple[Tuple[int, int], ...]  # (number of chunks, chunk size) for each run of equal chunks
 
 
-# Layers other than batch norm that mix the samples of one call (Dassl's MixStyle and EFDMix, in its
-# ``*_ms_l*`` and ``*_efdmix_l*`` ResNets; ``dassl.modeling.ops``), by class name: core imports no Dassl
-BATCH_MIXERS = ("MixStyle", "EFDMix")
+# Layers other than the batch norms converted here that compute over the samples of one call, by class
+# name (core imports neither Dassl nor timm): Dassl's MixStyle and EFDMix (its ``*_ms_l*`` and
+# ``*_efdmix_l*`` ResNets; ``dassl.modeling.ops``), and timm's batch-variance EvoNorms
+BATCH_MIXERS = ("MixStyle", "EFDMix", "EvoNorm2dB0", "EvoNorm2dB1", "EvoNorm2dB2")
 
 
 def unfusable_reason(module) -> Optional[str]:

@@ -42,9 +42,9 @@ def _batch(seed=0, per=8, size=32):
     return bx, bu
 
 
-def _make(fuse=True, fused_optim=False, device_views=None, **kw):
+def _make(fuse=True, fused_optim=False, device_views=None, backbone="dael_small_cnn", **kw):
     torch.manual_seed(0)
-    f = build_backbone("dael_small_cnn")
+    f = build_backbone(backbone)
     h = ExpertHeads(f.out_features, 10, 3)
     cl = kw.pop("channels_last", False)
     if cl:
@@ -473,3 +473,16 @@ def test_a_compiled_fused_pass_is_refused_on_a_torch_that_compiles_it_wrong(monk
     with pytest.raises(DAELConfigError, match="needs torch >= 2.5.*FUSE_CHUNKS False"):
         ex.check_execution("fp32", "default", "TRAINER.DAEL", fuse_chunks=True)
     ex.check_execution("fp32", "default", "TRAINER.DAEL", fuse_chunks=False)  # per-chunk calls compile right
+
+
+def test_a_backbone_that_draws_in_python_is_refused_a_compiled_step():
+    """Dassl's MixStyle decides in Python whether it mixes (``random.random() > p``): a fullgraph
+    compile of DAEL's step cannot hold that branch (dynamo raised "Data-dependent branching" at the
+    first step, a traceback), so it is one line at build; uncompiled, the step runs (per chunk)."""
+    from dael_plugin.errors import DAELConfigError
+
+    with pytest.raises(DAELConfigError, match="the backbone's MixStyle layer draws in Python whether it mixes"):
+        _make(backbone="resnet18_ms_l123", compile_mode="default", compile_backend="aot_eager")
+    step, _, _ = _make(backbone="resnet18_ms_l123")
+    assert not step.algorithm.fuse_chunks
+    assert torch.isfinite(torch.as_tensor(float(step(*_batch())["loss_x"])))

@@ -40,6 +40,9 @@ from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.device import DeviceViews, check_device_names
 
 VIEW_KEYS = ("img", "img2", "img3")
+# Layers that draw in Python whether they act (Dassl's MixStyle and EFDMix: ``random.random() > p``), a
+# branch on a host value that a fullgraph compile cannot hold
+DRAWS_IN_PYTHON = ("MixStyle", "EFDMix")
 
 
 class DAELStep:
@@ -103,6 +106,14 @@ class DAELStep:
             raise DAELConfigError(
                 "COMPILE reduce-overhead is refused under torchrun: its CUDA graphs would capture the "
                 "batch-norm collectives, which no test has run yet (PyTorch #155679); use COMPILE default or none"
+            )
+        drawer = next(
+            (type(m).__name__ for m in algorithm.featurizer.modules() if type(m).__name__ in DRAWS_IN_PYTHON), None
+        )
+        if self.compiled and drawer:
+            raise DAELConfigError(
+                f"EXECUTION.COMPILE {compile_mode}: the backbone's {drawer} layer draws in Python whether it mixes "
+                "(Dassl's random.random() > p), which one compiled graph cannot hold; use EXECUTION.COMPILE none"
             )
         if self.compiled:
             # The whole forward and the losses in one graph (fullgraph: a host

@@ -3,6 +3,7 @@ backbones rebuilt (dael_plugin/backbones/dassl_cnns.py), and missing data in one
 
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -71,6 +72,11 @@ def test_each_reader_gives_dassls_items(name, layouts_root, digit5_root):
         )
     else:
         assert ours["classnames"] == ref.classnames
+
+
+def _digit5_listing(root, d, split):
+    folder = os.path.join(root, "digit5", d, f"{split}_images")
+    return [os.path.join(folder, f) for f in os.listdir(folder)]
 
 
 def _rel(root, items):
@@ -196,9 +202,7 @@ def test_digit_single_takes_the_first_10000_of_each_folder(digit5_root, tmp_path
 
     s = load_splits("DigitSingle", digit5_root, ["mnist", "usps"], ["svhn"])
 
-    def listing(d, split):
-        folder = os.path.join(digit5_root, "digit5", d, f"{split}_images")
-        return [os.path.join(folder, f) for f in os.listdir(folder)]
+    listing = functools.partial(_digit5_listing, digit5_root)
 
     assert [i.impath for i in s["train_x"]] == listing("mnist", "train")[:DIGIT_SINGLE_CAP] + listing("usps", "train")
     assert [i.domain for i in s["train_x"]][DIGIT_SINGLE_CAP - 1 : DIGIT_SINGLE_CAP + 1] == [0, 1]
@@ -230,9 +234,7 @@ def test_digit5_subsamples_as_dassl_describes(digit5_root):
 
     rng = random.Random(7)
 
-    def listing(d, split):
-        folder = os.path.join(digit5_root, "digit5", d, f"{split}_images")
-        return [os.path.join(folder, f) for f in os.listdir(folder)]
+    listing = functools.partial(_digit5_listing, digit5_root)
 
     assert [i.impath for i in by[0]] == rng.sample(listing("svhn", "train"), DIGIT5_CAPS["train"])
     assert [i.impath for i in s["train_u"]] == rng.sample(listing("mnist", "train"), DIGIT5_CAPS["train"])

@@ -20,16 +20,22 @@ names, in Dassl's order, with Dassl's quirks:
   labels; ``crossval`` is the validation split; the target is tested on
   train + crossval; one broken sketch is skipped, as Dassl does.
 - **VLCS**: ``<DOMAIN>/{train,crossval,test}/<class>/*.jpg``. Dassl leaves its
-  class names empty; here they are the folder names (the one difference).
+  class names empty; here they are the folder names.
+- **VisDA17**: ``{train,validation}/image_list.txt``; synthetic -> real only
+  (Dassl's reader ignores the domains asked for), every item domain 0.
+- **CIFARSTL**: ``<domain>/{train,test}/<label>_<class>/<image>``, the label
+  from the folder's number (Dassl leaves the class names empty).
+- **DigitSingle**: Digit-5's folders, the listing's first 10,000 training
+  images of a capped domain, no draw (Dassl leaves the class names empty).
 
 Where Dassl would train on wrong labels or crash, a reader raises one line
 instead: a class folder missing from one domain (Dassl numbers each domain's
 folders on their own, so every later label would shift), a split file naming
-images that do not exist, a Digit-5 domain smaller than the share Dassl
-samples from it. Each line says where the data comes from (Dassl's
+images that do not exist, a Digit-5 or DigitSingle domain smaller than the
+share Dassl takes from it, VisDA17 asked for other domains. Each line says where the data comes from (Dassl's
 ``DATASETS.md``).
 
-Long because it holds one reader per Dassl dataset format (eight of them), each short, kept side by
+Long because it holds one reader per Dassl dataset format (eleven of them), each short, kept side by
 side as Dassl keeps its datasets: a reader is checked against its neighbours' conventions, and
 splitting them would scatter Dassl's shared quirks (the subsampling order, the domain indices).
 """

@@ -227,7 +227,9 @@ def main(argv: Optional[List[str]] = None) -> int:
                 f"{'; '.join(what)}{more}; its result stays as it is: pass another --output-dir "
                 "for these settings"
             )
-        preflight(runs, data=args.launcher != "slurm")  # a compute node may hold data the sweep's host lacks
+        # the runs still to run (a finished sweep's status needs no torch); a compute node may hold
+        # data that the sweep's host lacks
+        preflight([r for r in runs if not r.done()], data=args.launcher != "slurm")
     except DAELConfigError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

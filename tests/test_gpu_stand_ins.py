@@ -707,3 +707,19 @@ def test_counting_launches_keeps_the_profilers_log_off_the_terminal():
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.count("a line of the program s own") == 2, proc.stderr
     assert "USDT:" not in proc.stderr and "gpuGetDeviceCount" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("layer", ["MixStyle", "EFDMix"])
+def test_dassls_mixing_layers_on_fake_cuda_tensors(layer):
+    """Dassl's MixStyle and EFDMix (backbones/mixstyle.py) on a fake CUDA map, mixing on every call:
+    their Beta weights are drawn on the host and moved, their partners drawn on the host index the
+    device map, as in Dassl; no CPU/CUDA mix is refused. A stand-in cannot see the copies' cost."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from dael_plugin.backbones import mixstyle
+
+    mix = getattr(mixstyle, layer)(p=1.0).train()
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        x = torch.randn(6, 8, 4, 4, device="cuda")
+        y = mix(x)
+    assert y.is_cuda and y.shape == x.shape

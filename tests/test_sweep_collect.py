@@ -129,6 +129,7 @@ def test_bad_sweeps_are_one_line(tmp_path, capsys, argv, msg):
     code, _, err = sweep(base("data", tmp_path, "--dry-run", *argv), capsys)
     assert code == 2 and msg in err and len(err.strip().splitlines()) == 1, err
     assert not tmp_path.joinpath("EmbeddedDigits").exists()
+    assert "WORLD_SIZE" not in os.environ  # the check of a run of N processes leaves none behind
 
 
 def test_missing_data_is_refused_before_a_local_sweep_not_a_slurm_one(tmp_path, capsys):

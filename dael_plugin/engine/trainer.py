@@ -195,10 +195,9 @@ class BuiltinTrainer(TrainerFacts):
         return self.strategy.scaler
 
     @classmethod
-    def refuse_under_torchrun(cls, name: str, several: bool = False) -> None:
-        """Under torchrun (or ``several``: a sweep's run of N processes, checked before its launch),
-        one line where the method cannot run on several processes (train.py asks before joining the
-        group, so every rank stops before its first collective). Every rank may."""
+    def refuse_under_torchrun(cls, name: str) -> None:
+        """Under torchrun, one line where the method cannot run on several processes (train.py asks
+        before joining the group, so every rank stops before its first collective). Every rank may."""
 
     # -- to override ----------------------------------------------------
     def check_cfg(self) -> None:

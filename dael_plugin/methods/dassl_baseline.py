@@ -34,10 +34,10 @@ class DasslBaseline(SingleClassifier):
             )
 
     @classmethod
-    def refuse_under_torchrun(cls, name: str, several: bool = False) -> None:
-        """Under torchrun (or ``several``), one line with this trainer's reason (train.py asks before
-        joining the group, so every rank stops before its first collective)."""
-        if several or distributed.from_env().distributed:
+    def refuse_under_torchrun(cls, name: str) -> None:
+        """Under torchrun, one line with this trainer's reason (train.py asks before joining the
+        group, so every rank stops before its first collective)."""
+        if distributed.from_env().distributed:
             raise DAELConfigError(
                 f"{name} on the built-in engine runs on one process: {cls.ddp_reason}; run it without torchrun"
             )

@@ -5,6 +5,7 @@ and the settings it is launched with (its identity). Nothing here starts a proce
 from __future__ import annotations
 
 import argparse
+import contextlib
 import itertools
 import os
 import re
@@ -353,11 +354,27 @@ def preflight(runs: List[Run], data: bool = True) -> None:
         try:
             cfg = setup_cfg(args, engine, said=[])
             check_names_and_files(cfg, engine, data)
-            if dict(run.identity).get("processes"):  # a run of N processes (--gpus-per-run)
+            processes = dict(run.identity).get("processes")  # a run of N processes (--gpus-per-run)
+            if processes:
                 from dael_plugin.tools.train import check_torchrun_trainer
 
-                check_torchrun_trainer(cfg, engine)
+                with _as_under_torchrun(processes):  # what its ranks will see; a method's check reads it
+                    check_torchrun_trainer(cfg, engine)
         except DAELConfigError as exc:
             raise DAELConfigError(
                 f"{run.name.rsplit(' seed ', 1)[0]} would stop at once (no run was launched): {exc}"
             ) from None
+
+
+@contextlib.contextmanager
+def _as_under_torchrun(processes: str):
+    """This process's ``WORLD_SIZE`` as a run of ``processes`` will have it, for the length of a check."""
+    before = os.environ.get("WORLD_SIZE")
+    os.environ["WORLD_SIZE"] = processes
+    try:
+        yield
+    finally:
+        if before is None:
+            os.environ.pop("WORLD_SIZE", None)
+        else:
+            os.environ["WORLD_SIZE"] = before

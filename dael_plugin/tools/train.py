@@ -92,7 +92,7 @@ def check_torchrun_trainer(cfg, engine: str) -> None:
     if engine == "builtin" or on_loop:
         from dael_plugin.methods import trainer_class
 
-        trainer_class(name).refuse_under_torchrun(name, several=True)  # Dassl's baselines: one process
+        trainer_class(name).refuse_under_torchrun(name)  # Dassl's baselines: one process
 
 
 def main(argv: Optional[List[str]] = None) -> int:

@@ -160,7 +160,7 @@ def test_class_folder_formats_give_the_hand_written_items(layouts_root):
     assert not any(i.impath.endswith(".txt") for i in s["train_x"])
 
 
-def test_one_source_formats_give_the_hand_written_items(layouts_root):
+def test_one_source_formats_give_the_hand_written_items(layouts_root, tmp_path):
     """VisDA17: the list files' order and labels, the class from the path, every item domain 0, the
     real images both unlabeled and test. CIFARSTL: the label is the class folder's number."""
     s = load_splits("VisDA17", layouts_root, ["synthetic"], ["real"])
@@ -192,6 +192,13 @@ def test_one_source_formats_give_the_hand_written_items(layouts_root):
     assert {r[0].split("/")[1] for r in _rel(root, s["train_u"])} == {"train"} and len(s["train_u"]) == 6
     assert {r[0].split("/")[0] for r in _rel(root, s["train_x"])} == {"stl"}
     assert s["classnames"] == list(layouts.CLASSES) and s["val"] is None
+    odd = tmp_path / "cifar_stl"
+    shutil.copytree(os.path.join(layouts_root, "cifar_stl"), odd)
+    for name in ("notes.txt", "003_cat"):  # a file among the class folders (Dassl: a traceback)
+        (odd / "cifar" / "test" / name).write_text("")
+        with pytest.raises(DAELConfigError, match=f"cifar_stl/cifar/test/{name}: class folders are <label>_<class>"):
+            load_splits("CIFARSTL", str(tmp_path), ["stl"], ["cifar"])
+        (odd / "cifar" / "test" / name).unlink()
 
 
 def test_digit_single_takes_the_first_10000_of_each_folder(digit5_root, tmp_path):

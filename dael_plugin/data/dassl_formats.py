@@ -414,7 +414,7 @@ def _cifar_stl(path: str, sources: Sequence[str], targets: Sequence[str], seed: 
             pairs = []
             for folder in _listdir(sdir):
                 number, _, cname = folder.partition("_")
-                if not number.isdigit() or not cname:
+                if not number.isdigit() or not cname or not os.path.isdir(os.path.join(sdir, folder)):
                     raise DAELConfigError(
                         f"{os.path.join(sdir, folder)}: class folders are <label>_<class> (000_airplane), as "
                         f"{_where('cifar10-stl10')} builds them; move other entries out of {sdir}"

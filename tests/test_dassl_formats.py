@@ -345,8 +345,23 @@ def test_dassl_digit_backbones_without_dassl(name):
     assert "32x32" in msg and "INPUT.SIZE" in msg
 
 
+def test_dassls_wide_resnets_without_dassl():
+    """WRN-28-2 (64 x 2 = 128 features, the 1.47M parameters of the SSL literature's 1.5M) and
+    WRN-16-4 (256 features), any input size; in training the same input twice gives the same
+    features (no dropout: Dassl builds them with dropRate 0)."""
+    from dael_plugin.backbones import build_backbone
+
+    for name, features, params in (("wide_resnet_28_2", 128, 1_466_320), ("wide_resnet_16_4", 256, 2_746_320)):
+        net = build_backbone(name).train()
+        x = torch.randn(2, 3, 40, 40)
+        assert net(x).shape == (2, features) and sum(p.numel() for p in net.parameters()) == params
+        assert torch.equal(net(x), net(x))
+
+
 @pytest.mark.dassl
-@pytest.mark.parametrize("name", ["cnn_digit5_m3sda", "cnn_digitsdg", "cnn_digitsingle"])
+@pytest.mark.parametrize(
+    "name", ["cnn_digit5_m3sda", "cnn_digitsdg", "cnn_digitsingle", "wide_resnet_28_2", "wide_resnet_16_4"]
+)
 def test_dassl_digit_backbones_equal_dassls(name):
     """Key for key the same state dict (names, shapes, buffers); the same initial weights from the
     same seed; the same outputs, in training (dropout from the same RNG) and in evaluation; and

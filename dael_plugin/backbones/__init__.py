@@ -5,7 +5,7 @@ from __future__ import annotations
 from torch import nn
 
 from dael_plugin.backbones import mixstyle
-from dael_plugin.backbones.dassl_cnns import DigitsDGConvNet, DigitSingleCNN, M3SDADigitCNN
+from dael_plugin.backbones.dassl_cnns import DigitsDGConvNet, DigitSingleCNN, M3SDADigitCNN, WideResNet
 from dael_plugin.backbones.small_cnn import SmallCNN
 from dael_plugin.backbones.timm_backbone import PREFIX as TIMM_PREFIX
 from dael_plugin.backbones.timm_backbone import TimmBackbone, timm_model_name
@@ -17,8 +17,14 @@ OWN_BACKBONES = {
     "dael_small_cnn_gn": lambda: SmallCNN(norm="gn"),
 }
 
-# Dassl's digit backbones, rebuilt key for key (see dassl_cnns); under Dassl, Dassl's own are used.
-DASSL_CNNS = {"cnn_digit5_m3sda": M3SDADigitCNN, "cnn_digitsdg": DigitsDGConvNet, "cnn_digitsingle": DigitSingleCNN}
+# Dassl's digit backbones and WideResNets, rebuilt key for key (see dassl_cnns); under Dassl, Dassl's own are used.
+DASSL_CNNS = {
+    "cnn_digit5_m3sda": M3SDADigitCNN,
+    "cnn_digitsdg": DigitsDGConvNet,
+    "cnn_digitsingle": DigitSingleCNN,
+    "wide_resnet_28_2": lambda: WideResNet(28, 2),
+    "wide_resnet_16_4": lambda: WideResNet(16, 4),
+}
 
 # Dassl names whose architecture timm builds identically (the built-in engine
 # maps them; under Dassl, Dassl's own builders are used). Dassl's pretrained

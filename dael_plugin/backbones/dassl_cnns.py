@@ -1,9 +1,9 @@
-"""Dassl's digit backbones, built without Dassl.
+"""Dassl's digit backbones and WideResNets, built without Dassl.
 
 Same layers, same names, same initialisation and same forward as Dassl's
 ``cnn_digit5_m3sda`` (Digit-5; Peng et al., M3SDA, ICCV 2019), ``cnn_digitsdg``
-(Digits-DG; Zhou et al., DDAIG, AAAI 2020) and ``cnn_digitsingle`` (Digit-Single;
-Volpi et al., NeurIPS 2018), so their state
+(Digits-DG; Zhou et al., DDAIG, AAAI 2020), ``cnn_digitsingle`` (Digit-Single;
+Volpi et al., NeurIPS 2018) and ``wide_resnet_28_2`` / ``wide_resnet_16_4``, so their state
 dicts are equal key for key and a backbone trained on one engine loads on
 the other. Under Dassl, Dassl's own builders keep these names.
 """
@@ -107,3 +107,65 @@ class DigitSingleCNN(nn.Module):
         x = F.max_pool2d(F.relu(self.conv1(x)), 2)
         x = F.max_pool2d(F.relu(self.conv2(x)), 2)
         return F.relu(self.fc4(F.relu(self.fc3(x.flatten(1)))))
+
+
+class _WideBlock(nn.Module):
+    """Dassl's ``wide_resnet`` ``BasicBlock``: pre-activation (BN, LeakyReLU 0.01); where the width or
+    stride changes, the activated input feeds both the convolution and the 1x1 shortcut."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(c_in)
+        self.relu1 = nn.LeakyReLU(0.01, inplace=True)
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.relu2 = nn.LeakyReLU(0.01, inplace=True)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, stride=1, padding=1, bias=False)
+        self.equalInOut = c_in == c_out
+        self.convShortcut = None if self.equalInOut else nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.equalInOut:
+            out = self.conv1(self.relu1(self.bn1(x)))
+            return x + self.conv2(self.relu2(self.bn2(out)))
+        x = self.relu1(self.bn1(x))
+        out = self.conv2(self.relu2(self.bn2(self.conv1(x))))
+        return self.convShortcut(x) + out
+
+
+class _WideStage(nn.Module):
+    def __init__(self, n: int, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.layer = nn.Sequential(
+            *[_WideBlock(c_in if i == 0 else c_out, c_out, stride if i == 0 else 1) for i in range(n)]
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.layer(x)
+
+
+class WideResNet(nn.Module):
+    """``wide_resnet_28_2`` / ``wide_resnet_16_4``: Dassl's WideResNet (after xternalz's), three stages of
+    (depth - 4) / 6 pre-activation blocks, a last BN and LeakyReLU, global average pooling; 64 x widen
+    features. Kaiming-normal (fan-out) convolutions, BN weights 1 and biases 0, as Dassl's."""
+
+    def __init__(self, depth: int, widen: int) -> None:
+        super().__init__()
+        n, widths = (depth - 4) // 6, [16, 16 * widen, 32 * widen, 64 * widen]
+        self.conv1 = nn.Conv2d(3, widths[0], 3, stride=1, padding=1, bias=False)
+        self.block1 = _WideStage(n, widths[0], widths[1], 1)
+        self.block2 = _WideStage(n, widths[1], widths[2], 2)
+        self.block3 = _WideStage(n, widths[2], widths[3], 2)
+        self.bn1 = nn.BatchNorm2d(widths[3])
+        self.relu = nn.LeakyReLU(0.01, inplace=True)
+        self.out_features = widths[3]
+        for m in self.modules():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+            elif isinstance(m, nn.BatchNorm2d):
+                nn.init.ones_(m.weight)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        x = self.block3(self.block2(self.block1(self.conv1(x))))
+        return F.adaptive_avg_pool2d(self.relu(self.bn1(x)), 1).flatten(1)

@@ -74,8 +74,15 @@ Runs = Tuple[Tuple[int, int], ...]  # (number of chunks, chunk size) for each ru
 
 # Layers other than the batch norms converted here that compute over the samples of one call, by class
 # name (core imports neither Dassl nor timm): Dassl's MixStyle and EFDMix (its ``*_ms_l*`` and
-# ``*_efdmix_l*`` ResNets; ``dassl.modeling.ops``), and timm's batch-variance EvoNorms
-BATCH_MIXERS = ("MixStyle", "EFDMix", "EvoNorm2dB0", "EvoNorm2dB1", "EvoNorm2dB2")
+# ``*_efdmix_l*`` ResNets; ``dassl.modeling.ops``), which also draw in Python whether they act, and
+# timm's batch-variance EvoNorms
+PYTHON_DRAWERS = ("MixStyle", "EFDMix")
+BATCH_MIXERS = PYTHON_DRAWERS + ("EvoNorm2dB0", "EvoNorm2dB1", "EvoNorm2dB2")
+
+
+def layer_named(module: nn.Module, names: Sequence[str]) -> Optional[str]:
+    """The class name of the first layer of ``module`` whose class is named in ``names``, or None."""
+    return next((type(m).__name__ for m in module.modules() if type(m).__name__ in names), None)
 
 
 def unfusable_reason(module) -> Optional[str]:
@@ -92,10 +99,10 @@ def unfusable_reason(module) -> Optional[str]:
         return f"the featurizer is a {type(module).__name__}, not an nn.Module"
     if isinstance(module, torch.jit.ScriptModule):
         return "the featurizer is a TorchScript module, whose layers cannot be converted"
-    mixer = next((m for m in module.modules() if type(m).__name__ in BATCH_MIXERS), None)
+    mixer = layer_named(module, BATCH_MIXERS)
     if mixer is not None:
         return (
-            f"its {type(mixer).__name__} layer mixes the samples of one call, so one call over every chunk would "
+            f"its {mixer} layer mixes the samples of one call, so one call over every chunk would "
             "mix the domains that per-chunk calls keep apart"
         )
     return None
@@ -543,10 +550,13 @@ def per_chunk_batch_norm(
 
 
 __all__ = [
+    "BATCH_MIXERS",
     "IMPLS",
+    "PYTHON_DRAWERS",
     "convert",
     "fused_forward",
     "grouped_reason",
+    "layer_named",
     "per_chunk_batch_norm",
     "resolve_impl",
     "runs_of",

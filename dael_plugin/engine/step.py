@@ -28,7 +28,7 @@ from yacs.config import CfgNode as CN
 
 from dael_plugin.config import trainer_node
 from dael_plugin.core import DAEL
-from dael_plugin.core.chunk_norm import resolve_impl
+from dael_plugin.core.chunk_norm import PYTHON_DRAWERS, layer_named, resolve_impl
 from dael_plugin.data.batching import split_domains
 from dael_plugin.engine import execution as ex
 from dael_plugin.engine import memory
@@ -40,9 +40,6 @@ from dael_plugin.errors import DAELConfigError
 from dael_plugin.transforms.device import DeviceViews, check_device_names
 
 VIEW_KEYS = ("img", "img2", "img3")
-# Layers that draw in Python whether they act (Dassl's MixStyle and EFDMix: ``random.random() > p``), a
-# branch on a host value that a fullgraph compile cannot hold
-DRAWS_IN_PYTHON = ("MixStyle", "EFDMix")
 
 
 class DAELStep:
@@ -107,10 +104,9 @@ class DAELStep:
                 "COMPILE reduce-overhead is refused under torchrun: its CUDA graphs would capture the "
                 "batch-norm collectives, which no test has run yet (PyTorch #155679); use COMPILE default or none"
             )
-        drawer = next(
-            (type(m).__name__ for m in algorithm.featurizer.modules() if type(m).__name__ in DRAWS_IN_PYTHON), None
-        )
-        if self.compiled and drawer:
+        # a layer that draws in Python whether it acts branches on a host value: no fullgraph compile holds it
+        drawer = layer_named(algorithm.featurizer, PYTHON_DRAWERS) if self.compiled else None
+        if drawer:
             raise DAELConfigError(
                 f"EXECUTION.COMPILE {compile_mode}: the backbone's {drawer} layer draws in Python whether it mixes "
                 "(Dassl's random.random() > p), which one compiled graph cannot hold; use EXECUTION.COMPILE none"

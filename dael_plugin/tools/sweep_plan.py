@@ -343,13 +343,13 @@ def preflight(runs: List[Run], data: bool = True) -> None:
     from dael_plugin.tools.train_cli import build_parser
     from dael_plugin.tools.train_config import check_names_and_files, setup_cfg
 
-    seen = set()
+    parser, seen = build_parser(), set()
     for run in runs:
         if (run.trainer, run.grid, run.target) in seen:
             continue
         seen.add((run.trainer, run.grid, run.target))
         at = next(i for i in range(len(run.argv)) if run.argv[i : i + 2] == TRAIN) + 2
-        args = build_parser().parse_args(list(run.argv[at:]))
+        args = parser.parse_args(list(run.argv[at:]))
         engine = _resolved_engine(args.engine)
         try:
             cfg = setup_cfg(args, engine, said=[])

@@ -4,6 +4,7 @@ from the same weights and batches."""
 
 from __future__ import annotations
 
+import copy
 import math
 import os
 
@@ -13,6 +14,8 @@ import torch
 from conftest import ROOT, run_here
 from dael_plugin.core.baselines import (
     PairHeads,
+    aac_loss,
+    cdac_lr_factor,
     dann_lambda,
     discrepancy,
     domain_critic,
@@ -20,6 +23,7 @@ from dael_plugin.core.baselines import (
     ema_update,
     mme_entropy_loss,
     moment_distance,
+    rank_similarity,
     reset_batch_norm_stats,
     reverse_grad,
     se_consistency,
@@ -96,6 +100,30 @@ def test_self_ensembling_rates_and_loss_by_hand():
     teacher, student = [torch.tensor([1.0, 2.0])], [torch.tensor([3.0, 6.0])]
     ema_update(teacher, student, 0.75)
     assert teacher[0].tolist() == [1.5, 3.0]
+
+
+def test_cdac_similarity_clustering_loss_and_schedule_by_hand():
+    """CDAC's pieces (Dassl's ``get_similarity_matrix``, ``AAC``, ``custom_scheduler``), worked by
+    hand. Similarity: two images are alike where their top-k feature dimensions are the same *set*
+    (rows 0 and 1 rank dimensions 0 and 1 in opposite orders and are alike at k=2; compared as
+    ordered lists they would not be). The loss: P = p_u p_us^T = [[.56, .5], [.5, .5]] against the
+    identity, -(log .56 + 3 log .5) / 4 = 0.6648 (a mean over rows of summed logs would be twice
+    it). Under bfloat16 autocast, two images of one near-certain class that are not alike:
+    P = p^2 = 0.99866 in float32, whose loss -log(1 - P) is 6.61; a bfloat16 P rounds to 1 and
+    gives -log(1e-7) = 16.1 (with a gradient of 1e7)."""
+    feats = torch.tensor([[3.0, 2, 1, 0], [2, 3, 0, 1], [0, 1, 2, 3]])
+    assert rank_similarity(feats, 2).tolist() == [[1, 1, 0], [1, 1, 0], [0, 0, 1]]
+    assert rank_similarity(feats, 1).tolist() == [[1, 0, 0], [0, 1, 0], [0, 0, 1]]
+    p_u, p_us = torch.tensor([[0.8, 0.2], [0.5, 0.5]]), torch.tensor([[0.6, 0.4], [0.5, 0.5]])
+    want = -(math.log(0.56) + 3 * math.log(0.5)) / 4
+    assert abs(aac_loss(torch.eye(2), p_u.log(), p_us.log()).item() - want) < 1e-6
+    sure = torch.tensor([[8.0, 0.0, 0.0]]).bfloat16()
+    p = 1 / (1 + 2 * math.exp(-8))
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        loss = aac_loss(torch.zeros(1, 1), sure, sure)
+    assert loss.dtype == torch.float32 and abs(loss.item() + math.log(1 - p * p)) < 1e-3, loss
+    assert cdac_lr_factor(0, 100) == 1.0
+    assert abs(cdac_lr_factor(50, 100) - 6**-0.75) < 1e-12 and abs(cdac_lr_factor(100, 100) - 11**-0.75) < 1e-12
 
 
 def test_domain_critic_and_batch_norm_reset():
@@ -336,6 +364,7 @@ def test_m3sda_refuses_dassls_unmet_preconditions(tmp_path, tiny_root):
         ("MCD", "TRAINER.MCD.N_STEP_F", "0", "must be an integer >= 1"),
         ("SE", "TRAINER.SE.EMA_ALPHA", "1.5", "<= 1.0"),
         ("DDAIG", "TRAINER.DDAIG.ALPHA", "2.0", "<= 1.0"),
+        ("CDAC", "TRAINER.CDAC.TOPK_MATCH", "0", "the feature dimensions compared must be an integer >= 1"),
     ],
 )
 @pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
@@ -352,7 +381,8 @@ def test_a_baseline_key_out_of_its_range_is_one_line(tmp_path, tiny_root, capsys
 
 def test_source_model_preconditions_are_one_line_each(tmp_path, tiny_root, source_run):
     """ADDA and AdaBN without a source model; a file that is not one (DAEL's checkpoint has no
-    single classifier; a source run of other classes); SE without two views; a trainer that
+    single classifier; a source run of other classes); SE and CDAC without two views, CDAC without
+    its strong view or with a scheduler it would not read; a trainer that
     would ignore MODEL.INIT_WEIGHTS, as Dassl's does. Each: exit 2, one line, no traceback."""
     other = tmp_path / "other_classes.pth.tar"
     state = torch.load(source_run, weights_only=True)
@@ -368,6 +398,9 @@ def test_source_model_preconditions_are_one_line_each(tmp_path, tiny_root, sourc
         ("DANN", ["DATALOADER.K_TRANSFORMS", "2"], "DANN takes 1, not 2"),
         ("MME", ["MODEL.INIT_WEIGHTS", source_run], "MME does not read it"),
     ]
+    cases.append(("CDAC", ["TRAINER.CDAC.STRONG_TRANSFORMS", "()"], "CDAC needs a strong view"))
+    cases.append(("CDAC", ["OPTIM.LR_SCHEDULER", "cosine"], "its own per-step annealing, as Dassl's"))
+    cases.append(("CDAC", ["DATALOADER.K_TRANSFORMS", "1"], "CDAC takes 2, not 1"))
     cases.append(("DDAIG", ["TRAINER.DDAIG.G_ARCH", "''"], "DDAIG needs TRAINER.DDAIG.G_ARCH"))
     cases.append(("DDAIG", ["TRAINER.DDAIG.G_ARCH", "unet"], "is not one of Dassl's generators"))
     for trainer, opts, words in cases:
@@ -582,6 +615,69 @@ def test_three_steps_match_dassls_own_trainer(tmp_path, data_root, trainer, drop
         want = ref.model_inference(x)
         got = ours.predict_experts(x).mean(1)
     assert torch.equal(want.argmax(1), got.argmax(1))
+
+
+@pytest.mark.dassl
+def test_cdac_matches_dassls_own_trainer_for_three_steps(tmp_path, data_root, dropout_cnn):
+    """CDAC from the same weights and the same three batches (a weak view and two strong draws of
+    each target image), at steps 40-42 of its ramp-up's 100: each step's losses, the pseudo-label
+    keep rate, both modules' weights and batch-norm statistics, and both optimisers' learning
+    rates after the per-step annealing (each engine's run length, from its own loaders) equal
+    Dassl's ``CDAC``. TOPK_MATCH 1, P_THRESH 0.5 and 32 target images on both, so that the
+    similarity matrix has pairs off its diagonal and pseudo-labels are kept (checked). The backbone is conftest's
+    ``DROPOUT_CNN``: its three target passes draw their dropout in Dassl's order. Bitwise equal
+    was measured (AMD EPYC, 2026-12-06); tolerance 1e-6."""
+    from dassl.engine import TRAINER_REGISTRY
+
+    import dael_plugin  # noqa: F401  (registers the embedded set with Dassl)
+
+    tol = 1e-6
+    same = ["TRAINER.CDAC.TOPK_MATCH", "1", "TRAINER.CDAC.P_THRESH", "0.5", "DATALOADER.TRAIN_U.BATCH_SIZE", "32"]
+    torch.manual_seed(0)
+    cfg = _dassl_cfg("CDAC", data_root, tmp_path / "ref", backbone=dropout_cnn)
+    cfg.merge_from_list(same)
+    ref = TRAINER_REGISTRY.get("CDAC")(cfg)
+    small = [str(v) for v in SMALL_BATCHES]
+    ours = _builtin("CDAC", data_root, tmp_path / "ours", "OPTIM.LR", "1e-4", "MODEL.BACKBONE.NAME", dropout_cnn,
+                    *small, *same)  # fmt: skip
+    ours.modules["F"].load_state_dict(ref.F.backbone.state_dict())
+    ours.modules["C"].load_state_dict(ref.C.state_dict())
+    pairs = {"F": ref.F.backbone, "C": ref.C}
+    optims = {"F": ref.optim_F, "C": ref.optim_C}
+    ref.set_model_mode("train")
+    ours.modules.train()
+    batches = ours._batches()
+    alike = kept = 0.0
+    for step in range(3):
+        batch_x, batch_u = next(batches)
+        for t in (ref, ours):
+            t.epoch, t.batch_idx = 0, 40 + step
+        bx = dict(batch_x, img=[batch_x["img"], batch_x["img"]])  # Dassl's K_TRANSFORMS lists
+        bu = dict(batch_u, img=[batch_u["img"], batch_u["img"]], img2=[batch_u["img2"], batch_u["img3"]])
+        torch.manual_seed(10 + step)
+        r = {k: float(v) for k, v in ref.forward_backward(bx, bu).items()}
+        torch.manual_seed(10 + step)
+        o = {k: float(v) for k, v in ours.forward_backward(batch_x, batch_u).items()}
+        assert set(o) == set(r) - {"p_u_pred_acc", "p_u_pred_acc_thre"}  # those two read the target's labels
+        for key, value in o.items():  # (an accuracy: Dassl's percentage rounds otherwise, 1e-6 of 100)
+            assert abs(value - r[key]) <= (1e-4 if key.startswith("acc") else tol), (step, key, r[key], value)
+        for name, module in pairs.items():
+            for k, v in module.state_dict().items():
+                diff = (ours.modules[name].state_dict()[k].double() - v.double()).abs().max().item()
+                assert diff <= tol * max(1.0, v.double().abs().max().item()), (step, name, k, diff)
+            assert ours.optims[name].param_groups[0]["lr"] == pytest.approx(
+                optims[name].param_groups[0]["lr"], rel=1e-12
+            )
+        with torch.no_grad():  # (a copy: a pass of the training model would move its statistics)
+            sim = ref.get_similarity_matrix(copy.deepcopy(ref.F)(batch_u["img"]), 1, "cpu")
+        alike, kept = max(alike, float(sim.sum() - sim.trace())), max(kept, o["p_u_pred_keep"])
+    assert alike > 0 and kept > 0, (alike, kept)
+    assert ours.optims["C"].param_groups[0]["lr"] == pytest.approx(10 * ours.optims["F"].param_groups[0]["lr"])
+    ref.set_model_mode("eval")
+    ours.modules.eval()
+    with torch.no_grad():
+        want = torch.softmax(ref.model_inference(batch_x["img"]), 1)
+        torch.testing.assert_close(ours.predict_experts(batch_x["img"]).mean(1), want, atol=tol, rtol=0)
 
 
 # Batch norm (AdaBN re-estimates it) and a second of CPU a test, against 10 s with Dassl's digit-5

@@ -365,7 +365,7 @@ def test_every_shipped_configs_backbone_builds_at_its_size(tmp_path):
         name = os.path.basename(os.path.dirname(method))
         trainer = {"dael": "DAEL", "daeldg": "DAELDG", "source_only": "SourceOnly", "m3sda": "M3SDA", "mme": "MME",
                    "ddaig": "DDAIG", "vanilla": "Vanilla", "adabn": "AdaBN", "adda": "ADDA", "dann": "DANN",
-                   "mcd": "MCD", "se": "SE", "cross_grad": "CrossGrad", "domain_mix": "DomainMix"}[name]  # fmt: skip
+                   "mcd": "MCD", "se": "SE", "cross_grad": "CrossGrad", "domain_mix": "DomainMix", "cdac": "CDAC"}[name]  # fmt: skip
         argv = ["--engine", "builtin", "--trainer", trainer, "--root", str(tmp_path), "--seed", "1",
                 "--dataset-config-file", dataset, "--config-file", method,
                 "--", "MODEL.BACKBONE.PRETRAINED", "False"]  # (no weights here: the pretrained ones are checked below)  # fmt: skip

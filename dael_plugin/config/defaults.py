@@ -53,7 +53,7 @@ def get_builtin_cfg() -> CN:
 
     _C.DATALOADER = CN()
     _C.DATALOADER.NUM_WORKERS = 4
-    _C.DATALOADER.K_TRANSFORMS = 1  # views of each training image (SE: 2)
+    _C.DATALOADER.K_TRANSFORMS = 1  # views of each training image (SE, CDAC: 2)
     _C.DATALOADER.TRAIN_X = CN()
     _C.DATALOADER.TRAIN_X.SAMPLER = "RandomSampler"
     _C.DATALOADER.TRAIN_X.BATCH_SIZE = 32
@@ -109,6 +109,13 @@ def get_builtin_cfg() -> CN:
     _C.TRAINER.MME.LMDA = 0.1  # weight of the entropy loss
     _C.TRAINER.MCD = CN()
     _C.TRAINER.MCD.N_STEP_F = 4  # steps of F on the discrepancy (step C)
+    _C.TRAINER.CDAC = CN()
+    _C.TRAINER.CDAC.CLASS_LR_MULTI = 10  # the classifier's learning rate over the backbone's
+    _C.TRAINER.CDAC.RAMPUP_COEF = 30  # weight of the consistency loss, once ramped up
+    _C.TRAINER.CDAC.RAMPUP_ITRS = 1000  # steps of its sigmoid ramp-up (0: none)
+    _C.TRAINER.CDAC.TOPK_MATCH = 5  # largest feature dimensions two target images share to be alike
+    _C.TRAINER.CDAC.P_THRESH = 0.95  # confidence at which a pseudo-label is kept
+    _C.TRAINER.CDAC.STRONG_TRANSFORMS = ()  # the strong view (Dassl's configs: randaugment, normalize)
     _C.TRAINER.CROSSGRAD = CN()
     _C.TRAINER.CROSSGRAD.EPS_F = 1.0  # step along the domain net's input gradient (the label net's images)
     _C.TRAINER.CROSSGRAD.EPS_D = 1.0  # step along the label net's input gradient (the domain net's images)

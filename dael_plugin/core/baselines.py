@@ -7,6 +7,7 @@ which; the built-in engine's trainers (``methods/m3sda.py``, ``methods/mme.py``)
 
 from __future__ import annotations
 
+import contextlib
 import math
 from typing import Sequence
 
@@ -140,6 +141,40 @@ def mme_entropy_loss(logits_u: torch.Tensor) -> torch.Tensor:
     gradient, it raises the entropy for the classifier and lowers it for the feature extractor."""
     p = F.softmax(logits_u, 1)
     return -(-p * torch.log(p + 1e-5)).sum(1).mean()
+
+
+def cdac_lr_factor(step: int, max_steps: int) -> float:
+    """CDAC's learning-rate factor at step ``step`` of ``max_steps`` (Dassl's ``custom_scheduler``,
+    Ganin & Lempitsky's annealing with alpha 10, beta 0.75): (1 + 10 step / max_steps) ** -0.75,
+    which multiplies each optimiser's starting rate (a ``LambdaLR``)."""
+    return (1.0 + float(step / max_steps) * 10.0) ** -0.75
+
+
+def rank_similarity(feat: torch.Tensor, topk: int) -> torch.Tensor:
+    """CDAC's pairwise similarity (Li et al., 2021, Eq. 3; Dassl's ``get_similarity_matrix``):
+    ``s[i, j]`` is 1 where images i and j have the same ``topk`` largest feature dimensions (as a
+    set, ties ordered as ``argsort`` orders them), else 0; float32 ``(B, B)``, no gradient. One
+    comparison of every pair at once where Dassl loops over the rows."""
+    ids = torch.argsort(feat.detach(), dim=1, descending=True)[:, :topk].sort(dim=1)[0]
+    return (ids.unsqueeze(1) == ids.unsqueeze(0)).all(-1).float()
+
+
+def aac_loss(sim: torch.Tensor, logit_u: torch.Tensor, logit_us: torch.Tensor) -> torch.Tensor:
+    """CDAC's adversarial adaptive clustering loss (Eq. 3; Dassl's ``AAC``) from two views'
+    logits: the binary cross-entropy between ``sim`` and the pairwise inner products of their
+    class probabilities, ``P = softmax(logit_u) softmax(logit_us)^T``, with Dassl's ``+ 1e-7``
+    inside both logs, averaged over the B x B pairs.
+
+    Softmax, product and logs run in float32 under autocast too, as PyTorch's autocast keeps its
+    binary cross-entropy: a bfloat16 P of 0.998 or more rounds to 1, where log(1 - P + 1e-7) is
+    -16.1 whatever P was; and bfloat16 probabilities, whose sum can round above 1, made P exceed 1
+    and the log NaN (a compiled bf16 step, measured). P is clamped at 1, which changes nothing
+    where Dassl's loss is finite (a float32 P above 1 by a rounding makes its log NaN)."""
+    dev = logit_u.device.type
+    off = torch.autocast(dev, enabled=False) if dev in ("cpu", "cuda") else contextlib.nullcontext()
+    with off:
+        p = (F.softmax(logit_u.float(), 1) @ F.softmax(logit_us.float(), 1).t()).clamp(max=1.0)
+        return -(sim * torch.log(p + 1e-7) + (1.0 - sim) * torch.log(1.0 - p + 1e-7)).mean()
 
 
 class Prototypes(nn.Module):

@@ -38,6 +38,7 @@ def check_trainer_cfg(cfg: CN) -> None:
     trainer = TRAINER_REGISTRY.get(cfg.TRAINER.NAME)
     check_target_data(cfg, trainer)
     check_views(cfg, trainer)
+    check_numpy_transforms(cfg, trainer)
     sampler = cfg.DATALOADER.TRAIN_X.SAMPLER
     if sampler == "CyclingDomainSampler" and not TRAINER_REGISTRY.get(cfg.TRAINER.NAME).__module__.startswith(
         "dael_plugin"
@@ -46,6 +47,34 @@ def check_trainer_cfg(cfg: CN) -> None:
             f"DATALOADER.TRAIN_X.SAMPLER {sampler} is the plugin's own; Dassl's {cfg.TRAINER.NAME} builds Dassl's "
             "samplers only: use RandomDomainSampler, or --engine builtin"
         )
+
+
+# Dassl 0.6.3's transforms that call NumPy's ``np.int``, gone since NumPy 1.24: its randaugment
+# (in SolarizeAdd, one of the operations it draws) and its AutoAugment policies (as each is built)
+DASSL_NP_INT = ("randaugment", "imagenet_policy", "cifar10_policy", "svhn_policy")
+
+
+def check_numpy_transforms(cfg: CN, trainer: type) -> None:
+    """Dassl's own trainers build Dassl's transforms: under a NumPy without ``np.int``, those of
+    :data:`DASSL_NP_INT` stop the run in a traceback (randaugment at the first SolarizeAdd it
+    draws, mid-epoch); one line instead. The plugin's methods build the plugin's transforms, which
+    compute Dassl's operations (transforms/dassl_pil.py)."""
+    import numpy as np
+
+    if hasattr(np, "int") or not trainer.__module__.startswith("dassl."):
+        return
+    node = cfg.TRAINER.get(str(cfg.TRAINER.NAME).upper())
+    lists = [("INPUT.TRANSFORMS", cfg.INPUT.TRANSFORMS)]
+    if isinstance(node, CN) and "STRONG_TRANSFORMS" in node:
+        lists.append((f"TRAINER.{str(cfg.TRAINER.NAME).upper()}.STRONG_TRANSFORMS", node.STRONG_TRANSFORMS))
+    for key, names in lists:
+        bad = [n for n in names if n in DASSL_NP_INT]
+        if bad:
+            raise DAELConfigError(
+                f"{key} {list(names)}: Dassl 0.6.3's {bad[0]} calls np.int, which NumPy {np.__version__} no longer has "
+                f"(its {cfg.TRAINER.NAME} would stop in a traceback once it draws the operation); use --engine builtin, "
+                "whose transforms compute Dassl's operations, or Dassl's randaugment2 or randaugment_fixmatch"
+            )
 
 
 # Dassl 0.6.3's trainers that read DATALOADER.K_TRANSFORMS views of an image (each asserts it)
@@ -198,6 +227,12 @@ def check_dassl_stops(cfg: CN) -> None:
             f"OPTIM.WARMUP_EPOCH={cfg.OPTIM.WARMUP_EPOCH}: Dassl's warm-up schedulers pass verbose to torch's "
             f"LRScheduler, which torch {torch.__version__} no longer takes (every trainer stops as it builds "
             "its scheduler); remove it"
+        )
+    if cfg.TRAINER.NAME == "CDAC" and cfg.TRAIN.COUNT_ITER == "train_u":
+        raise DAELConfigError(
+            "TRAIN.COUNT_ITER train_u: Dassl's CDAC stops with an AttributeError as it builds its model (it reads "
+            "len_train_loader_u, which it never sets); use train_x or smaller_one, or --engine builtin, whose "
+            "CDAC counts the target loader's batches"
         )
     check_dassl_builders(cfg)
 

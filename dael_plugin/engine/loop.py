@@ -156,6 +156,16 @@ def next_cycled(it: Iterator, loader: Iterable) -> Tuple[Any, Iterator]:
         return next(it), it
 
 
+def epoch_length(loaders: Sequence[Any], count_iter: str) -> int:
+    """Batches in an epoch under ``TRAIN.COUNT_ITER`` (:func:`epoch_batches`): the source loader's
+    (``train_x``; a DG run's always, as Dassl's TrainerX), the target's (``train_u``) or the shorter's."""
+    loaders = [ld for ld in loaders if ld is not None]
+    lengths = {"train_x": len(loaders[0])}
+    if len(loaders) > 1:
+        lengths.update(train_u=len(loaders[1]), smaller_one=min(len(ld) for ld in loaders))
+    return lengths.get(count_iter, lengths["train_x"])
+
+
 def epoch_batches(loaders: Sequence[Any], epoch: int, count_iter: str) -> Tuple[int, Iterator[Batch]]:
     """The epoch's length and its ``(batch_x, batch_u)`` pairs over the source loader and the
     target's (``loaders[1]``, absent or None in DG; ``batch_u`` None then), as Dassl's
@@ -167,10 +177,7 @@ def epoch_batches(loaders: Sequence[Any], epoch: int, count_iter: str) -> Tuple[
     loaders = [ld for ld in loaders if ld is not None]
     for loader in loaders:
         loader.batch_sampler.set_epoch(epoch)
-    lengths = {"train_x": len(loaders[0])}
-    if len(loaders) > 1:
-        lengths.update(train_u=len(loaders[1]), smaller_one=min(len(ld) for ld in loaders))
-    n = lengths.get(count_iter, lengths["train_x"])  # DG: the source loader's, as Dassl's TrainerX
+    n = epoch_length(loaders, count_iter)
 
     def batches() -> Iterator[Batch]:
         its = [iter(ld) for ld in loaders]

@@ -172,7 +172,7 @@ class BuiltinTrainer(TrainerFacts):
 
     # What a trainer reads of Dassl's per-trainer loader and model keys (a value it would ignore
     # is refused, as a run that silently ignores it would look like the run it names):
-    k_transforms = 1  # DATALOADER.K_TRANSFORMS (SE: 2 views of each target image)
+    k_transforms = 1  # DATALOADER.K_TRANSFORMS (SE, CDAC: 2 draws of a view of each target image)
     reads_init_weights = False  # MODEL.INIT_WEIGHTS (Dassl's SimpleNet trainers load it)
     optimises = True  # False: no optimiser steps, so no scheduler does either (AdaBN, as Dassl's)
     # A DA method: its run is DA where the data has a target train split (the log, results.json's
@@ -206,8 +206,8 @@ class BuiltinTrainer(TrainerFacts):
         k, views = self.k_transforms, int(cfg.DATALOADER.K_TRANSFORMS)
         if views != k:
             raise DAELConfigError(
-                f"DATALOADER.K_TRANSFORMS={views}: {name} takes {k}, not {views} (views per image: SE alone "
-                f"takes 2); set it to {k}"
+                f"DATALOADER.K_TRANSFORMS={views}: {name} takes {k}, not {views} (views per image: SE and CDAC "
+                f"take 2); set it to {k}"
             )
         if cfg.MODEL.INIT_WEIGHTS and not self.reads_init_weights:
             raise DAELConfigError(

@@ -1,6 +1,6 @@
 """The built-in engine's methods, one file each, every one registered by importing this package:
 DAEL and DAELDG, SourceOnly and Vanilla, and Dassl's baselines (M3SDA, MME, MCD, DANN, SE, ADDA,
-AdaBN; CrossGrad, DomainMix, DDAIG), each step for step as Dassl's own.
+AdaBN, CDAC; CrossGrad, DomainMix, DDAIG), each step for step as Dassl's own.
 
 A method of your own: derive from :class:`SingleClassifier` (or :class:`DasslBaseline` for
 several optimisers), write its ``update`` and register it (docs/internals.md).
@@ -9,6 +9,7 @@ several optimisers), write its ``update`` and register it (docs/internals.md).
 from dael_plugin.methods import (  # noqa: F401 (each registers its methods)
     adabn,
     adda,
+    cdac,
     crossgrad,
     dael,
     dann,

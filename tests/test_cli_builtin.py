@@ -110,6 +110,7 @@ def test_auto_engine_without_dassl_runs_dael_da_and_writes_results(tmp_path, tin
     per = res["per_class_accuracy"].values()
     assert "=> per-class result\n* class: 0 (0)\ttotal: " in proc.stdout
     assert float(average) == pytest.approx(sum(per) / len(per), abs=0.051)
+    assert res["mean_class_accuracy"] == pytest.approx(sum(per) / len(per), abs=0.006)  # results.json's, exact
     assert f"Confusion matrix is saved to {out / 'cmat.pt'}" in proc.stdout and (out / "cmat.pt").is_file()
 
 

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import random
 
 import pytest
@@ -272,6 +273,8 @@ def test_dael_da_through_train_script(tmp_path, tiny_root):
     assert res["seed"] == 1 and res["epochs"] == 1 and res["wall_seconds"] > 0
     assert res["provenance"]["versions"]["dassl"] not in (None, "") and "SEED: 1" in res["provenance"]["config"]
     assert res["per_class_accuracy"] and set(res["per_class_expert_accuracy"]) == {"hand", "blend", "font"}
+    per = res["per_class_accuracy"].values()  # (each rounded to 2 decimals)
+    assert res["mean_class_accuracy"] == pytest.approx(sum(per) / len(per), abs=0.006)
     assert "* per-class accuracy: " in proc.stdout
     # The record is the run's own final test, as printed by Dassl's evaluator ...
     assert _log_value(proc.stdout, "* accuracy: ") == [pytest.approx(res["accuracy"], abs=0.05)]
@@ -329,8 +332,11 @@ def test_daeldg_on_a_da_dataset_never_reads_target_training_data(tmp_path, tiny_
     ],
 )
 def test_dassl_baselines_through_the_same_script(tmp_path, tiny_root, trainer, cfg_file):
-    res, _ = _train(tmp_path, tiny_root, trainer, cfg_file)
+    res, proc = _train(tmp_path, tiny_root, trainer, cfg_file, extra=["TEST.PER_CLASS_RESULT", "True"])
     assert res["trainer"] == trainer and res["accuracy"] is not None and res["expert_accuracy"] == {}
+    # the mean class accuracy from Dassl's own evaluator's labels: its printed average
+    average = float(re.findall(r"\* average: ([\d.]+)%", proc.stdout)[-1])
+    assert res["mean_class_accuracy"] == pytest.approx(average, abs=0.051)
     if trainer == "M3SDA":
         # --eval-only of a baseline: Dassl's own load_model crashes on val_result=None here.
         proc = run_here(

@@ -233,14 +233,46 @@ def test_submitit_local_sweep_and_a_failed_run(tmp_path, tiny_root, capsys):
     assert code == 0 and "(1 done, 1 to run)" in out, out
 
 
-def _record(root, dataset, trainer, target, seed, acc, setting=None):
+def _record(root, dataset, trainer, target, seed, acc, setting=None, **more):
     d = os.path.join(root, dataset, trainer, *([setting] if setting else []), target, f"seed{seed}")
     os.makedirs(d, exist_ok=True)
     with open(os.path.join(d, "results.json"), "w") as f:
-        json.dump(
-            {"dataset": dataset, "trainer": trainer, "target_domains": [target], "accuracy": acc, "seed": seed}, f
-        )
+        rec = {"dataset": dataset, "trainer": trainer, "target_domains": [target], "accuracy": acc, "seed": seed}
+        json.dump(dict(rec, **more), f)
     return d
+
+
+def test_collect_the_mean_class_accuracy(tmp_path, capsys):
+    """``--metric mean_class_accuracy`` (VisDA-2017's figure): each cell the records' own field, in a
+    table and files of its own (results.md, the accuracy table, stays); with --select, the chosen
+    epoch's; a record that has no such field (written before it existed) is one line naming it,
+    not a cell of accuracies; --paper (accuracies) is refused with it."""
+    from dael_plugin.tools.collect import main
+
+    root = str(tmp_path)
+    for seed, (acc, mean_class) in enumerate([(70.0, 60.0), (72.0, 64.0)], 1):
+        d = _record(root, "VisDA17", "SourceOnly", "real", seed, acc, mean_class_accuracy=mean_class)
+        with open(os.path.join(d, "epochs.jsonl"), "w") as f:
+            for e, (a, m) in enumerate([(acc - 5, mean_class - 5), (acc, mean_class)], 1):
+                f.write(json.dumps({"epoch": e, "target_test_accuracy": a, "target_test_mean_class_accuracy": m}) + "\n")
+    assert main([root, "--metric", "mean_class_accuracy"]) == 0
+    out = capsys.readouterr().out
+    assert "target test mean class accuracy (%)" in out and "| SourceOnly | 62.00 ± 2.83 | 62.00 |" in out
+    assert os.path.isfile(os.path.join(root, "results_mean_class_accuracy.csv"))
+    assert not os.path.exists(os.path.join(root, "results.md"))
+    assert main([root]) == 0 and "| SourceOnly | 71.00 ± 1.41 | 71.00 |" in capsys.readouterr().out
+    assert main([root, "--select", "last", "--metric", "mean_class_accuracy"]) == 0
+    out = capsys.readouterr().out
+    assert "mean class accuracy" in out and "62.00 ± 2.83" in out
+    assert main([root, "--paper", "--metric", "mean_class_accuracy"]) == 2
+    assert "the paper's numbers are accuracies" in capsys.readouterr().err
+    old = _record(root, "VisDA17", "SourceOnly", "real", 3, 71.0)
+    assert main([root, "--metric", "mean_class_accuracy"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err == (
+        f"error: {os.path.join(old, 'results.json')} records no mean_class_accuracy (written before the plugin "
+        "recorded it); rerun it, or collect --metric accuracy"
+    )
 
 
 def test_collect_table_with_missing_and_failed_runs(tmp_path, capsys):

@@ -165,6 +165,9 @@ def test_per_class_result_is_dassls_by_hand():
         "* average: 38.9%",
     ]
     assert "perclass_accuracy" not in classification_results([0, 1], [0, 0], ["a", "b"])[0]
+    from dael_plugin.engine.evaluate import mean_class_accuracy  # results.json's, on every run
+
+    assert mean_class_accuracy([0, 0, 1, 1, 1, 3], [0, 1, 1, 1, 0, 2]) == results["perclass_accuracy"]
 
 
 @pytest.mark.dassl

@@ -120,6 +120,18 @@ def macro_f1(labels, predictions) -> float:
     return float(100.0 * f1.mean())
 
 
+def mean_class_accuracy(labels, predictions) -> float:
+    """The mean over the classes the labels hold of each class's accuracy, in percent: Dassl's
+    ``perclass_accuracy`` (its ``Classification`` evaluator with ``TEST.PER_CLASS_RESULT``), the
+    figure VisDA-2017 reports. A class without a test image counts for nothing (not as 0%)."""
+    import numpy as np
+
+    y, p = np.asarray(labels, dtype=np.int64).ravel(), np.asarray(predictions, dtype=np.int64).ravel()
+    classes, inverse = np.unique(y, return_inverse=True)
+    hits = np.bincount(inverse, weights=(y == p).astype(np.float64), minlength=len(classes))
+    return float(np.mean(100.0 * hits / np.bincount(inverse, minlength=len(classes))))
+
+
 def classification_results(
     labels, predictions, classnames: Sequence[str], per_class: bool = False
 ) -> Tuple[Dict[str, float], List[str]]:
@@ -150,7 +162,7 @@ def classification_results(
             accs.append(100.0 * hits / n)
             name = classnames[label] if label < len(classnames) else str(label)
             lines.append(f"* class: {label} ({name})\ttotal: {n:,}\tcorrect: {hits:,}\tacc: {accs[-1]:.1f}%")
-        results["perclass_accuracy"] = float(np.mean(accs))
+        results["perclass_accuracy"] = mean_class_accuracy(y, p)
         lines.append(f"* average: {results['perclass_accuracy']:.1f}%")
     return results, lines
 

@@ -113,6 +113,7 @@ class TrainerFacts:
     classes_held: Optional[list] = None  # which classes each source holds (category shift); None: not read
     expert_accuracy: Sequence[float] = ()  # the last test's, per expert
     per_class_accuracy: Optional[Dict[str, Dict[str, float]]] = None  # the last test's
+    mean_class_accuracy: Optional[float] = None  # the last test's mean over its classes (VisDA's figure)
     bad_images: AbstractSet[str] = frozenset()  # unreadable images left out
     ensemble_mask = None  # the (K, C) table of which expert knows which class, where the ensemble reads one
     own_records = False  # writes its own per-epoch records and best models (the plugin's trainers)
@@ -132,11 +133,18 @@ class Evaluation:
     expert_accuracy: Sequence[float] = ()
     per_class_accuracy: Optional[Dict[str, Dict[str, float]]] = None
     unreadable_images: Sequence[str] = ()
+    mean_class_accuracy: Optional[float] = None
 
     @classmethod
     def of(cls, trainer: TrainerFacts) -> "Evaluation":
-        """A trainer's (Dassl's own trainers keep none of it: the record says so by empty fields)."""
-        return cls(list(trainer.expert_accuracy), trainer.per_class_accuracy, sorted(trainer.bad_images))
+        """A trainer's (Dassl's own trainers keep the mean class accuracy alone, from Dassl's
+        evaluator: the record says so by empty fields)."""
+        return cls(
+            list(trainer.expert_accuracy),
+            trainer.per_class_accuracy,
+            sorted(trainer.bad_images),
+            trainer.mean_class_accuracy,
+        )
 
 
 def results_record(
@@ -153,7 +161,7 @@ def results_record(
     (None: this run trained it). ``setting``: DA or DG, as the trainer says."""
     eval_only = model_dir is not None
     expert_accuracy, per_class_accuracy = evaluation.expert_accuracy, evaluation.per_class_accuracy
-    unreadable_images = evaluation.unreadable_images
+    unreadable_images, mean_class = evaluation.unreadable_images, evaluation.mean_class_accuracy
     sources = list(cfg.DATASET.SOURCE_DOMAINS)
     names: List[str] = (
         sources if len(expert_accuracy) == len(sources) else [f"expert{i}" for i in range(len(expert_accuracy))]
@@ -172,6 +180,8 @@ def results_record(
         "backbone": cfg.MODEL.BACKBONE.NAME,
         "backbone_weights": backbone_weights(cfg, engine),
         "accuracy": None if accuracy is None else round(float(accuracy), 4),
+        # the mean over the test classes of each one's accuracy (Dassl's perclass_accuracy; VisDA's figure)
+        "mean_class_accuracy": None if accuracy is None or mean_class is None else round(float(mean_class), 4),
         "expert_accuracy": {n: round(float(a), 4) for n, a in zip(names, expert_accuracy)},
         # class name -> % for the ensemble; the same per expert under per_class_expert_accuracy
         "per_class_accuracy": (per_class_accuracy or {}).get("ensemble"),

@@ -12,7 +12,8 @@ After every ``SELECTION.EVAL_FREQ`` epochs (and the last), a run appends one JSO
   target's train split. They never receive a target label;
 - ``target_val_accuracy``: the same subsample's labels, read by the ``oracle`` alone (never the
   test split; in DA those images were trained on without labels, so the oracle is an upper bound);
-- ``target_test_accuracy`` and ``target_test_accuracy_per_expert``: for reporting only.
+- ``target_test_accuracy``, ``target_test_mean_class_accuracy`` (the mean over the test classes of
+  each one's accuracy, VisDA's figure) and ``target_test_accuracy_per_expert``: for reporting only.
 
 Each protocol's current choice is kept as ``model-best-<protocol>.pth.tar`` (written atomically,
 on the earliest epoch of the best score). A resumed run first drops the records of epochs it will
@@ -37,6 +38,7 @@ import torch
 from dael_plugin.core import validators as V
 from dael_plugin.data.images import LEFT_OUT, note_unreadable
 from dael_plugin.engine import distributed
+from dael_plugin.engine.evaluate import mean_class_accuracy
 from dael_plugin.engine.results_reader import is_number
 
 EPOCHS = "epochs.jsonl"
@@ -402,6 +404,8 @@ def epoch_record(epoch: int, outs: Dict[str, Optional[Outputs]], scoring: Scorin
         rec["target_val_size"] = int(target.labels.numel())
     if test is not None:
         rec["target_test_accuracy"] = round(float(_accuracy(test.ensemble, test.labels)), 4)
+        pred = test.ensemble.argmax(-1)
+        rec["target_test_mean_class_accuracy"] = round(mean_class_accuracy(test.labels.cpu(), pred.cpu()), 4)
         if test.probs.shape[1] > 1:
             hits = (test.probs.argmax(-1) == test.labels[:, None]).float().mean(0) * 100.0
             rec["target_test_accuracy_per_expert"] = {

@@ -35,7 +35,13 @@ from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
 from dael_plugin.data.folders import load_splits
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, hooks
-from dael_plugin.engine.evaluate import classification_results, evaluate_experts, report_experts, save_confusion_matrix
+from dael_plugin.engine.evaluate import (
+    classification_results,
+    evaluate_experts,
+    mean_class_accuracy,
+    report_experts,
+    save_confusion_matrix,
+)
 from dael_plugin.engine.execution import cuda_settings
 from dael_plugin.engine.guard import FiniteGuard, divergence_error
 from dael_plugin.engine.hooks import DivergenceCheck, EpochRecords, EvalEachEpoch, LastCheckpoint, StepSchedulers
@@ -576,6 +582,7 @@ class BuiltinTrainer(TrainerFacts):
         results, lines = classification_results(yt, yp, self.classnames, bool(test.PER_CLASS_RESULT))
         print("\n".join(lines))
         acc = results["accuracy"]
+        self.mean_class_accuracy = mean_class_accuracy(yt, yp)
         if test.COMPUTE_CMAT and self.world.is_main:
             print(f"Confusion matrix is saved to {save_confusion_matrix(yt, yp, self.cfg.OUTPUT_DIR)}")
         if "perclass_accuracy" in results:

@@ -1,6 +1,6 @@
 """Tables from a sweep's ``results.json`` records (DomainBed's ``collect_results``, for Dassl runs).
 
-    python scripts/collect.py DIR [--latex] [--paper]
+    python scripts/collect.py DIR [--latex] [--paper] [--metric mean_class_accuracy]
     python scripts/collect.py DIR --select PROTOCOL [--per-setting]    (model selection, docs/selection.md)
     python scripts/collect.py DIR --validators                         (the validators ranked)
 
@@ -16,7 +16,9 @@ cannot be read, with a warning naming it, else ``missing``), never dropped.
 The tables are printed and written to ``DIR/results.md`` and
 ``DIR/results.csv``; ``--latex`` also prints LaTeX. ``--paper`` adds the
 published numbers of the DAEL paper (``dael_plugin/tools/paper_results.json``,
-each with its table cited).
+each with its table cited). ``--metric mean_class_accuracy``: each class's
+accuracy averaged over the test classes (VisDA-2017's figure), into
+``DIR/results_mean_class_accuracy.*``.
 """
 
 from __future__ import annotations
@@ -86,10 +88,11 @@ def _layout(path: str, root: str):
     return None
 
 
-def read_runs(root: str, warn=print):
-    """``{(dataset, setting): {row: {target: slot}}}`` from the records under ``root``. A cell
-    holds one setting: records of one row label with different settings become rows of their
-    own, named by the keys that differ; two records of one seed in a cell are an error."""
+def read_runs(root: str, warn=print, metric: str = "accuracy"):
+    """``{(dataset, setting): {row: {target: slot}}}`` from the records under ``root``, each value
+    the record's ``metric``. A cell holds one setting: records of one row label with different
+    settings become rows of their own, named by the keys that differ; two records of one seed in
+    a cell are an error."""
     walk = read_records(root)
     for problem in walk.problems:
         warn(problem.warning())
@@ -110,7 +113,12 @@ def read_runs(root: str, warn=print):
                 f"{slot['seeds'][seed]} and {rec.path}; keep one (move the other out of {root})"
             )
         slot["seeds"][seed] = rec.path
-        slot["values"].append(float(rec.data["accuracy"]))
+        if rec.data.get(metric) is None:  # (a null accuracy is the reader's problem, named above)
+            raise CollectError(
+                f"{rec.path} records no {metric} (written before the plugin recorded it); rerun it, or collect "
+                "--metric accuracy"
+            )
+        slot["values"].append(float(rec.data[metric]))
         _same_data(slot, data_seen, table, rec, row)
     if walk.failed or walk.pending or walk.problems:
         from dael_plugin.methods import method_setting
@@ -156,8 +164,8 @@ def _same_data(slot: dict, seen: Dict[tuple, Record], table: tuple, rec: Record,
         raise say(other, f"one column, {rec.target} seed {rec.data.get('seed')}")
 
 
-def build(root: str, paper: bool, warn=print):
-    raw = read_runs(root, warn)
+def build(root: str, paper: bool, warn=print, metric: str = "accuracy"):
+    raw = read_runs(root, warn, metric)
     with open(PAPER) as f:
         published = json.load(f) if paper else {"tables": []}
     out = []
@@ -197,7 +205,7 @@ def _avg(row: Dict[str, Cell]) -> Optional[float]:
     return None if any(m is None for m in means) or not means else statistics.fmean(means)
 
 
-def render(tables, latex: bool = False) -> Tuple[str, List[List[str]], str]:
+def render(tables, latex: bool = False, metric: str = "accuracy") -> Tuple[str, List[List[str]], str]:
     md, rows_csv, tex = [], [["dataset", "setting", "row", "target", "mean", "std", "n", "state"]], []
     for (dataset, setting), targets, cells, usual, cite in tables:
         seeds = (
@@ -206,7 +214,7 @@ def render(tables, latex: bool = False) -> Tuple[str, List[List[str]], str]:
             else "n=1 seed per cell, so ± 0.00 is no estimate of the spread"
         )
         md.append(
-            f"### {dataset} ({setting}), target test accuracy (%), mean ± std over seeds ({seeds})"
+            f"### {dataset} ({setting}), target test {metric.replace('_', ' ')} (%), mean ± std over seeds ({seeds})"
             + (f"; paper rows: {cite}" if cite else "")
         )
         md.append("")
@@ -270,6 +278,13 @@ def main(argv: Optional[List[str]] = None) -> int:
         "mask_rate); see docs/selection.md",
     )
     p.add_argument("--per-setting", action="store_true", help="with --select: a row per setting, the epoch chosen")
+    p.add_argument(
+        "--metric",
+        choices=("accuracy", "mean_class_accuracy"),
+        default="accuracy",
+        help="what a cell holds: the target test accuracy, or its mean over the classes (each class's accuracy "
+        "averaged; Dassl's perclass_accuracy, VisDA-2017's figure)",
+    )
     p.add_argument("--validators", action="store_true", help="rank the validators against target test accuracy (DA)")
     args = p.parse_args(argv)
     args.dir = os.path.expanduser(args.dir)  # a quoted '~/x' means the home folder
@@ -283,28 +298,35 @@ def main(argv: Optional[List[str]] = None) -> int:
             file=sys.stderr,
         )
         return 2
+    if args.paper and args.metric != "accuracy":  # the published rows would sit under another metric
+        print(f"error: --paper: the paper's numbers are accuracies; leave out --metric {args.metric}", file=sys.stderr)
+        return 2
+    if args.validators and args.metric != "accuracy":
+        print("error: --validators ranks against the target test accuracy; leave out --metric", file=sys.stderr)
+        return 2
     if args.per_setting and not args.select:
         print("error: --per-setting goes with --select PROTOCOL", file=sys.stderr)
         return 2
     if args.select or args.validators:
         return _select_main(args)
     try:
-        tables = build(args.dir, args.paper, warn=lambda line: print(line, file=sys.stderr))
+        tables = build(args.dir, args.paper, warn=lambda line: print(line, file=sys.stderr), metric=args.metric)
     except CollectError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2
     if not tables:
         print(f"error: no results.json under {args.dir}", file=sys.stderr)
         return 2
-    md, rows, tex = render(tables, args.latex)
+    md, rows, tex = render(tables, args.latex, args.metric)
     print(md)
     if args.latex:
         print(tex)
     buf = io.StringIO()
     csv.writer(buf).writerows(rows)
-    write_text(os.path.join(args.dir, "results.md"), md + "\n")
-    write_text(os.path.join(args.dir, "results.csv"), buf.getvalue())
-    print(f"wrote {os.path.join(args.dir, 'results.md')} and results.csv")
+    stem = "results" if args.metric == "accuracy" else f"results_{args.metric}"
+    write_text(os.path.join(args.dir, f"{stem}.md"), md + "\n")
+    write_text(os.path.join(args.dir, f"{stem}.csv"), buf.getvalue())
+    print(f"wrote {os.path.join(args.dir, stem + '.md')} and {stem}.csv")
     return 0
 
 
@@ -323,12 +345,13 @@ def _select_main(args) -> int:
                 return 2
             md, name = sel.render_ranking(ranked), "validators.md"
         else:
-            tables = sel.select(args.dir, args.select, args.per_setting, warn)
+            tables = sel.select(args.dir, args.select, args.per_setting, warn, args.metric)
             if not tables:
                 print(f"error: no results.json under {args.dir}", file=sys.stderr)
                 return 2
-            md = sel.render_selected(tables, args.select)
-            name = f"select_{args.select}{'_per_setting' if args.per_setting else ''}.md"
+            md = sel.render_selected(tables, args.select, args.metric)
+            metric = "" if args.metric == "accuracy" else f"_{args.metric}"
+            name = f"select_{args.select}{'_per_setting' if args.per_setting else ''}{metric}.md"
     except (sel.SelectError, CollectError) as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

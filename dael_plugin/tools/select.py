@@ -147,35 +147,45 @@ def _left_out(protocol: Protocol, runs: Dict[str, "Run"]) -> List[str]:
     return [f"{run.record.dir}: no epoch records ({EPOCHS} absent)" for run in runs.values() if not run.epochs]
 
 
-def _candidates(protocol: Protocol, runs: Dict[str, Run]) -> List[Tuple[float, int, str, dict]]:
+# What a cell reports of the chosen epoch (collect's --metric): its record's field, and results.json's
+REPORTED = {
+    "accuracy": ("target_test_accuracy", "accuracy"),
+    "mean_class_accuracy": ("target_test_mean_class_accuracy", "mean_class_accuracy"),
+}
+
+
+def _candidates(protocol: Protocol, runs: Dict[str, Run], key: str) -> List[Tuple[float, int, str, dict]]:
     """(score, -epoch, setting, record) over the settings' epochs that the protocol may read."""
     out = []
     for setting, run in sorted(runs.items()):
         epochs = run.epochs[-1:] if protocol.last_epoch_only else run.epochs
         for r in epochs:
             s = protocol.score(r)
-            if s is not None and r.get("target_test_accuracy") is not None:
+            if s is not None and r.get(key) is not None:
                 out.append((s, -int(r["epoch"]), setting, r))
     return out
 
 
-def choose(protocol: Protocol, runs: Dict[str, Run]) -> Optional[Choice]:
+def choose(protocol: Protocol, runs: Dict[str, Run], metric: str = "accuracy") -> Optional[Choice]:
     """The protocol's choice among ``runs`` (one per grid setting, one seed): the highest score;
-    ties go to the earliest epoch, then the first setting by name."""
+    ties go to the earliest epoch, then the first setting by name. The cell reports ``metric``."""
+    key, field = REPORTED[metric]
     if protocol.name == "last" and len(runs) == 1:  # one setting: its last epoch, records or not
         ((setting, run),) = runs.items()
-        if run.epochs and run.epochs[-1].get("target_test_accuracy") is not None:
-            return Choice(setting, int(run.epochs[-1]["epoch"]), float(run.epochs[-1]["target_test_accuracy"]))
-        return Choice(setting, int(run.record.data.get("epochs") or 0), float(run.record.data["accuracy"]))
-    cands = _candidates(protocol, runs)
+        if run.epochs and run.epochs[-1].get(key) is not None:
+            return Choice(setting, int(run.epochs[-1]["epoch"]), float(run.epochs[-1][key]))
+        if run.record.data.get(field) is None:
+            raise SelectError(f"{run.record.path} records no {field} (written before the plugin recorded it); rerun it")
+        return Choice(setting, int(run.record.data.get("epochs") or 0), float(run.record.data[field]))
+    cands = _candidates(protocol, runs, key)
     if not cands:
         return None
     best = min(cands, key=lambda c: (-c[0], -c[1], c[2]))  # best score, earliest epoch, first setting
-    return Choice(best[2], -best[1], float(best[3]["target_test_accuracy"]))
+    return Choice(best[2], -best[1], float(best[3][key]))
 
 
 def _lodo_choice(
-    runs: Dict[str, Run], all_runs: List[Tuple[Record, List[dict], str]], seed, missing: List[str]
+    runs: Dict[str, Run], all_runs: List[Tuple[Record, List[dict], str]], seed, missing: List[str], key: str
 ) -> Optional[Choice]:
     """Leave one domain out (DomainBed's ``LeaveOneOutSelectionMethod``): for a setting with sources
     S, the score at epoch e is the mean over j in S of the epoch-e target-test accuracy of the
@@ -205,19 +215,24 @@ def _lodo_choice(
         for r in run.epochs:
             e = int(r["epoch"])
             vals = [h.get(e) for h in helpers]
-            if any(v is None for v in vals) or r.get("target_test_accuracy") is None:
+            if any(v is None for v in vals) or r.get(key) is None:
                 continue
             cands.append((statistics.fmean(vals), -e, setting, r))
     if not cands:
         return None
     best = min(cands, key=lambda c: (-c[0], -c[1], c[2]))  # best score, earliest epoch, first setting
-    return Choice(best[2], -best[1], float(best[3]["target_test_accuracy"]))
+    return Choice(best[2], -best[1], float(best[3][key]))
 
 
 def select(
-    root: str, protocol_name: str, per_setting: bool = False, warn: Callable[[str], None] = print
+    root: str,
+    protocol_name: str,
+    per_setting: bool = False,
+    warn: Callable[[str], None] = print,
+    metric: str = "accuracy",
 ) -> List[Tuple[Tuple[str, str], List[str], Dict[str, Dict[str, CellChoice]]]]:
-    """``[(table key, targets, {row: {target: CellChoice}})]`` under ``protocol_name``."""
+    """``[(table key, targets, {row: {target: CellChoice}})]`` under ``protocol_name``, each cell
+    the chosen epochs' target test ``metric`` (the protocols choose as they do whatever it is)."""
     if protocol_name not in PROTOCOLS:
         raise SelectError(f"unknown protocol {protocol_name!r}; choose from {', '.join(PROTOCOLS)}")
     protocol = PROTOCOLS[protocol_name]
@@ -266,9 +281,9 @@ def select(
                         cell.left_out += [f"seed {seed}: {w}" for w in why]
                         continue
                     if protocol.name == "leave_one_domain_out":
-                        c = _lodo_choice(runs, all_runs, seed, cell.missing)
+                        c = _lodo_choice(runs, all_runs, seed, cell.missing, REPORTED[metric][0])
                     else:
-                        c = choose(protocol, runs)
+                        c = choose(protocol, runs, metric)
                     if c is not None:
                         cell.values.append(c.test)
                         cell.choices[seed] = c
@@ -280,13 +295,13 @@ def select(
     return out
 
 
-def render_selected(tables, protocol_name: str) -> str:
+def render_selected(tables, protocol_name: str, metric: str = "accuracy") -> str:
     p = PROTOCOLS[protocol_name]
     md = []
     for (dataset, setting), targets, cells in tables:
         head = "UPPER BOUND (reads target labels): " if p.upper_bound else ""
         md.append(
-            f"### {head}{dataset} ({setting}), target test accuracy (%) of the model chosen by "
+            f"### {head}{dataset} ({setting}), target test {metric.replace('_', ' ')} (%) of the model chosen by "
             f"`{protocol_name}`: mean ± std over seeds [standard error]"
         )
         md.append(f"Reads: {p.reads}.")

@@ -82,6 +82,7 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     from dael_plugin.dassl_adapter import prepare_cfg
     from dael_plugin.dassl_adapter.method_trainer import MethodTrainerXU
     from dael_plugin.dassl_adapter.records import eval_freq, with_facts, with_records
+    from dael_plugin.engine.evaluate import mean_class_accuracy
 
     if cfg.SEED >= 0:
         print(f"Setting fixed seed: {cfg.SEED}")
@@ -143,6 +144,11 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     def recording_test(*a, **k):
         result = original_test(*a, **k)
         recorded["accuracy"] = result
+        # the mean class accuracy from what Dassl's Classification evaluator kept of the test (every
+        # trainer's; another TEST.EVALUATOR keeps no labels, and the record says null)
+        seen = vars(trainer.evaluator)
+        if seen.get("_y_true"):
+            trainer.mean_class_accuracy = mean_class_accuracy(seen["_y_true"], seen["_y_pred"])
         return result
 
     trainer.test = recording_test  # every trainer's final test result reaches results.json

@@ -254,7 +254,9 @@ def test_collect_the_mean_class_accuracy(tmp_path, capsys):
         d = _record(root, "VisDA17", "SourceOnly", "real", seed, acc, mean_class_accuracy=mean_class)
         with open(os.path.join(d, "epochs.jsonl"), "w") as f:
             for e, (a, m) in enumerate([(acc - 5, mean_class - 5), (acc, mean_class)], 1):
-                f.write(json.dumps({"epoch": e, "target_test_accuracy": a, "target_test_mean_class_accuracy": m}) + "\n")
+                f.write(
+                    json.dumps({"epoch": e, "target_test_accuracy": a, "target_test_mean_class_accuracy": m}) + "\n"
+                )
     assert main([root, "--metric", "mean_class_accuracy"]) == 0
     out = capsys.readouterr().out
     assert "target test mean class accuracy (%)" in out and "| SourceOnly | 62.00 ± 2.83 | 62.00 |" in out

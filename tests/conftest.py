@@ -174,6 +174,8 @@ def layouts_root(tmp_path_factory):
     dassl_layouts.vlcs(root)
     dassl_layouts.visda17(root)
     dassl_layouts.cifar_stl(root)
+    dassl_layouts.cifar_c(root, "cifar10")
+    dassl_layouts.cifar_c(root, "cifar100")
     return root
 
 

@@ -130,3 +130,14 @@ def cifar_stl(root: str, per_class: int = 2) -> None:
             for label, c in enumerate(CLASSES):
                 for k in range(per_class):
                     _image(os.path.join(root, "cifar_stl", d, split, f"{label:03d}_{c}", f"{k + 1:05d}.jpg"), label, k)
+
+
+def cifar_c(root: str, clean: str = "cifar10", per_class: int = 2, corruptions=(("fog", 5), ("snow", 1))) -> None:
+    """``<clean>/train/<class>/<image>`` and ``<clean>_c/<type>/<level>/<class>/<image>``, as Dassl's
+    ``cifar_c.py`` and CIFAR script lay them out (under --root itself); the corrupted copies differ
+    in their colour, so a reader of the wrong folder would be caught."""
+    for label, c in enumerate(CLASSES):
+        for k in range(per_class):
+            _image(os.path.join(root, clean, "train", c, f"{k:05d}.png"), label, k)
+            for n, (kind, level) in enumerate(corruptions, 1):
+                _image(os.path.join(root, f"{clean}_c", kind, str(level), c, f"{k:05d}.png"), label, k + 7 * n)

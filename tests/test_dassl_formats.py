@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import os
 import random
+import re
 import shutil
 
 import dassl_layouts as layouts
@@ -32,8 +33,12 @@ OTHER_RUNS = {
     "VisDA17": (["synthetic"], ["real"]),
     "CIFARSTL": (["cifar"], ["stl"]),
     "DigitSingle": (["mnist", "usps"], ["svhn", "syn"]),
+    "CIFAR10C": (["cifar10"], ["cifar10_c"]),
+    "CIFAR100C": (["cifar100"], ["cifar100_c"]),
 }
-UNNAMED = ("VLCS", "CIFARSTL", "DigitSingle")  # Dassl names every class "": ours are the folders' or the digits
+UNNAMED = ("VLCS", "CIFARSTL", "DigitSingle", "CIFAR10C", "CIFAR100C")  # Dassl names every class "": ours are
+# the folders' or the digits
+CIFAR_C = {"CIFAR_C_TYPE": "fog", "CIFAR_C_LEVEL": 5}  # DATASET's keys of the CIFAR-C runs
 
 
 def _root(name, layouts_root, digit5_root):
@@ -56,9 +61,11 @@ def test_each_reader_gives_dassls_items(name, layouts_root, digit5_root):
     sources, targets = {**RUNS, **OTHER_RUNS}[name]
     cfg = get_cfg_default()
     cfg.DATASET.ROOT, cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS = root, sources, targets
+    options = CIFAR_C if name.startswith("CIFAR") and name.endswith("C") else {}
+    cfg.DATASET.update(options)
     random.seed(5)  # as Dassl's set_random_seed(SEED) leaves Python's RNG before the dataset is read
     ref = DATASET_REGISTRY.get(name)(cfg)
-    ours = load_splits(name, root, sources, targets, seed=5)
+    ours = load_splits(name, root, sources, targets, seed=5, options=options)
     for split in ("train_x", "train_u", "val", "test"):
         want = _tuples(getattr(ref, split) or None)
         got = _tuples(ours[split])
@@ -199,6 +206,62 @@ def test_one_source_formats_give_the_hand_written_items(layouts_root, tmp_path):
         with pytest.raises(DAELConfigError, match=f"cifar_stl/cifar/test/{name}: class folders are <label>_<class>"):
             load_splits("CIFARSTL", str(tmp_path), ["stl"], ["cifar"])
         (odd / "cifar" / "test" / name).unlink()
+
+
+def test_cifar_c_reads_the_corruption_and_level_asked_for(layouts_root, tmp_path, capsys):
+    """CIFAR10C: the clean training images, and the test images of DATASET.CIFAR_C_TYPE at
+    CIFAR_C_LEVEL (fog 5 and snow 1 are other files), every item domain 0, labels by sorted class
+    folder. A corruption or level the set lacks, other domains, a level folder not there or a class
+    missing from it (Dassl numbers each folder's classes on its own: the labels after it would
+    shift) are one line each."""
+    from dael_plugin.data.dassl_formats import CIFAR_C_TYPES
+
+    def read(root=layouts_root, sources=("cifar10",), targets=("cifar10_c",), **opts):
+        return load_splits("CIFAR10C", root, list(sources), list(targets), options={**CIFAR_C, **opts})
+
+    s = read()
+    classes = sorted(layouts.CLASSES)  # (within a class folder: the listing's order, as Dassl's)
+    assert sorted(_rel(layouts_root, s["train_x"])) == [
+        (f"cifar10/train/{c}/{k:05d}.png", label, 0, c) for label, c in enumerate(classes) for k in (0, 1)
+    ]
+    assert sorted(_rel(layouts_root, s["test"])) == [
+        (f"cifar10_c/fog/5/{c}/{k:05d}.png", label, 0, c) for label, c in enumerate(classes) for k in (0, 1)
+    ]
+    assert s["train_u"] is None and s["val"] is None and s["classnames"] == sorted(layouts.CLASSES)
+    assert {i.impath.split("/")[-3:-1][0] for i in read(CIFAR_C_TYPE="snow", CIFAR_C_LEVEL=1)["test"]} == {"1"}
+    assert len(CIFAR_C_TYPES) == 19
+    bad = [
+        ({"CIFAR_C_TYPE": "fgo"}, "DATASET.CIFAR_C_TYPE 'fgo' is not a corruption of the set (did you mean 'fog'?)"),
+        ({"CIFAR_C_TYPE": ""}, "DATASET.CIFAR_C_TYPE '' is not a corruption of the set; set it to one of"),
+        ({"CIFAR_C_LEVEL": 6}, "DATASET.CIFAR_C_LEVEL 6: the corruption's severity is 1 to 5"),
+        ({"CIFAR_C_LEVEL": 3}, "missing domain folder"),
+        ({"targets": ("cifar10",)}, "this dataset is cifar10 -> cifar10_c"),
+    ]
+    for opts, said in bad:
+        with pytest.raises(DAELConfigError, match=re.escape(said)):
+            read(**opts)
+    odd = tmp_path / "odd"
+    for d in ("cifar10", "cifar10_c"):
+        shutil.copytree(os.path.join(layouts_root, d), odd / d)
+    shutil.rmtree(odd / "cifar10_c" / "fog" / "5" / "dog")
+    with pytest.raises(DAELConfigError, match="class folders differ between .* missing \\['dog'\\]"):
+        read(str(odd))
+
+
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+def test_a_cifar_c_level_not_there_is_one_line_from_the_train_script(engine, layouts_root, tmp_path):
+    """Dassl's own reader raises a bare ValueError for it; the plugin's reader goes first on both."""
+    from conftest import ROOT, run_here
+
+    out = tmp_path / "run"
+    proc = run_here(
+        ["--engine", engine, "--trainer", "Vanilla", "--root", layouts_root, "--output-dir", str(out),
+         "--dataset-config-file", os.path.join(ROOT, "configs/datasets/dg/cifar10_c.yaml"),
+         "--config-file", os.path.join(ROOT, "configs/trainers/dg/vanilla/cifar10_c.yaml"),
+         "--source-domains", "cifar10", "--target-domains", "cifar10_c", "--", "DATASET.CIFAR_C_LEVEL", "3"]
+    )  # fmt: skip
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-1500:]
+    assert "missing domain folder" in proc.stderr.strip().splitlines()[-1] and not out.exists()
 
 
 def test_digit_single_takes_the_first_10000_of_each_folder(digit5_root, tmp_path):
@@ -460,8 +523,10 @@ SHIPPED = {
     "dg/office_home_dg": (["art", "clipart", "product"], ["real_world"], "(64, 64)"),
     "dg/digits_dg": (["mnist", "mnist_m", "svhn"], ["syn"], None),
     "da/visda17": (["synthetic"], ["real"], "(64, 64)"),  # one source: SourceOnly, not DAEL
+    "dg/cifar10_c": (["cifar10"], ["cifar10_c"], None),  # one source: Vanilla, not DAELDG
+    "dg/cifar100_c": (["cifar100"], ["cifar100_c"], None),
 }
-ONE_SOURCE = ("da/visda17",)
+ONE_SOURCE = ("da/visda17", "dg/cifar10_c", "dg/cifar100_c")
 
 
 def test_every_shipped_dataset_config_is_in_the_one_step_test():
@@ -484,7 +549,8 @@ def _one_step(engine, dataset, root, out):
 
     sources, targets, size = SHIPPED[dataset]
     setting = dataset.split("/")[0]
-    trainer = "SourceOnly" if dataset in ONE_SOURCE else "DAEL" if setting == "da" else "DAELDG"
+    many = "DAEL" if setting == "da" else "DAELDG"
+    trainer = ("SourceOnly" if setting == "da" else "Vanilla") if dataset in ONE_SOURCE else many
     ds_file = os.path.join(ROOT, "configs", "datasets", f"{dataset}.yaml")
     n = len(sources)
     opts = ["MODEL.BACKBONE.PRETRAINED", "False", "DATALOADER.TRAIN_X.BATCH_SIZE", str(2 * n)]
@@ -516,7 +582,8 @@ def _one_step(engine, dataset, root, out):
     loader_u = tr.train_loader_u if setting == "da" else None  # Dassl's DG loader_u: unused
     batch_u = next(iter(loader_u)) if loader_u is not None else None  # (the built-in SourceOnly reads no target)
     tr.batch_idx, tr.epoch, tr.num_batches = 0, 0, len(tr.train_loader_x)  # as Dassl's run_epoch sets them
-    losses = tr.forward_backward(batch_x, batch_u)
+    dassl_x = engine == "dassl" and trainer == "Vanilla"  # Dassl's TrainerX: a source batch alone
+    losses = tr.forward_backward(batch_x) if dassl_x else tr.forward_backward(batch_x, batch_u)
     return {k: float(v) for k, v in losses.items()}, items
 
 

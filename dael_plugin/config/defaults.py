@@ -50,6 +50,8 @@ def get_builtin_cfg() -> CN:
     _C.DATASET.NAME = ""
     _C.DATASET.SOURCE_DOMAINS = ()
     _C.DATASET.TARGET_DOMAINS = ()
+    _C.DATASET.CIFAR_C_TYPE = ""  # CIFAR10C / CIFAR100C: the corruption of the test images
+    _C.DATASET.CIFAR_C_LEVEL = 1  # and its severity, 1 to 5
 
     _C.DATALOADER = CN()
     _C.DATALOADER.NUM_WORKERS = 4

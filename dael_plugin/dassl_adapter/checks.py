@@ -152,7 +152,7 @@ def check_dassl_data(cfg: CN) -> None:
     domain, shift the labels silently: the plugin's reader of the same files goes first and says
     what is wrong in one line. It reads file lists only (no image), with its own RNG."""
     from dael_plugin.dassl_adapter.datasets import is_plugin_dataset
-    from dael_plugin.data.folders import builtin_datasets, load_splits
+    from dael_plugin.data.folders import builtin_datasets, dataset_options, load_splits
     from dael_plugin.data.images import not_regular_files
 
     name = cfg.DATASET.NAME
@@ -165,6 +165,7 @@ def check_dassl_data(cfg: CN) -> None:
         cfg.DATASET.TARGET_DOMAINS,
         max(cfg.SEED, 0),
         bool(cfg.DATASET.get("CATEGORY_SHIFT", False)),
+        dataset_options(cfg.DATASET),
     )
     # Dassl's Datum asserts os.path.isfile(impath): a FIFO, a device link or a folder named like
     # an image would stop its reader with a bare AssertionError (the plugin's own datasets keep

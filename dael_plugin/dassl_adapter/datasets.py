@@ -36,6 +36,7 @@ def _read_into(dataset, name: str, cfg: CN, seed: int = 0) -> None:
         cfg.DATASET.TARGET_DOMAINS,
         seed,
         category_shift=bool(cfg.DATASET.get("CATEGORY_SHIFT", False)),
+        options=folders.dataset_options(cfg.DATASET),
     )
     DatasetBase.__init__(
         dataset,

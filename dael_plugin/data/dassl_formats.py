@@ -27,21 +27,25 @@ names, in Dassl's order, with Dassl's quirks:
   from the folder's number (Dassl leaves the class names empty).
 - **DigitSingle**: Digit-5's folders, the listing's first 10,000 training
   images of a capped domain, no draw (Dassl leaves the class names empty).
+- **CIFAR10C / CIFAR100C**: the clean ``cifar10/train/<class>/`` images -> the
+  ``cifar10_c/<DATASET.CIFAR_C_TYPE>/<DATASET.CIFAR_C_LEVEL>/<class>/`` ones
+  (Dassl leaves the class names empty).
 
 Where Dassl would train on wrong labels or crash, a reader raises one line
 instead: a class folder missing from one domain (Dassl numbers each domain's
 folders on their own, so every later label would shift), a split file naming
 images that do not exist, a Digit-5 or DigitSingle domain smaller than the
-share Dassl takes from it, VisDA17 asked for other domains. Each line says where the data comes from (Dassl's
+share Dassl takes from it, VisDA17 or CIFAR-C asked for other domains. Each line says where the data comes from (Dassl's
 ``DATASETS.md``).
 
-Long because it holds one reader per Dassl dataset format (eleven of them), each short, kept side by
+Long because it holds one reader per Dassl dataset format (thirteen of them), each short, kept side by
 side as Dassl keeps its datasets: a reader is checked against its neighbours' conventions, and
 splitting them would scatter Dassl's shared quirks (the subsampling order, the domain indices).
 """
 
 from __future__ import annotations
 
+import difflib
 import os
 import random
 from dataclasses import dataclass
@@ -66,10 +70,11 @@ class Format:
     layout: str  # what the reader expects, for error lines
     anchor: str  # DATASETS.md's section
     seeded: Tuple[str, ...] = ()  # domains whose images are a subsample drawn from SEED
+    options: Tuple[str, ...] = ()  # DATASET keys the reader reads beyond the domains (CIFAR-C's corruption)
 
-    def load(self, name, root, sources, targets, seed, category_shift=False) -> Dict[str, object]:
+    def load(self, name, root, sources, targets, seed, category_shift=False, options=None) -> Dict[str, object]:
         """The splits and class names (data/registry.py's entry protocol)."""
-        return read_format(name, root, sources, targets, seed, category_shift)
+        return read_format(name, root, sources, targets, seed, category_shift, options)
 
 
 def _where(fmt_anchor: str) -> str:
@@ -432,8 +437,55 @@ def _cifar_stl(path: str, sources: Sequence[str], targets: Sequence[str], seed: 
     }
 
 
-def _format(dataset_dir, domains, da, read, layout, anchor, seeded=()) -> Format:
-    return Format(dataset_dir, tuple(domains.split()), da, read, layout, anchor, tuple(seeded))
+# -- CIFAR-10-C, CIFAR-100-C (DG: the clean training images -> one corruption at one severity) ------
+CIFAR_C_TYPES = (
+    "brightness contrast defocus_blur elastic_transform fog frost gaussian_blur gaussian_noise glass_blur "
+    "impulse_noise jpeg_compression motion_blur pixelate saturate shot_noise snow spatter speckle_noise zoom_blur"
+).split()  # Dassl's AVAI_C_TYPES: Hendrycks & Dietterich's 15 corruptions and their 4 extra ones
+CIFAR_C_KEYS = ("CIFAR_C_TYPE", "CIFAR_C_LEVEL")
+
+
+def _cifar_c(clean: str, corrupted: str, anchor: str):
+    """``<clean>/train/<class>/<image>`` -> ``<corrupted>/<CIFAR_C_TYPE>/<CIFAR_C_LEVEL>/<class>/<image>``
+    (Dassl's dataset folder is --root itself): train_x and test, every item domain 0, labels by the
+    sorted class folders."""
+
+    def read(path: str, sources, targets, seed: int, category_shift: bool, options: dict) -> Splits:
+        if list(sources) != [clean] or list(targets) != [corrupted]:  # Dassl's reader asserts these
+            raise DAELConfigError(
+                f"this dataset is {clean} -> {corrupted} (its test images are {corrupted}'s, its training images "
+                f"{clean}'s), not {list(sources)} -> {list(targets)}; pass --source-domains {clean} "
+                f"--target-domains {corrupted}"
+            )
+        c_type, level = options["CIFAR_C_TYPE"], options["CIFAR_C_LEVEL"]
+        if c_type not in CIFAR_C_TYPES:
+            close = difflib.get_close_matches(str(c_type), CIFAR_C_TYPES, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise DAELConfigError(
+                f"DATASET.CIFAR_C_TYPE {c_type!r} is not a corruption of the set{hint}; set it to one of {CIFAR_C_TYPES}"
+            )
+        if isinstance(level, bool) or not isinstance(level, int) or not 1 <= level <= 5:
+            raise DAELConfigError(f"DATASET.CIFAR_C_LEVEL {level!r}: the corruption's severity is 1 to 5")
+        train_dir, test_dir = os.path.join(path, clean, "train"), os.path.join(path, corrupted, c_type, str(level))
+        # one label space: Dassl numbers each folder's classes on its own, so a class missing from the
+        # test folder would shift every later label there
+        classes = _class_folders([train_dir, test_dir], anchor, category_shift)
+
+        def split(folder: str) -> List[Item]:
+            pairs = []
+            for label, cname in enumerate(classes):
+                cdir = os.path.join(folder, cname)
+                if os.path.isdir(cdir):  # (a class the folder lacks: category shift)
+                    pairs += [(os.path.join(cdir, f), label, cname) for f in _listdir(cdir)]
+            return _items([pairs])
+
+        return {"train_x": split(train_dir), "train_u": None, "val": None, "test": split(test_dir)}
+
+    return read
+
+
+def _format(dataset_dir, domains, da, read, layout, anchor, seeded=(), options=()) -> Format:
+    return Format(dataset_dir, tuple(domains.split()), da, read, layout, anchor, tuple(seeded), tuple(options))
 
 
 _SPLITS = "{train,test}.txt + the images they name"
@@ -475,6 +527,15 @@ _FORMATS: Dict[str, Format] = {
         "digit5", "mnist mnist_m svhn syn usps", False, _digit_single, "<domain>/{train,test}_images/<id>_<label>.<ext>",
         "digit-single",
     ),
+    "CIFAR10C": _format(
+        "", "cifar10 cifar10_c", False, _cifar_c("cifar10", "cifar10_c", "cifar-10-c"),
+        "cifar10/train/<class>/<image> + cifar10_c/<type>/<level>/<class>/<image>", "cifar-10-c", options=CIFAR_C_KEYS,
+    ),
+    "CIFAR100C": _format(
+        "", "cifar100 cifar100_c", False, _cifar_c("cifar100", "cifar100_c", "cifar-100-c"),
+        "cifar100/train/<class>/<image> + cifar100_c/<type>/<level>/<class>/<image>", "cifar-100-c",
+        options=CIFAR_C_KEYS,
+    ),
 }  # fmt: skip
 for _name, _fmt in _FORMATS.items():  # into the one registry of datasets
     register_dataset(_name, _fmt)
@@ -506,7 +567,13 @@ def classnames_of(name: str, splits: Splits) -> List[str]:
 
 
 def read_format(
-    name: str, root: str, sources: Sequence[str], targets: Sequence[str], seed: int, category_shift: bool = False
+    name: str,
+    root: str,
+    sources: Sequence[str],
+    targets: Sequence[str],
+    seed: int,
+    category_shift: bool = False,
+    options: Optional[dict] = None,
 ) -> Dict[str, object]:
     """The splits and class names of ``name`` under ``root``. The source domains must hold the same
     classes; with ``category_shift`` (``DATASET.CATEGORY_SHIFT``) they may hold different ones, and
@@ -521,7 +588,8 @@ def read_format(
             f"dataset folder {path} not found: {name} is read from <root>/{fmt.dataset_dir}/{fmt.layout}; "
             f"set --root to the folder that holds {fmt.dataset_dir}/ (get the data as {_where(fmt.anchor)} says)"
         )
-    splits = fmt.read(path, sources, targets, seed, category_shift)
+    extra = (dict(options or {}),) if fmt.options else ()  # the DATASET keys it reads (CIFAR-C's)
+    splits = fmt.read(path, sources, targets, seed, category_shift, *extra)
     out: Dict[str, object] = dict(splits)
     out["classnames"] = names = classnames_of(name, splits)
     held = classes_by_domain(splits["train_x"] or [], len(sources), len(names))

@@ -34,8 +34,9 @@ class DatasetSpec:
     unlabeled_target: bool = True  # DA: target's train split is train_u
     prepare: Optional[Callable[[str], str]] = None  # e.g. generate the embedded set
     seeded: Tuple[str, ...] = ()  # no domain is a subsample drawn from the seed
+    options: Tuple[str, ...] = ()  # no DATASET key beyond the domains
 
-    def load(self, name, root, sources, targets, seed=0, category_shift=False) -> Dict[str, object]:
+    def load(self, name, root, sources, targets, seed=0, category_shift=False, options=None) -> Dict[str, object]:
         """The splits and class names (data/registry.py's entry protocol)."""
         return _load_folders(self, name, root, sources, targets, category_shift)
 
@@ -121,12 +122,24 @@ def check_dataset_names(name: str, sources: Sequence[str], targets: Sequence[str
 
 
 def check_dataset_files(
-    name: str, root: str, sources: Sequence[str], targets: Sequence[str], category_shift: bool = False
+    name: str,
+    root: str,
+    sources: Sequence[str],
+    targets: Sequence[str],
+    category_shift: bool = False,
+    options: Optional[dict] = None,
 ) -> None:
     """Missing or partial data in Dassl's formats, said before a run makes its output folder
     (file lists are read, no image; the trainer reads them again)."""
     if not isinstance(DATASETS[name], DatasetSpec):  # Dassl's formats: their split files and folders
-        load_splits(name, root, sources, targets, category_shift=category_shift)
+        load_splits(name, root, sources, targets, category_shift=category_shift, options=options)
+
+
+def dataset_options(ds) -> Dict[str, object]:
+    """The keys of a config's ``DATASET`` node that its dataset's reader reads beyond the name, root
+    and domains (CIFAR-10-C's ``CIFAR_C_TYPE`` and ``CIFAR_C_LEVEL``); none for an unknown name."""
+    entry = DATASETS.get(str(ds.NAME))
+    return {k: ds.get(k) for k in entry.options} if entry is not None else {}
 
 
 def _check_domain_names(name: str, domains: Sequence[str], sources: Sequence[str], targets: Sequence[str]) -> None:
@@ -185,12 +198,14 @@ def load_splits(
     targets: Sequence[str],
     seed: int = 0,
     category_shift: bool = False,
+    options: Optional[dict] = None,
 ) -> Dict[str, object]:
     """Read train_x, train_u, val and test lists for a DA or DG run (``seed``: Digit-5's subsample;
-    ``category_shift``: domains may hold different classes, read as their union)."""
+    ``category_shift``: domains may hold different classes, read as their union; ``options``: the
+    ``DATASET`` keys the reader reads, :func:`dataset_options`)."""
     check_dataset_names(name, sources, targets)
     root = os.path.abspath(os.path.expanduser(root or "."))
-    out = DATASETS[name].load(name, root, sources, targets, seed, category_shift)
+    out = DATASETS[name].load(name, root, sources, targets, seed, category_shift, options)
     if not out["train_x"]:  # (a folder layout says it first, naming its folder)
         raise DAELConfigError(f"no training images found for {name} source domains {list(sources)}")
     return out

@@ -32,7 +32,7 @@ from dael_plugin.config.execution import PLAIN_EXECUTION, execution_from_cfg
 from dael_plugin.data import loaders
 from dael_plugin.data.classes import classes_by_domain, say_class_table
 from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
-from dael_plugin.data.folders import load_splits
+from dael_plugin.data.folders import dataset_options, load_splits
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, hooks
 from dael_plugin.engine.evaluate import (
@@ -132,6 +132,7 @@ class BuiltinTrainer(TrainerFacts):
             cfg.DATASET.TARGET_DOMAINS,
             seed=self.seed,
             category_shift=self.category_shift,
+            options=dataset_options(cfg.DATASET),
         )
         # which images were read, per split and domain: in results.json and the checkpoint (resume compares)
         ds = cfg.DATASET

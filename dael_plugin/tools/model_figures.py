@@ -76,12 +76,13 @@ class LoadedRun:
         return DAEL(self.backbone, self.head, hp, class_mask=held)
 
     def _data(self):
-        from dael_plugin.data.folders import load_splits
+        from dael_plugin.data.folders import dataset_options, load_splits
 
         ds = self.cfg["DATASET"]
         seed = max(int(self.cfg.get("SEED", 0)), 0)  # Digit-5's subsample, as the run drew it
         shift = bool(ds.get("CATEGORY_SHIFT", False))
-        splits = load_splits(ds["NAME"], ds["ROOT"], ds["SOURCE_DOMAINS"], ds["TARGET_DOMAINS"], seed, shift)
+        opts = dataset_options(ds)
+        splits = load_splits(ds["NAME"], ds["ROOT"], ds["SOURCE_DOMAINS"], ds["TARGET_DOMAINS"], seed, shift, opts)
         return splits["classnames"], splits["test"], splits["train_x"], splits["train_u"]
 
     def _tensor(self, items):

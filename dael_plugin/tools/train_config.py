@@ -341,7 +341,7 @@ def check_names_and_files(cfg: CN, engine: str, data: bool = True) -> None:
 
         check_run_names(cfg, data)
         return
-    from dael_plugin.data.folders import check_dataset_files, check_dataset_names
+    from dael_plugin.data.folders import check_dataset_files, check_dataset_names, dataset_options
     from dael_plugin.methods import trainer_names
 
     if cfg.TRAINER.NAME not in trainer_names():
@@ -361,4 +361,5 @@ def check_names_and_files(cfg: CN, engine: str, data: bool = True) -> None:
         cfg.DATASET.SOURCE_DOMAINS,
         cfg.DATASET.TARGET_DOMAINS,
         bool(cfg.DATASET.get("CATEGORY_SHIFT", False)),
+        dataset_options(cfg.DATASET),
     )

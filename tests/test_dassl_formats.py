@@ -421,26 +421,66 @@ def test_dassls_wide_resnets_without_dassl():
         assert torch.equal(net(x), net(x))
 
 
+def test_dassls_imagenet_and_preact_backbones_without_dassl(tmp_path, monkeypatch):
+    """alexnet and vgg16 (torchvision's, without the last layer: 61,100,840 - 4,097,000 and
+    138,357,544 - 4,097,000 parameters, 4096 features) and preact_resnet18 (11,166,016, 512
+    features, 32x32 only: Dassl's 4x4 pool). PRETRAINED reads the ImageNet file Dassl reads from the
+    torch hub cache, every key of the backbone (the file's last layer left out), and the record
+    names it; a cache without it, offline, is one line (never a random start that looks pretrained)."""
+    from dael_plugin.backbones import build_backbone
+    from dael_plugin.backbones.record import weights_record
+    from dael_plugin.backbones.timm_backbone import host_resolves
+
+    for name, size, features, params in (
+        ("alexnet", 64, 4096, 57_003_840),
+        ("vgg16", 64, 4096, 134_260_544),
+        ("preact_resnet18", 32, 512, 11_166_016),
+    ):
+        net = build_backbone(name).eval()
+        assert net(torch.randn(2, 3, size, size)).shape == (2, features) == (2, net.out_features)
+        assert sum(p.numel() for p in net.parameters()) == params, name
+    assert "32x32" in _one_line(lambda: build_backbone("preact_resnet18")(torch.randn(1, 3, 64, 64)))
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    if not host_resolves("https://download.pytorch.org"):
+        msg = _one_line(lambda: build_backbone("alexnet", pretrained=True))
+        assert "alexnet-owt-4df8aa71.pth) are not in the torch hub cache" in msg and "PRETRAINED False" in msg
+    from torchvision.models import alexnet
+
+    torch.manual_seed(5)
+    imagenet = alexnet(weights=None).state_dict()  # the file's layout: torchvision's whole AlexNet
+    cache = tmp_path / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+    torch.save(imagenet, cache / "alexnet-owt-4df8aa71.pth")
+    net = build_backbone("alexnet", pretrained=True)
+    assert all(torch.equal(v, imagenet[k]) for k, v in net.state_dict().items())
+    record = weights_record("alexnet", True, "", "builtin")
+    assert record["source"] == "cache" and record["file"].endswith("alexnet-owt-4df8aa71.pth")
+    assert weights_record("alexnet", False, "", "builtin")["read"] is None
+
+
+DASSL_BACKBONES = ["cnn_digit5_m3sda", "cnn_digitsdg", "cnn_digitsingle", "wide_resnet_28_2", "wide_resnet_16_4"]
+
+
 @pytest.mark.dassl
-@pytest.mark.parametrize(
-    "name", ["cnn_digit5_m3sda", "cnn_digitsdg", "cnn_digitsingle", "wide_resnet_28_2", "wide_resnet_16_4"]
-)
+@pytest.mark.parametrize("name", DASSL_BACKBONES + ["preact_resnet18", "alexnet", "vgg16"])
 def test_dassl_digit_backbones_equal_dassls(name):
     """Key for key the same state dict (names, shapes, buffers); the same initial weights from the
     same seed; the same outputs, in training (dropout from the same RNG) and in evaluation; and
-    a state dict saved by one loads strictly into the other."""
+    a state dict saved by one loads strictly into the other. alexnet and vgg16 at 64x64, without
+    their ImageNet weights (Dassl's random start; vgg16 initialises it, as Dassl does then)."""
     from dassl.modeling import build_backbone as dassl_build
 
     from dael_plugin.backbones import build_backbone
 
+    imagenet = name in ("alexnet", "vgg16")
     torch.manual_seed(3)
-    ref = dassl_build(name)
+    ref = dassl_build(name, verbose=False, **({"pretrained": False} if imagenet else {}))
     torch.manual_seed(3)
     ours = build_backbone(name)
     a, b = ref.state_dict(), ours.state_dict()
     assert list(a) == list(b) and all(a[k].shape == b[k].shape for k in a)
     assert all(torch.equal(a[k], b[k]) for k in a), "initialisation differs"
-    x = torch.randn(4, 3, 32, 32)
+    x = torch.randn(4, 3, 64, 64) if imagenet else torch.randn(4, 3, 32, 32)
     for train in (True, False):
         ref.train(train), ours.train(train)
         torch.manual_seed(11)
@@ -450,6 +490,23 @@ def test_dassl_digit_backbones_equal_dassls(name):
         assert torch.equal(ya, yb), train
     ours.load_state_dict(ref.state_dict(), strict=True)
     ref.load_state_dict(ours.state_dict(), strict=True)
+
+
+@pytest.mark.dassl
+def test_vgg16_before_its_imagenet_weights_starts_as_dassls():
+    """With PRETRAINED Dassl builds vgg16 without its initialisation (the file replaces it): the
+    random stream after the build, which the heads draw from next, is then Dassl's too."""
+    from dassl.modeling.backbone.vgg import VGG, cfgs, make_layers
+
+    from dael_plugin.backbones import DASSL_IMAGENET
+
+    torch.manual_seed(3)
+    ref = VGG(make_layers(cfgs["D"]), init_weights=False)
+    after_ref = torch.rand(3)
+    torch.manual_seed(3)
+    ours = DASSL_IMAGENET["vgg16"](True)
+    assert all(torch.equal(v, ours.state_dict()[k]) for k, v in ref.state_dict().items())
+    assert torch.equal(torch.rand(3), after_ref)
 
 
 MIXING = ["resnet18_ms_l123", "resnet18_efdmix_l12", "resnet50_ms_l1"]

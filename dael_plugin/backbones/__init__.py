@@ -5,7 +5,16 @@ from __future__ import annotations
 from torch import nn
 
 from dael_plugin.backbones import mixstyle
-from dael_plugin.backbones.dassl_cnns import DigitsDGConvNet, DigitSingleCNN, M3SDADigitCNN, WideResNet
+from dael_plugin.backbones.dassl_cnns import (
+    IMAGENET_URLS,
+    VGG16,
+    DigitsDGConvNet,
+    DigitSingleCNN,
+    M3SDADigitCNN,
+    PreActResNet18,
+    WideResNet,
+    alexnet,
+)
 from dael_plugin.backbones.small_cnn import SmallCNN
 from dael_plugin.backbones.timm_backbone import PREFIX as TIMM_PREFIX
 from dael_plugin.backbones.timm_backbone import TimmBackbone, timm_model_name
@@ -24,7 +33,11 @@ DASSL_CNNS = {
     "cnn_digitsingle": DigitSingleCNN,
     "wide_resnet_28_2": lambda: WideResNet(28, 2),
     "wide_resnet_16_4": lambda: WideResNet(16, 4),
+    "preact_resnet18": PreActResNet18,
 }
+# Dassl's backbones with torchvision's ImageNet weights (MODEL.BACKBONE.PRETRAINED, Dassl's default:
+# the file Dassl reads, from the torch hub cache), rebuilt key for key; built from ``pretrained``
+DASSL_IMAGENET = {"alexnet": lambda pretrained: alexnet(), "vgg16": lambda pretrained: VGG16(not pretrained)}
 
 # Dassl names whose architecture timm builds identically (the built-in engine
 # maps them; under Dassl, Dassl's own builders are used). Dassl's pretrained
@@ -41,6 +54,7 @@ def register_backbone(name: str):
 
     def add(builder):
         taken = (name in OWN_BACKBONES and OWN_BACKBONES[name] is not builder) or name in DASSL_CNNS
+        taken = taken or name in DASSL_IMAGENET
         if taken or name in TIMM_ALIASES or mixstyle.timm_name(name) or name.startswith(TIMM_PREFIX):
             raise DAELConfigError(f"a backbone named {name!r} exists; give yours another name")
         if not callable(builder):
@@ -65,6 +79,14 @@ def build_backbone(name: str, pretrained: bool = False, weights_file: str = "", 
 
             load_backbone_weights(net, weights_file)
         return net
+    if name in DASSL_IMAGENET:
+        from dael_plugin.backbones.weights import load_backbone_weights
+
+        net = DASSL_IMAGENET[name](pretrained and not weights_file)
+        path = weights_file or (imagenet_file(name) if pretrained else "")
+        if path:
+            load_backbone_weights(net, path)  # every key of the backbone, its last layer's left out
+        return net
     if name.startswith(TIMM_PREFIX):
         return TimmBackbone(timm_model_name(name), pretrained=pretrained, weights_file=weights_file, img_size=img_size)
     if name in TIMM_ALIASES:
@@ -73,7 +95,8 @@ def build_backbone(name: str, pretrained: bool = False, weights_file: str = "", 
         return mixstyle.MixingResNet(name, pretrained=pretrained, weights_file=weights_file, img_size=img_size)
     raise DAELConfigError(
         f"MODEL.BACKBONE.NAME={name!r} is not available without Dassl; use one of "
-        f"{sorted(OWN_BACKBONES) + sorted(DASSL_CNNS) + sorted(TIMM_ALIASES)}, Dassl's MixStyle and EFDMix "
+        f"{sorted(OWN_BACKBONES) + sorted(DASSL_CNNS) + sorted(DASSL_IMAGENET) + sorted(TIMM_ALIASES)}, Dassl's "
+        "MixStyle and EFDMix "
         "ResNets (resnet{18,50,101}_{ms,efdmix}_l{1,12,123}) or timm_<any timm model>, or run with --engine dassl"
     )
 
@@ -119,3 +142,34 @@ __all__ = [
     "timm_model_name",
     "timm_name_of",
 ]
+
+
+def imagenet_file(name: str) -> str:
+    """The torch hub cache's copy of the ImageNet weights Dassl's ``name`` reads (:data:`IMAGENET_URLS`),
+    fetched there first where it is missing and the host can be reached, as Dassl's ``load_url``;
+    else one line saying where to put it."""
+    import os
+
+    import torch
+
+    from dael_plugin.backbones.record import dassl_cache_file
+    from dael_plugin.backbones.timm_backbone import host_resolves
+
+    url = IMAGENET_URLS[name]
+    path = dassl_cache_file(url)
+    if os.path.isfile(path):
+        return path
+    fix = "put the file there, give MODEL.BACKBONE.WEIGHTS FILE, or set MODEL.BACKBONE.PRETRAINED False"
+    if not host_resolves(url):
+        raise DAELConfigError(
+            f"pretrained weights for Dassl's {name} ({os.path.basename(url)}) are not in the torch hub cache "
+            f"{os.path.dirname(path)} and {url} cannot be reached; {fix}"
+        )
+    try:
+        os.makedirs(os.path.dirname(path), exist_ok=True)
+        torch.hub.download_url_to_file(url, path, progress=False)  # (a temporary file, renamed when whole)
+    except Exception as exc:  # noqa: BLE001 (network, disk: one line)
+        raise DAELConfigError(
+            f"fetching {url} into {path} failed ({type(exc).__name__}: {str(exc)[:100]}); {fix}"
+        ) from None
+    return path

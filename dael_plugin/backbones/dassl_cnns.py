@@ -1,9 +1,10 @@
-"""Dassl's digit backbones and WideResNets, built without Dassl.
+"""Dassl's own CNNs, built without Dassl.
 
 Same layers, same names, same initialisation and same forward as Dassl's
 ``cnn_digit5_m3sda`` (Digit-5; Peng et al., M3SDA, ICCV 2019), ``cnn_digitsdg``
 (Digits-DG; Zhou et al., DDAIG, AAAI 2020), ``cnn_digitsingle`` (Digit-Single;
-Volpi et al., NeurIPS 2018) and ``wide_resnet_28_2`` / ``wide_resnet_16_4``, so their state
+Volpi et al., NeurIPS 2018), ``wide_resnet_28_2`` / ``wide_resnet_16_4``, ``preact_resnet18``
+and ``alexnet`` / ``vgg16`` (torchvision's, without their last layer), so their state
 dicts are equal key for key and a backbone trained on one engine loads on
 the other. Under Dassl, Dassl's own builders keep these names.
 """
@@ -169,3 +170,96 @@ class WideResNet(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = self.block3(self.block2(self.block1(self.conv1(x))))
         return F.adaptive_avg_pool2d(self.relu(self.bn1(x)), 1).flatten(1)
+
+
+class _PreActBlock(nn.Module):
+    """Dassl's ``preact_resnet18`` ``PreActBlock``: BN-ReLU before each 3x3 convolution; where the width
+    or stride changes, a 1x1 convolution of the activated input is the shortcut."""
+
+    def __init__(self, c_in: int, c_out: int, stride: int) -> None:
+        super().__init__()
+        self.bn1 = nn.BatchNorm2d(c_in)
+        self.conv1 = nn.Conv2d(c_in, c_out, 3, stride=stride, padding=1, bias=False)
+        self.bn2 = nn.BatchNorm2d(c_out)
+        self.conv2 = nn.Conv2d(c_out, c_out, 3, stride=1, padding=1, bias=False)
+        if stride != 1 or c_in != c_out:
+            self.shortcut = nn.Sequential(nn.Conv2d(c_in, c_out, 1, stride=stride, bias=False))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        out = F.relu(self.bn1(x))
+        shortcut = self.shortcut(out) if "shortcut" in self._modules else x
+        return self.conv2(F.relu(self.bn2(self.conv1(out)))) + shortcut
+
+
+class PreActResNet18(nn.Module):
+    """``preact_resnet18`` (He et al., 2016, as Dassl builds it for CIFAR-sized images): a 3x3 stem,
+    four stages of two pre-activation blocks (64-512 channels), no last BN, a 4x4 average pool; 512
+    features. PyTorch's default initialisation, as Dassl's."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv2d(3, 64, 3, stride=1, padding=1, bias=False)
+        c_in, stages = 64, []
+        for c_out, stride in ((64, 1), (128, 2), (256, 2), (512, 2)):
+            stages.append(nn.Sequential(_PreActBlock(c_in, c_out, stride), _PreActBlock(c_out, c_out, 1)))
+            c_in = c_out
+        self.layer1, self.layer2, self.layer3, self.layer4 = stages
+        self.out_features = 512
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        _need_32(x, "preact_resnet18")  # Dassl's 4x4 pool takes the 4x4 map of a 32x32 image
+        x = self.layer4(self.layer3(self.layer2(self.layer1(self.conv1(x)))))
+        return F.avg_pool2d(x, 4).flatten(1)
+
+
+def alexnet() -> nn.Module:
+    """``alexnet``: torchvision's AlexNet without its last linear layer (4096 features: dropout,
+    linear, ReLU, twice). torchvision builds that layer last, so the others start as Dassl's."""
+    from torchvision.models import alexnet as tv_alexnet
+
+    net = tv_alexnet(weights=None)
+    net.classifier = net.classifier[:6]
+    net.out_features = 4096
+    return net
+
+
+class VGG16(nn.Module):
+    """``vgg16``: torchvision's VGG-16 layers (configuration D, no batch norm) and a classifier
+    without its last linear layer (4096 features). Dassl initialises it after building it (fan-out
+    Kaiming convolutions, N(0, 0.01) linear layers, zero biases), and not where pretrained weights
+    will replace it (``init_weights``): the random stream then moves as Dassl's."""
+
+    def __init__(self, init_weights: bool = True) -> None:
+        super().__init__()
+        from torchvision.models.vgg import cfgs, make_layers
+
+        self.features = make_layers(cfgs["D"], batch_norm=False)
+        self.avgpool = nn.AdaptiveAvgPool2d((7, 7))
+        self.classifier = nn.Sequential(
+            nn.Linear(512 * 7 * 7, 4096),
+            nn.ReLU(True),
+            nn.Dropout(),
+            nn.Linear(4096, 4096),
+            nn.ReLU(True),
+            nn.Dropout(),
+        )
+        self.out_features = 4096
+        for m in self.modules() if init_weights else ():
+            if isinstance(m, nn.Conv2d):
+                nn.init.kaiming_normal_(m.weight, mode="fan_out", nonlinearity="relu")
+                nn.init.zeros_(m.bias)
+            elif isinstance(m, nn.Linear):
+                nn.init.normal_(m.weight, 0, 0.01)
+                nn.init.zeros_(m.bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.classifier(torch.flatten(self.avgpool(self.features(x)), 1))
+
+
+# Dassl's backbones whose pretrained weights are torchvision's ImageNet files, read from the torch
+# hub cache as Dassl's ``load_url`` reads them (Dassl's model_urls; loaded non-strictly there, here
+# every key of the backbone filled and the file's last layer left out)
+IMAGENET_URLS = {
+    "alexnet": "https://download.pytorch.org/models/alexnet-owt-4df8aa71.pth",
+    "vgg16": "https://download.pytorch.org/models/vgg16-397923af.pth",
+}

@@ -12,6 +12,7 @@ import os
 from typing import Optional
 
 from dael_plugin.backbones import TIMM_PREFIX, timm_name_of
+from dael_plugin.backbones.dassl_cnns import IMAGENET_URLS
 from dael_plugin.backbones.timm_backbone import cached_weights_file, host_resolves, weights_source
 from dael_plugin.backbones.weights import sha256_of
 from dael_plugin.errors import DAELConfigError
@@ -77,7 +78,7 @@ def check_dassl_pretrained_reachable(name: str) -> None:
 
 def _dassl_cached_file(name: str) -> Optional[str]:
     """The torch hub cache file Dassl's own pretrained backbone ``name`` reads, where it is there."""
-    url = dassl_weights_url(name)
+    url = dassl_weights_url(name) or IMAGENET_URLS.get(name)  # (those rebuilt on the built-in engine too)
     path = dassl_cache_file(url) if url else None
     return path if path and os.path.isfile(path) else None
 
@@ -85,7 +86,8 @@ def _dassl_cached_file(name: str) -> Optional[str]:
 def weights_record(name: str, pretrained: bool, weights_file: str, engine: str = "builtin") -> dict:
     """The ``backbone_weights`` record of a run whose backbone is ``name``: the file given (its
     sha256), timm's pretrained model with its tag, its source and the cached file read (its sha256),
-    Dassl's own pretrained backbone (the Dassl engine; the torch hub file it read, where there), or
+    Dassl's own pretrained backbone (the Dassl engine, and Dassl's alexnet and vgg16 rebuilt on the
+    built-in one: the torch hub file read, where there), or
     that none were read (a random start)."""
     if weights_file:
         return {
@@ -94,7 +96,7 @@ def weights_record(name: str, pretrained: bool, weights_file: str, engine: str =
             "file": os.path.abspath(weights_file),
             "sha256": sha256_of(weights_file),
         }
-    if engine == "dassl" and not name.startswith(TIMM_PREFIX):
+    if (engine == "dassl" and not name.startswith(TIMM_PREFIX)) or (pretrained and name in IMAGENET_URLS):
         record = {"dassl": name, "pretrained": bool(pretrained)}
         path = _dassl_cached_file(name) if pretrained else None
         if path:  # Dassl's load_url reads the torch hub cache (downloading there first where missing)

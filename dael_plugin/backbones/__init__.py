@@ -14,6 +14,7 @@ from dael_plugin.backbones.dassl_cnns import (
     PreActResNet18,
     WideResNet,
     alexnet,
+    dassl_cache_file,
 )
 from dael_plugin.backbones.small_cnn import SmallCNN
 from dael_plugin.backbones.timm_backbone import PREFIX as TIMM_PREFIX
@@ -152,7 +153,6 @@ def imagenet_file(name: str) -> str:
 
     import torch
 
-    from dael_plugin.backbones.record import dassl_cache_file
     from dael_plugin.backbones.timm_backbone import host_resolves
 
     url = IMAGENET_URLS[name]

@@ -263,3 +263,10 @@ IMAGENET_URLS = {
     "alexnet": "https://download.pytorch.org/models/alexnet-owt-4df8aa71.pth",
     "vgg16": "https://download.pytorch.org/models/vgg16-397923af.pth",
 }
+
+
+def dassl_cache_file(url: str) -> str:
+    """Where Dassl's ``load_url`` keeps ``url``'s file: the torch hub cache."""
+    import os
+
+    return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(url))

@@ -12,7 +12,7 @@ import os
 from typing import Optional
 
 from dael_plugin.backbones import TIMM_PREFIX, timm_name_of
-from dael_plugin.backbones.dassl_cnns import IMAGENET_URLS
+from dael_plugin.backbones.dassl_cnns import IMAGENET_URLS, dassl_cache_file
 from dael_plugin.backbones.timm_backbone import cached_weights_file, host_resolves, weights_source
 from dael_plugin.backbones.weights import sha256_of
 from dael_plugin.errors import DAELConfigError
@@ -54,13 +54,6 @@ def dassl_weights_url(name: str) -> Optional[str]:
         pass
     keys = [k for k in urls if name == k or name.startswith(k + "_")]
     return urls[max(keys, key=len)] if keys else None
-
-
-def dassl_cache_file(url: str) -> str:
-    """Where Dassl's ``load_url`` keeps ``url``'s file: the torch hub cache."""
-    import torch
-
-    return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(url))
 
 
 def check_dassl_pretrained_reachable(name: str) -> None:

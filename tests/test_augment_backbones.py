@@ -178,7 +178,7 @@ def test_unknown_backbones_are_one_line_errors():
     ):
         build_backbone("timm_botnet50ts_256.x")
     with pytest.raises(DAELConfigError, match="not available without Dassl"):
-        build_backbone("preact_resnet18")  # a Dassl backbone not rebuilt here
+        build_backbone("efficientnet_b0")  # a Dassl backbone not rebuilt here
     with pytest.raises(DAELConfigError, match="is not a file"):
         build_backbone("timm_resnet18", pretrained=True, weights_file="/nonexistent.pth")
 

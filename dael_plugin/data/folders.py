@@ -138,7 +138,7 @@ def check_dataset_files(
 def dataset_options(ds) -> Dict[str, object]:
     """The keys of a config's ``DATASET`` node that its dataset's reader reads beyond the name, root
     and domains (CIFAR-10-C's ``CIFAR_C_TYPE`` and ``CIFAR_C_LEVEL``); none for an unknown name."""
-    entry = DATASETS.get(str(ds.NAME))
+    entry = DATASETS.get(str(ds["NAME"]))  # (a CfgNode, or the dict of a saved config)
     return {k: ds.get(k) for k in entry.options} if entry is not None else {}
 
 

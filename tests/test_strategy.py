@@ -131,18 +131,54 @@ def test_fp16_scales_each_of_a_baselines_updates_and_checkpoints_the_scaler(tiny
 @pytest.mark.parametrize("name", ["SourceOnly", "MCD", "DAEL"])
 def test_compile_gives_eagers_steps(name, tiny_root, tmp_path, monkeypatch):
     """EXECUTION.COMPILE default (aot_eager: inductor's graph without a C++ build) against eager."""
+    import torch._inductor.config as inductor_config
+
     from dael_plugin.engine.strategy import Strategy
 
     monkeypatch.setattr(Strategy, "compile_backend", "aot_eager")
+    monkeypatch.setattr(inductor_config, "fallback_random", False)
     torch._dynamo.reset()  # compiled here, not found in another test's cache
     eager = _steps(build(name, tiny_root, tmp_path / "e"))
     tr = build(name, tiny_root, tmp_path / "c", None, None, "EXECUTION.COMPILE", "default")
+    assert inductor_config.fallback_random  # inductor would draw eager's dropout masks (DAEL's step too)
     if name != "DAEL":
         assert all(m._compiled_call_impl is not None for m in tr.modules.values())
     compiled = _steps(tr)
     for a, b in zip(eager, compiled):
         for k in a:
             torch.testing.assert_close(b[k], a[k], rtol=1e-4, atol=1e-4, msg=f"{name} {k}")
+
+
+@pytest.mark.skipif(__import__("shutil").which("g++") is None, reason="inductor on the CPU builds C++: no g++ here")
+def test_inductor_draws_eagers_dropout_masks(monkeypatch):
+    """EXECUTION.COMPILE with inductor itself (a C++ build on the CPU, a few seconds): a dropout net
+    compiled by the strategy gives eager's outputs and gradients bit for bit from the same seeds,
+    step after step (without ``fallback_random`` inductor draws its own masks: 0.9 off, measured)."""
+    import copy
+
+    import torch._inductor.config as inductor_config
+    from torch import nn
+
+    from dael_plugin.config.execution import Execution
+    from dael_plugin.engine.strategy import Strategy
+
+    monkeypatch.setattr(inductor_config, "fallback_random", False)
+    torch._dynamo.reset()
+    torch.manual_seed(0)
+    eager = nn.Sequential(nn.Conv2d(3, 8, 3), nn.ReLU(), nn.Flatten(), nn.Dropout(0.5), nn.Linear(8 * 14 * 14, 10))
+    compiled = {"net": copy.deepcopy(eager)}
+    Strategy(Execution(compile="default"), torch.device("cpu")).prepare(compiled, ("net",), (3, 16, 16))
+    assert inductor_config.fallback_random and compiled["net"]._compiled_call_impl is not None
+    x = torch.randn(4, 3, 16, 16)
+    for step in range(3):
+        outs = []
+        for net in (eager, compiled["net"]):
+            net.zero_grad()
+            torch.manual_seed(100 + step)
+            outs.append(net(x))
+            outs[-1].square().sum().backward()
+        assert torch.equal(outs[0], outs[1]), step
+        assert torch.equal(eager[0].weight.grad, compiled["net"][0].weight.grad), step
 
 
 def test_dassls_own_trainer_refuses_the_options_in_one_line(tmp_path):

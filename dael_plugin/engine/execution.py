@@ -192,6 +192,17 @@ def use_channels_last(module: nn.Module, sample_shape: Sequence[int], device: to
     return True
 
 
+def eager_random() -> None:
+    """``EXECUTION.COMPILE``: inductor draws its random numbers (dropout masks, ...) with the eager
+    kernels, in the eager order (``fallback_random``), so a compiled step draws what the eager step
+    draws. Without it inductor generates its own stream and compiling would change the dropout
+    masks, hence the run, beyond float noise (measured on the CPU: a compiled dropout net's outputs
+    0.9 off eager's from the same seed; bitwise equal with it). Process-wide, set before compiling."""
+    import torch._inductor.config as inductor_config
+
+    inductor_config.fallback_random = True
+
+
 def cuda_settings(cfg: CN) -> None:
     """On CUDA, for every trainer of both engines: cuDNN's autotuner (the shapes here are static,
     as the loaders drop last batches) and TF32 for fp32 matmuls and convolutions unless

@@ -116,7 +116,9 @@ class DAELStep:
             # sync or anything else that would break it is an error, not a
             # silent slowdown); static shapes, as the loaders drop last batches.
             # The views made on the device are compiled too: static shapes, and
-            # inductor fuses their element-wise work.
+            # inductor fuses their element-wise work. Random numbers: eager's kernels, in
+            # eager's order (execution.eager_random), so dropout draws what the eager step draws.
+            ex.eager_random()
             self._losses = torch.compile(
                 self._forward, mode=compile_mode, fullgraph=True, dynamic=False, backend=compile_backend
             )

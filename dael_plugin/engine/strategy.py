@@ -70,6 +70,7 @@ class Strategy:
                 if name in modules:
                     ex.use_channels_last(modules[name], sample_shape, self.device, name=name)
         if self.execution.compile != "none":
+            ex.eager_random()  # the compiled modules draw eager's dropout masks
             for module in modules.values():
                 module.compile(mode=self.execution.compile, dynamic=False, backend=self.compile_backend)
 

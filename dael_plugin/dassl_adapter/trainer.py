@@ -70,7 +70,7 @@ class DasslsDAEL(DAELBuiltin):
         o, fuse, (f, e) = self.cfg.OPTIM, self.strategy.optimizer, (self.modules["F"], self.modules["E"])
         return {"F": fuse(build_optimizer(f, o)), "E": fuse(build_optimizer(e, *_expert_optim_args(e, o)))}
 
-    def _build_sched(self, optim):
+    def build_scheduler(self, optim):
         return build_lr_scheduler(optim, self.cfg.OPTIM)
 
     def saved_model(self, state: dict, path: str) -> dict:

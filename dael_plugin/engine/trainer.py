@@ -162,7 +162,7 @@ class BuiltinTrainer(TrainerFacts):
         # One optimiser and scheduler per group of modules (build_optimizers); the first is
         # self.optim / self.sched, which a trainer with one optimiser uses alone.
         self.optims = self.build_optimizers()
-        self.scheds = {name: self._build_sched(o) for name, o in self.optims.items()}
+        self.scheds = {name: self.build_scheduler(o) for name, o in self.optims.items()}
         first = next(iter(self.optims))
         self.optim, self.sched = self.optims[first], self.scheds[first]
         self.build_step()
@@ -372,7 +372,9 @@ class BuiltinTrainer(TrainerFacts):
     def _build_optim(self, params):
         return self.strategy.optimizer(make_optimizer(self.cfg.OPTIM, params))  # EXECUTION.FUSED_OPTIM
 
-    def _build_sched(self, optim):
+    def build_scheduler(self, optim):
+        """The learning-rate scheduler of one optimiser, from ``OPTIM`` (Dassl's names; stepped after
+        each epoch through :meth:`schedulers`): a method with its own schedule (CDAC) returns its own."""
         o = self.cfg.OPTIM
         if o.LR_SCHEDULER == "cosine":
             return torch.optim.lr_scheduler.CosineAnnealingLR(optim, float(o.MAX_EPOCH))
@@ -403,6 +405,8 @@ class BuiltinTrainer(TrainerFacts):
         return [self.modules]
 
     def schedulers(self):
+        """The schedulers ``StepSchedulers`` steps after each epoch (none where nothing optimises, or
+        where the method steps its own after each step)."""
         return self.scheds.values() if self.optimises else ()
 
     resume_keys = ("model", "data")

@@ -89,7 +89,7 @@ class CDACBuiltin(DasslBaseline):
             group["lr"] *= self.lr_multi
         return optims
 
-    def _build_sched(self, optim):
+    def build_scheduler(self, optim):
         loaders = (self.train_loader_x, self.train_loader_u)
         max_steps = int(self.cfg.OPTIM.MAX_EPOCH) * epoch_length(loaders, self.cfg.TRAIN.COUNT_ITER)
         return torch.optim.lr_scheduler.LambdaLR(optim, functools.partial(cdac_lr_factor, max_steps=max_steps))

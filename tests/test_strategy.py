@@ -186,9 +186,8 @@ def test_inductor_draws_eagers_dropout_masks(monkeypatch):
 def test_inductor_gives_eagers_mixstyle_and_efdmix(kind):
     """Dassl's mixing layers run eagerly inside a compiled module, so compiled (inductor) and eager
     draw the same mixes from the same random states: two layers in a small net, four steps whose
-    Python draws mix in some and not in others, outputs within float rounding. Compiled with the
-    layers (dynamo's stand-in for ``random.random()``, inductor's order of the draws) the mixing
-    steps were 0.04-0.08 off here, a ResNet-18's 2.3 (measured)."""
+    Python draws mix in some and not in others, outputs within float rounding. With the layers
+    compiled into inductor's graph the steps were 0.04-0.08 off here, a ResNet-18's 2.3 (measured)."""
     import copy
     import random
 

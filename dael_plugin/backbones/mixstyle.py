@@ -11,9 +11,10 @@ the samples of one call, so DAEL's fused pass takes per-chunk calls for them
 (``core.chunk_norm.BATCH_MIXERS``), as Dassl's DAEL calls its backbone once per domain.
 
 Under ``torch.compile`` the two layers run eagerly (``torch.compiler.disable``; the stages around
-them compile): compiled, dynamo's stand-in for ``random.random()`` and inductor's order of the
-draws gave other mixes than eager from the same random states (a compiled ResNet-18 with MixStyle
-was 2.3 off eager's output, measured; 1e-5 with the layers eager, as ``EXECUTION.COMPILE`` must be).
+them compile): compiled with inductor, with their Python draw (``random.random()``, which dynamo
+traces) and their torch draws inside the graph, they gave other mixes than eager from the same
+random states (a compiled ResNet-18 with MixStyle was 2.3 off eager's output, measured; which of
+the draws differed was not isolated; 1e-5 with the layers eager, as ``EXECUTION.COMPILE`` must be).
 """
 
 from __future__ import annotations

@@ -206,3 +206,39 @@ def test_the_evaluator_is_dassls(tmp_path, capsys, per_class):
         got = torch.load(save_confusion_matrix(y, p, str(ours)), weights_only=True)
         want = torch.load(os.path.join(cfg.OUTPUT_DIR, "cmat.pt"), weights_only=True)
     np.testing.assert_array_equal(got, want)
+
+
+def test_a_runs_mean_class_accuracy_is_its_tests_not_its_accuracy(tiny_root, tmp_path):
+    """The built-in engine's test on an unbalanced split (class 0's 6 images, one image of each other
+    class) of a model that says class 0 everywhere: accuracy 6/15 = 40%, mean class accuracy 10%:
+    the trainer's mean class accuracy, which results.json records, is the mean over the classes of
+    the predictions it scored, not the plain accuracy (on the balanced embedded set the two are
+    equal, so only a split like this one tells them apart)."""
+    import torch
+    from test_contract import build
+
+    from dael_plugin.engine.evaluate import mean_class_accuracy
+    from dael_plugin.engine.results import Evaluation, results_record
+
+    tr = build("SourceOnly", tiny_root, tmp_path / "run")
+    items = tr.splits["test"]
+    first = {}
+    for item in items:
+        first.setdefault(item.label, item)
+    subset = [i for i in items if i.label == 0] + [i for c, i in sorted(first.items()) if c != 0]
+    tr.test_loader = tr._test_loader(subset)
+
+    def class_zero(x):  # a model that says class 0 for every image
+        return torch.nn.functional.one_hot(torch.zeros(len(x), dtype=torch.long), tr.num_classes).float()[:, None]
+
+    tr.predict_experts = class_zero
+    with torch.no_grad():
+        got = tr.test()
+        preds = torch.cat([tr.predict_experts(b["img"]).mean(1).argmax(-1) for b in tr.test_loader])
+    labels = torch.tensor([i.label for i in subset])
+    want = mean_class_accuracy(labels, preds)
+    assert tr.mean_class_accuracy == pytest.approx(want, abs=1e-9)
+    assert got == pytest.approx(100.0 * float((preds == labels).double().mean()), abs=1e-9)
+    assert (round(got, 2), round(want, 2)) == (40.0, 10.0)  # 6 of 15 images right; 1 of 10 classes
+    record = results_record(tr.cfg, "builtin", got, Evaluation.of(tr), "DA")
+    assert record["mean_class_accuracy"] == round(want, 4) and record["accuracy"] == round(got, 4)

@@ -242,3 +242,25 @@ def test_a_runs_mean_class_accuracy_is_its_tests_not_its_accuracy(tiny_root, tmp
     assert (round(got, 2), round(want, 2)) == (40.0, 10.0)  # 6 of 15 images right; 1 of 10 classes
     record = results_record(tr.cfg, "builtin", got, Evaluation.of(tr), "DA")
     assert record["mean_class_accuracy"] == round(want, 4) and record["accuracy"] == round(got, 4)
+
+
+@pytest.mark.dassl
+def test_the_dassl_engines_mean_class_accuracy_is_dassls_perclass_accuracy():
+    """What the Dassl engine records for every trainer: the mean class accuracy of the labels and
+    predictions Dassl's ``Classification`` evaluator kept, equal to its own ``perclass_accuracy``
+    on an unbalanced split (where the plain accuracy differs); None for an evaluator without them."""
+    import torch
+    from dassl.config import get_cfg_default
+    from dassl.evaluation import build_evaluator
+
+    from dael_plugin.tools.train_engines import dassl_mean_class_accuracy
+
+    cfg = get_cfg_default()
+    cfg.TEST.PER_CLASS_RESULT = True
+    ev = build_evaluator(cfg, lab2cname={i: str(i) for i in range(4)})
+    labels, preds = torch.tensor([0, 0, 0, 0, 1, 2, 3]), torch.zeros(7, dtype=torch.long)
+    ev.process(torch.nn.functional.one_hot(preds, 4).float(), labels)
+    want = ev.evaluate()
+    assert dassl_mean_class_accuracy(ev) == pytest.approx(want["perclass_accuracy"], abs=1e-9) == 25.0
+    assert want["accuracy"] == pytest.approx(400 / 7)
+    assert dassl_mean_class_accuracy(object()) is None

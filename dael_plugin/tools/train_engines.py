@@ -82,7 +82,6 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     from dael_plugin.dassl_adapter import prepare_cfg
     from dael_plugin.dassl_adapter.method_trainer import MethodTrainerXU
     from dael_plugin.dassl_adapter.records import eval_freq, with_facts, with_records
-    from dael_plugin.engine.evaluate import mean_class_accuracy
 
     if cfg.SEED >= 0:
         print(f"Setting fixed seed: {cfg.SEED}")
@@ -144,15 +143,21 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     def recording_test(*a, **k):
         result = original_test(*a, **k)
         recorded["accuracy"] = result
-        # the mean class accuracy from what Dassl's Classification evaluator kept of the test (every
-        # trainer's; another TEST.EVALUATOR keeps no labels, and the record says null)
-        seen = vars(trainer.evaluator)
-        if seen.get("_y_true"):
-            trainer.mean_class_accuracy = mean_class_accuracy(seen["_y_true"], seen["_y_pred"])
+        trainer.mean_class_accuracy = dassl_mean_class_accuracy(trainer.evaluator)
         return result
 
     trainer.test = recording_test  # every trainer's final test result reaches results.json
     return {"trainer": trainer, "recorded": recorded}
+
+
+def dassl_mean_class_accuracy(evaluator) -> Optional[float]:
+    """The mean class accuracy of the test Dassl's ``Classification`` evaluator last saw (its kept
+    labels and predictions: Dassl's ``perclass_accuracy``); None for another ``TEST.EVALUATOR``,
+    which keeps none (the record then says null)."""
+    from dael_plugin.engine.evaluate import mean_class_accuracy
+
+    labels = getattr(evaluator, "_y_true", None)  # (Dassl's Classification's own attributes)
+    return mean_class_accuracy(labels, evaluator._y_pred) if labels else None
 
 
 _BEST_VAL_WITHOUT_VAL = (

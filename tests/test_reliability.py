@@ -558,3 +558,45 @@ def test_a_signal_pending_while_stopping_does_not_break_the_stop(monkeypatch, pe
     finally:
         for s, h in saved.items():
             real(s, h)
+
+
+SWALLOWED = """
+import signal, sys, time, weakref
+from dael_plugin.errors import Terminated
+from dael_plugin.tools.train_stops import raise_terminated, redeliver_swallowed_stops
+signal.signal(signal.SIGTERM, raise_terminated)
+if sys.argv[1] == "hook":
+    sys.unraisablehook = redeliver_swallowed_stops
+class A:
+    pass
+a = A()
+def landed_here(_):
+    raise Terminated(15)  # the handler's exception, as when SIGTERM lands inside a weakref callback
+ref = weakref.ref(a, landed_here)
+try:
+    del a
+    for _ in range(100):
+        time.sleep(0.01)
+    print("went on")
+except Terminated:
+    print("stopped")
+"""
+
+
+@pytest.mark.parametrize("hook", ["hook", "none"])
+def test_a_sigterm_inside_a_weakref_callback_still_stops_the_run(hook):
+    """A SIGTERM whose handler fires inside a finalizer or weakref callback raises where Python
+    swallows exceptions: it printed "Exception ignored" with a traceback and the run went on (a
+    torchrun rank stopped so, seen in CI). train.py's unraisable hook sends the signal again, and the
+    run's own code stops; without it (the second case) the run goes on, as before."""
+    import subprocess
+    import sys
+
+    from conftest import ROOT
+
+    env = dict(os.environ, PYTHONPATH=ROOT)
+    proc = subprocess.run([sys.executable, "-c", SWALLOWED, hook], capture_output=True, text=True, env=env, timeout=60)
+    if hook == "hook":
+        assert proc.stdout.strip() == "stopped" and "Exception ignored" not in proc.stderr, proc.stderr
+    else:
+        assert proc.stdout.strip() == "went on" and "Exception ignored" in proc.stderr

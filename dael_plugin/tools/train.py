@@ -69,6 +69,7 @@ from dael_plugin.tools.train_stops import (
     oom_exit,
     oom_types,
     raise_terminated,
+    redeliver_swallowed_stops,
     say_on_rank0,
     stop_listening,
     torch_distributed,
@@ -111,6 +112,9 @@ def main(argv: Optional[List[str]] = None) -> int:
         if threading.current_thread() is threading.main_thread()
         else None
     )
+    previous_hook = sys.unraisablehook
+    if previous is not None:  # a stop raised inside a finalizer is not lost (train_stops)
+        sys.unraisablehook = redeliver_swallowed_stops
     previous_int = None
     if previous is not None and signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
         # Started with SIGINT ignored (a background job of a script, a pytest-xdist worker's child):
@@ -176,6 +180,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         distributed.finish()
         if previous is not None:
             signal.signal(signal.SIGTERM, previous)
+            sys.unraisablehook = previous_hook
         if previous_int is not None:
             signal.signal(signal.SIGINT, previous_int)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import time
 from typing import Optional
 
@@ -22,6 +23,22 @@ EXIT_LOST_PEER = 5  # under torchrun: another process of the job died or stalled
 
 def raise_terminated(signum, _frame):
     raise Terminated(signum)
+
+
+def redeliver_swallowed_stops(unraisable) -> None:
+    """A run's ``sys.unraisablehook``: a SIGTERM (or Ctrl-C) whose exception rose inside a finalizer
+    or a weakref callback, where Python prints "Exception ignored" with a traceback and goes on as if
+    no signal had come, is delivered again, quietly: the signal is sent anew 50 ms later (a timer
+    thread), so that its handler runs in the run's own code once the callback has returned (raised
+    at once, it would run inside this hook and be swallowed again). Anything else gets Python's
+    own report."""
+    import threading
+
+    if isinstance(unraisable.exc_value, KeyboardInterrupt):  # Terminated too
+        signum = signal.SIGTERM if isinstance(unraisable.exc_value, Terminated) else signal.SIGINT
+        threading.Timer(0.05, os.kill, (os.getpid(), signum)).start()
+    else:
+        sys.__unraisablehook__(unraisable)
 
 
 RANK0_WAIT_S = 60.0  # how long a rank other than 0 waits for rank 0 to say a stop both read

@@ -141,3 +141,62 @@ def cifar_c(root: str, clean: str = "cifar10", per_class: int = 2, corruptions=(
             _image(os.path.join(root, clean, "train", c, f"{k:05d}.png"), label, k)
             for n, (kind, level) in enumerate(corruptions, 1):
                 _image(os.path.join(root, f"{clean}_c", kind, str(level), c, f"{k:05d}.png"), label, k + 7 * n)
+
+
+def _csv(path: str, header: Sequence[str], rows: Sequence[Sequence]) -> None:
+    _write_lines(path, [",".join(header)] + [",".join(str(v) for v in row) for row in rows])
+
+
+def wilds(root: str) -> None:
+    """Camelyon17, FMoW and IWildCam in the WILDS release layout (``<name>_v<version>/`` with its
+    release file and metadata), a few images each. The training split's metadata domains are
+    numbered so that a Python set of them is not in sorted order ({1, 8, 9} iterates 8, 1, 9), as
+    Dassl's renumbering takes them; a reader that sorted them would be caught."""
+    # Camelyon17: hospitals 0, 3, 4 train (WILDS's split 0; split 1 is the in-distribution val),
+    # hospital 1 the OOD val, hospital 2 the test; labels from the tumor column
+    folder = os.path.join(root, "camelyon17_v1.0")
+    _write_lines(os.path.join(folder, "RELEASE_v1.0.txt"), ["v1.0"])
+    rows, i = [], 0
+    for center in (4, 0, 3, 1, 2):
+        for slide in (10 * center, 10 * center + 1):
+            patient, node = f"{slide:03d}", slide % 5
+            for k in range(3):
+                x, y, tumor = 100 + k, 200 + 2 * k, (k + center) % 2
+                rel = f"patches/patient_{patient}_node_{node}/patch_patient_{patient}_node_{node}_x_{x}_y_{y}.png"
+                _image(os.path.join(folder, rel), tumor, k + center)
+                rows.append([i, patient, node, x, y, tumor, slide, center, int(k == 2)])
+                i += 1
+    header = ["", "patient", "node", "x_coord", "y_coord", "tumor", "slide", "center", "split"]
+    _csv(os.path.join(folder, "metadata.csv"), header, rows)
+    # FMoW: domain = region * 16 + (year - 2002); train before 2013, OOD val 2013-2015, test from 2016;
+    # a 'seq' row is left out of every split (its image index still counts)
+    folder = os.path.join(root, "fmow_v1.1")
+    _write_lines(os.path.join(folder, "RELEASE_v1.1.txt"), ["v1.1"])
+    _csv(os.path.join(folder, "country_code_mapping.csv"), ["alpha-3", "region"], [["AAA", "Asia"], ["BBB", "Europe"]])
+    plan = [("train", "AAA", 2003), ("train", "BBB", 2010), ("seq", "AAA", 2004), ("train", "AAA", 2010)]
+    plan += [("train", "BBB", 2011), ("train", "AAA", 2003), ("val", "BBB", 2014), ("val", "AAA", 2013)]
+    plan += [("test", "AAA", 2016), ("test", "BBB", 2017), ("test", "CCC", 2016), ("train", "CCC", 2005)]
+    rows = []
+    for i, (split, country, year) in enumerate(plan):
+        category = ("airport", "zoo", "dam")[i % 3]
+        rows.append([split, category, country, f"{year}-0{1 + i % 9}-15T10:00:00Z"])
+        _image(os.path.join(folder, "images", f"rgb_img_{i}.png"), i % 3, i)
+    _csv(os.path.join(folder, "rgb_metadata.csv"), ["split", "category", "country_code", "timestamp"], rows)
+    # IWildCam: train cameras 1, 8, 9; every label, camera and sequence number is used somewhere
+    folder = os.path.join(root, "iwildcam_v2.0")
+    _write_lines(os.path.join(folder, "RELEASE_v2.0.txt"), ["v2.0"])
+    plan = [("train", 1, 0), ("train", 8, 1), ("train", 9, 2), ("train", 1, 1), ("train", 8, 0)]
+    plan += [("val", 2, 1), ("val", 3, 2), ("test", 4, 0), ("test", 5, 3), ("test", 0, 1)]
+    plan += [("id_val", 6, 2), ("id_test", 7, 0)]
+    rows = []
+    for i, (split, location, y) in enumerate(plan):
+        name = f"{i:04d}.jpg"
+        _image(os.path.join(folder, "train", name), y, i)
+        rows.append([split, name, y, location, i, f"2013-0{1 + i % 9}-0{1 + i % 9} 10:11:12.000"])
+    header = ["split", "filename", "y", "location_remapped", "sequence_remapped", "datetime"]
+    _csv(os.path.join(folder, "metadata.csv"), header, rows)
+    _csv(
+        os.path.join(folder, "categories.csv"),
+        ["y", "category_id", "name"],
+        [[k, k, n] for k, n in enumerate(CLASSES + ("empty",))],
+    )

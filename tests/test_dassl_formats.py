@@ -582,8 +582,12 @@ SHIPPED = {
     "da/visda17": (["synthetic"], ["real"], "(64, 64)"),  # one source: SourceOnly, not DAEL
     "dg/cifar10_c": (["cifar10"], ["cifar10_c"], None),  # one source: Vanilla, not DAELDG
     "dg/cifar100_c": (["cifar100"], ["cifar100_c"], None),
+    "dg/camelyon17": (["train"], ["test"], "(32, 32)"),  # WILDS: one named source of many hospitals
+    "dg/fmow": (["train"], ["test"], "(32, 32)"),
+    "dg/iwildcam": (["train"], ["test"], "(32, 32)"),
 }
-ONE_SOURCE = ("da/visda17", "dg/cifar10_c", "dg/cifar100_c")
+WILDS_SHIPPED = ("dg/camelyon17", "dg/fmow", "dg/iwildcam")
+ONE_SOURCE = ("da/visda17", "dg/cifar10_c", "dg/cifar100_c") + WILDS_SHIPPED
 
 
 def test_every_shipped_dataset_config_is_in_the_one_step_test():
@@ -651,11 +655,14 @@ def test_every_shipped_dataset_config_trains_one_step(engine, dataset, shipped_r
     Dassl's layout (the config's own backbone, Dassl's for digits) and one step gives finite losses.
     On Dassl, with Dassl's own readers."""
     torch.set_num_threads(1)
+    if dataset in WILDS_SHIPPED:
+        pytest.importorskip("wilds", reason="the WILDS readers read the wilds package's metadata: pip install wilds")
     losses, items = _one_step(engine, dataset, shipped_root, tmp_path)
     assert losses and all(v == v and abs(v) < 1e4 for v in losses.values()), losses
     if dataset not in ONE_SOURCE:
         assert "loss_x" in losses and ("loss_u" in losses) == dataset.startswith("da/")
-    assert len({i.domain for i in items["train_x"]}) == len(SHIPPED[dataset][0])
+    held = len({i.domain for i in items["train_x"]})  # a WILDS source: its metadata's domains (Dassl's numbers)
+    assert held > 1 if dataset in WILDS_SHIPPED else held == len(SHIPPED[dataset][0])
 
 
 @pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])

@@ -252,13 +252,13 @@ def test_a_value_the_loop_cannot_honour_is_one_line_naming_the_values_it_takes(t
 
 
 def test_a_dataset_only_dassl_reads_says_so(tmp_path, tiny_root, capsys):
-    ds = tmp_path / "camelyon17.yaml"
-    ds.write_text('DATASET:\n  NAME: "Camelyon17"\n')
+    ds = tmp_path / "stl10.yaml"  # Dassl's semi-supervised STL-10
+    ds.write_text('DATASET:\n  NAME: "STL10"\n')
     argv = args_for(tiny_root, tmp_path / "o")
     argv[argv.index("--dataset-config-file") + 1] = str(ds)
     code, _, err = cli(argv, capsys)
     line = one_error_line(err)
-    assert code == 2 and "dataset 'Camelyon17' is not one the built-in engine reads" in line, err
+    assert code == 2 and "dataset 'STL10' is not one the built-in engine reads" in line, err
     assert "'PACS'" in line and "Dassl's other datasets need --engine dassl" in line
 
 

@@ -37,6 +37,7 @@ def check_trainer_cfg(cfg: CN) -> None:
         raise DAELConfigError(f"unknown trainer {cfg.TRAINER.NAME!r}{hint}; Dassl has {sorted(names)}")
     trainer = TRAINER_REGISTRY.get(cfg.TRAINER.NAME)
     check_target_data(cfg, trainer)
+    check_domains_named(cfg, trainer)
     check_views(cfg, trainer)
     check_numpy_transforms(cfg, trainer)
     sampler = cfg.DATALOADER.TRAIN_X.SAMPLER
@@ -74,6 +75,27 @@ def check_numpy_transforms(cfg: CN, trainer: type) -> None:
                 f"{key} {list(names)}: Dassl 0.6.3's {bad[0]} calls np.int, which NumPy {np.__version__} no longer has "
                 f"(its {cfg.TRAINER.NAME} would stop in a traceback once it draws the operation); use --engine builtin, "
                 "whose transforms compute Dassl's operations, or Dassl's randaugment2 or randaugment_fixmatch"
+            )
+
+
+# Dassl 0.6.3's trainers with an output per source domain (``num_source_domains``: experts, a
+# domain classifier's classes, classifier pairs)
+DASSL_PER_SOURCE_DOMAIN = ("DAEL", "M3SDA", "CrossGrad", "DAELDG", "DDAIG")
+
+
+def check_domains_named(cfg: CN, trainer: type) -> None:
+    """On a dataset that names one source of many metadata domains (WILDS: data/wilds_formats.py),
+    Dassl's trainers of :data:`DASSL_PER_SOURCE_DOMAIN` index their outputs by the metadata's
+    domain numbers and stop in a traceback (CrossGrad: ``Target 1 is out of bounds``): one line.
+    The plugin's own trainers say it themselves (BuiltinTrainer.check_domains_named)."""
+    from dael_plugin.data.folders import official_split
+
+    if trainer.__module__.startswith("dassl.") and trainer.__name__ in DASSL_PER_SOURCE_DOMAIN:
+        if official_split(cfg.DATASET.NAME) is not None:
+            raise DAELConfigError(
+                f"Dassl's {cfg.TRAINER.NAME} learns one output per source domain, and {cfg.DATASET.NAME} names one "
+                "source domain of many metadata domains (its train split), whose numbers would index past them: "
+                "train a method without per-domain outputs on it (Vanilla, DomainMix)"
             )
 
 

@@ -20,6 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
+from dael_plugin.data.folders import sources_val
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, hooks
 from dael_plugin.engine.hooks import EpochRecords
@@ -44,7 +45,7 @@ def source_val_split(trainer, dataset) -> None:
     train, held, info, freq = split_sources(
         cfg.get("SELECTION", None),
         dataset.train_x,
-        dataset.val,
+        sources_val(cfg.DATASET.NAME, dataset.val),
         max(int(cfg.SEED), 0),
         cfg.DATASET.SOURCE_DOMAINS,
         cfg.DATASET.ROOT,

@@ -13,7 +13,8 @@ from typing import Dict, List, Optional, Sequence, Tuple
 
 from tqdm import tqdm
 
-from dael_plugin.data.fingerprint import SPLIT_DOMAINS
+from dael_plugin.data.fingerprint import split_names
+from dael_plugin.data.items import named_domain
 from dael_plugin.errors import DAELConfigError
 
 
@@ -67,20 +68,18 @@ def _classnames(trainer, engine: str) -> List[str]:
     return list(trainer.dm.dataset.classnames)
 
 
-def count_table(
-    splits: Dict[str, Sequence], sources: Sequence[str], targets: Sequence[str], classnames: Sequence[str]
-) -> List[str]:
-    """Images per split and domain, then per class: the lines ``--check-data`` prints."""
-    names = {"sources": list(sources), "targets": list(targets)}
+def count_table(splits: Dict[str, Sequence], names: Dict[str, list], classnames: Sequence[str]) -> List[str]:
+    """Images per split and domain (``names``: each split's, fingerprint.split_names), then per
+    class: the lines ``--check-data`` prints."""
     columns, counts = [], {}
     for split, items in splits.items():
         if not items:
             continue
-        domains = names[SPLIT_DOMAINS[split]]
+        domains = names[split]
         for d in domains:
             columns.append(f"{split}/{d}")
         for it in items:
-            key = (f"{split}/{domains[it.domain]}", int(it.label))
+            key = (f"{split}/{domains[named_domain(it.domain, domains)]}", int(it.label))
             counts[key] = counts.get(key, 0) + 1
     width = max([len(c) for c in columns] + [8])
     cwidth = max([len(str(c)) for c in classnames] + [5])
@@ -95,11 +94,14 @@ def count_table(
     return lines
 
 
-def _pixel_fingerprint(splits, sources, targets, root: str, digests: Dict[str, str]) -> dict:
+def _pixel_fingerprint(splits, ds, digests: Dict[str, str]) -> dict:
     """Per split and domain, a SHA-256 over the sorted (relative path, label, bytes' SHA-256)."""
     from dael_plugin.data.fingerprint import data_fingerprint
 
-    fp = data_fingerprint(splits, sources, targets, root, extra=lambda it: digests.get(it.impath, ""))
+    sources, targets = ds.SOURCE_DOMAINS, ds.TARGET_DOMAINS
+    fp = data_fingerprint(
+        splits, sources, targets, ds.ROOT, extra=lambda it: digests.get(it.impath, ""), dataset=ds.NAME
+    )
     return {split: {d: v["sha256"] for d, v in doms.items()} for split, doms in fp.items()}
 
 
@@ -119,13 +121,15 @@ def check_trainer_data(trainer: object, engine: str, workers: int, hash_pixels: 
             f"--check-data: {len(bad)} of {n} images cannot be decoded (listed above); "
             "replace or delete them, then rerun"
         )
-    sources, targets = cfg.DATASET.SOURCE_DOMAINS, cfg.DATASET.TARGET_DOMAINS
-    print(f"--check-data: images per class, split and domain of {cfg.DATASET.NAME}:")
-    for line in count_table(splits, sources, targets, _classnames(trainer, engine)):
+    ds = cfg.DATASET
+    print(f"--check-data: images per class, split and domain of {ds.NAME}:")
+    for line in count_table(
+        splits, split_names(ds.SOURCE_DOMAINS, ds.TARGET_DOMAINS, ds.NAME), _classnames(trainer, engine)
+    ):
         print("  " + line)
     print(f"--check-data: all {n:,} images decode")
     if not hash_pixels:
         return None
-    pixels = _pixel_fingerprint(splits, sources, targets, cfg.DATASET.ROOT, digests)
+    pixels = _pixel_fingerprint(splits, ds, digests)
     print("--check-data --hash-pixels: a SHA-256 of the bytes per split and domain goes to results.json")
     return pixels

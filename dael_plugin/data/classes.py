@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from typing import List, Sequence
 
+from dael_plugin.data.items import named_domain
 from dael_plugin.errors import DAELConfigError
 
 
@@ -13,7 +14,7 @@ def classes_by_domain(items: Sequence, num_domains: int, num_classes: int) -> Li
     """``[domain][class]``: whether any of ``items`` (``.domain``, ``.label``) has that pair."""
     held = [[False] * num_classes for _ in range(num_domains)]
     for it in items:
-        held[int(it.domain)][int(it.label)] = True
+        held[named_domain(it.domain, held)][int(it.label)] = True
     return held
 
 

@@ -71,6 +71,7 @@ class Format:
     anchor: str  # DATASETS.md's section
     seeded: Tuple[str, ...] = ()  # domains whose images are a subsample drawn from SEED
     options: Tuple[str, ...] = ()  # DATASET keys the reader reads beyond the domains (CIFAR-C's corruption)
+    official_split = None  # the run names its domains (a WILDS dataset names its split's parts)
 
     def load(self, name, root, sources, targets, seed, category_shift=False, options=None) -> Dict[str, object]:
         """The splits and class names (data/registry.py's entry protocol)."""

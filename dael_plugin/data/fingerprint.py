@@ -17,6 +17,8 @@ import hashlib
 import os
 from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
+from dael_plugin.data.items import named_domain
+
 SPLIT_DOMAINS = {"train_x": "sources", "val": "sources", "train_u": "targets", "test": "targets"}
 
 Fingerprint = Dict[str, Dict[str, Dict[str, object]]]  # split -> domain -> {"images", "sha256"}
@@ -34,6 +36,18 @@ def seeded_domains(dataset: str) -> Tuple[str, ...]:
     return DATASETS[dataset].seeded if dataset in DATASETS else ()
 
 
+def split_names(sources: Sequence[str], targets: Sequence[str], dataset: Optional[str] = None) -> Dict[str, list]:
+    """The named domains of each split's items (:data:`SPLIT_DOMAINS`); the val split of a dataset
+    that brings its own split (WILDS's, of other domains than its train split's) is named ``val``."""
+    from dael_plugin.data.folders import official_split
+
+    names = {"sources": [str(s) for s in sources], "targets": [str(t) for t in targets]}
+    out = {split: names[which] for split, which in SPLIT_DOMAINS.items()}
+    if dataset is not None and official_split(dataset) is not None:
+        out["val"] = ["val"]
+    return out
+
+
 def data_fingerprint(
     splits: Mapping[str, Optional[Sequence]],
     sources: Sequence[str],
@@ -41,22 +55,25 @@ def data_fingerprint(
     root: str,
     seeded: Sequence[str] = (),
     extra: Optional[Callable[[object], str]] = None,
+    dataset: Optional[str] = None,
 ) -> Fingerprint:
     """``{split: {domain: {"images": n, "sha256": hex}}}`` for the splits a run read (None or
     empty splits are left out); ``"seeded": True`` marks a domain of ``seeded``, whose images
     are a subsample drawn from the run's seed, so runs of other seeds differ there by design.
     ``extra(item)`` appends a field to each line (``--hash-pixels``: the file's SHA-256)."""
     root = os.path.abspath(os.path.expanduser(root or "."))
-    names = {"sources": [str(s) for s in sources], "targets": [str(t) for t in targets]}
+    names = split_names(sources, targets, dataset)
     out: Fingerprint = {}
-    for split, which in SPLIT_DOMAINS.items():
+    for split in SPLIT_DOMAINS:
         items = splits.get(split)
         if not items:
             continue
-        lines: Dict[str, list] = {d: [] for d in names[which]}
+        lines: Dict[str, list] = {d: [] for d in names[split]}
         for item in items:
             line = f"{relative_path(item.impath, root)}\t{int(item.label)}"
-            lines[names[which][item.domain]].append(line if extra is None else f"{line}\t{extra(item)}")
+            lines[names[split][named_domain(item.domain, names[split])]].append(
+                line if extra is None else f"{line}\t{extra(item)}"
+            )
         out[split] = {
             domain: {
                 "images": len(ls),
@@ -72,7 +89,9 @@ def dataset_fingerprint(cfg, dataset) -> Fingerprint:
     """The fingerprint of a Dassl ``DatasetBase`` (its ``train_x``, ``train_u``, ``val``, ``test``)."""
     splits = {k: getattr(dataset, k, None) for k in SPLIT_DOMAINS}
     ds = cfg.DATASET
-    return data_fingerprint(splits, ds.SOURCE_DOMAINS, ds.TARGET_DOMAINS, ds.ROOT, seeded_domains(ds.NAME))
+    return data_fingerprint(
+        splits, ds.SOURCE_DOMAINS, ds.TARGET_DOMAINS, ds.ROOT, seeded_domains(ds.NAME), dataset=ds.NAME
+    )
 
 
 def fingerprint_changes(saved: Fingerprint, now: Fingerprint) -> list:

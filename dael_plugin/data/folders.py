@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from dael_plugin.data import (
     dassl_formats,  # noqa: F401 (registers Dassl's formats)
     embedded,
+    wilds_formats,  # noqa: F401 (registers Dassl's WILDS datasets)
 )
 from dael_plugin.data.items import Item
 from dael_plugin.data.registry import DATASETS, register_dataset
@@ -35,6 +36,7 @@ class DatasetSpec:
     prepare: Optional[Callable[[str], str]] = None  # e.g. generate the embedded set
     seeded: Tuple[str, ...] = ()  # no domain is a subsample drawn from the seed
     options: Tuple[str, ...] = ()  # no DATASET key beyond the domains
+    official_split = None  # the run names its domains (a WILDS dataset names its split's parts)
 
     def load(self, name, root, sources, targets, seed=0, category_shift=False, options=None) -> Dict[str, object]:
         """The splits and class names (data/registry.py's entry protocol)."""
@@ -140,6 +142,38 @@ def dataset_options(ds) -> Dict[str, object]:
     and domains (CIFAR-10-C's ``CIFAR_C_TYPE`` and ``CIFAR_C_LEVEL``); none for an unknown name."""
     entry = DATASETS.get(str(ds["NAME"]))  # (a CfgNode, or the dict of a saved config)
     return {k: ds.get(k) for k in entry.options} if entry is not None else {}
+
+
+def official_split(name: str):
+    """``(sources, targets)`` of a dataset that brings its own split (WILDS: its train split, of many
+    metadata domains -> its out-of-distribution test split), else None."""
+    entry = DATASETS.get(str(name))
+    return entry.official_split if entry is not None else None
+
+
+def sources_val(name: str, val):
+    """The dataset's val split where it is of the source domains (a source validation split), else
+    None: a WILDS val is of other domains than its train split's (its out-of-distribution val)."""
+    return None if official_split(name) is not None else val
+
+
+def apply_official_split(ds) -> None:
+    """A dataset that brings its own split (WILDS) names its parts as the run's domains: left out
+    (Dassl's dataset configs set none), they become the split's; any others are refused, in one
+    line, since the reader (Dassl's too) reads the official split whatever they say. ``ds``: the
+    config's ``DATASET`` node, not frozen."""
+    split = official_split(ds.NAME)
+    if split is None:
+        return
+    sources, targets = tuple(ds.SOURCE_DOMAINS), tuple(ds.TARGET_DOMAINS)
+    if not sources and not targets:
+        ds.SOURCE_DOMAINS, ds.TARGET_DOMAINS = list(split[0]), list(split[1])
+    elif (sources, targets) != split:
+        raise DAELConfigError(
+            f"{ds.NAME} brings its own split: source {list(split[0])} (its train split) -> target "
+            f"{list(split[1])} (its out-of-distribution test split), not {list(sources)} -> {list(targets)}; "
+            "leave --source-domains and --target-domains out"
+        )
 
 
 def _check_domain_names(name: str, domains: Sequence[str], sources: Sequence[str], targets: Sequence[str]) -> None:

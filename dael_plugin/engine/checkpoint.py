@@ -35,6 +35,7 @@ from dael_plugin.backbones.weights import sha256_of as file_sha256
 from dael_plugin.config.keys import TRAINER_NODES
 from dael_plugin.config.table import DATASET_KEYS, IN_EVERY_CHECKPOINT, KEYS, SELECTION_KEYS, TOP_KEYS
 from dael_plugin.core.hparams import ALL_CLASS_MASK_PARTS, CLASS_MASK_PARTS
+from dael_plugin.data.items import named_domain
 from dael_plugin.engine.atomic import save_torch
 from dael_plugin.engine.results_reader import WHERE_AND_HOW_KEYS, flatten, with_execution
 from dael_plugin.errors import DAELConfigError
@@ -504,7 +505,7 @@ def train_counts(
     the target's unlabeled split where a DA run reads it: what a resume compares."""
     counts = {str(s): 0 for s in sources}
     for d in x_domains:
-        counts[str(sources[d])] += 1
+        counts[str(sources[named_domain(d, sources)])] += 1
     if n_target is not None:
         counts["target " + "+".join(str(t) for t in targets)] = int(n_target)
     return counts

@@ -37,6 +37,7 @@ import torch
 
 from dael_plugin.core import validators as V
 from dael_plugin.data.images import LEFT_OUT, note_unreadable
+from dael_plugin.data.items import named_domain
 from dael_plugin.engine import distributed
 from dael_plugin.engine.evaluate import mean_class_accuracy
 from dael_plugin.engine.results_reader import is_number
@@ -179,7 +180,7 @@ def split_sources(
         if held:
             top = os.path.abspath(os.path.expanduser(root or "."))
             same_on_every_rank([relative_path(it.impath, top) for it in held], "held-out source validation splits")
-    per = {d: sum(1 for it in held if it.domain == i) for i, d in enumerate(sources)}
+    per = {d: sum(1 for it in held if named_domain(it.domain, sources) == i) for i, d in enumerate(sources)}
     if fraction and not val:
         _check_every_domain_held(train, per, fraction, sources)
     info = {"kind": kind, "fraction": fraction, "seed": seed, "size": len(held), "per_domain": per}
@@ -213,7 +214,7 @@ def _check_every_domain_held(train: Sequence[Any], per: Dict[str, int], fraction
     from dael_plugin.errors import DAELConfigError
 
     largest = {d: 0 for d in empty}
-    sizes = Counter((it.domain, it.label) for it in train)  # what is left; nothing was held out of these
+    sizes = Counter((named_domain(it.domain, sources), it.label) for it in train)  # nothing was held out of these
     for (domain, _), n in sizes.items():
         name = sources[domain]
         if name in largest:
@@ -386,8 +387,10 @@ def epoch_record(epoch: int, outs: Dict[str, Optional[Outputs]], scoring: Scorin
     rec: Dict[str, Any] = {"epoch": int(epoch)}
     if source_val is not None:
         per = {}
+        # (one named source: every item is of it, whatever its metadata domain, data/items.named_domain)
+        domains = source_val.domains if len(source_names) > 1 else torch.zeros_like(source_val.domains)
         for d, name in enumerate(source_names):
-            sel = source_val.domains == d
+            sel = domains == d
             if bool(sel.any()):
                 per[name] = round(float(_accuracy(source_val.ensemble[sel], source_val.labels[sel])), 4)
         rec["source_val_accuracy"] = round(sum(per.values()) / len(per), 4) if per else None

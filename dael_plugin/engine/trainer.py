@@ -32,7 +32,7 @@ from dael_plugin.config.execution import PLAIN_EXECUTION, execution_from_cfg
 from dael_plugin.data import loaders
 from dael_plugin.data.classes import classes_by_domain, say_class_table
 from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
-from dael_plugin.data.folders import dataset_options, load_splits
+from dael_plugin.data.folders import dataset_options, load_splits, sources_val
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, hooks
 from dael_plugin.engine.evaluate import (
@@ -137,9 +137,10 @@ class BuiltinTrainer(TrainerFacts):
         # which images were read, per split and domain: in results.json and the checkpoint (resume compares)
         ds = cfg.DATASET
         self.data_fingerprint = data_fingerprint(
-            self.splits, self.sources, ds.TARGET_DOMAINS, ds.ROOT, seeded_domains(ds.NAME)
+            self.splits, self.sources, ds.TARGET_DOMAINS, ds.ROOT, seeded_domains(ds.NAME), dataset=ds.NAME
         )
         distributed.check_same_run(cfg, self.data_fingerprint)  # every rank: rank 0's settings and data
+        self.check_domains_named()
         self.classnames: List[str] = self.splits["classnames"]
         self.num_classes = len(self.classnames)
         # which classes each source holds (DATASET.CATEGORY_SHIFT: they may differ; else all of them)
@@ -185,6 +186,9 @@ class BuiltinTrainer(TrainerFacts):
     # A DA method: its run is DA where the data has a target train split (the log, results.json's
     # "setting", the records' validators, collect's table); False: DG, target data never read.
     uses_target = False
+    # True: the model has one output per source domain (an expert, a class of a domain classifier),
+    # which a dataset naming one source of many metadata domains (WILDS) cannot give it.
+    per_source_domain = False
     # The records' mask_rate validator counts the target predictions this confident (DAEL: CONF_THRE).
     pseudo_label_threshold = 0.95
     own_records = True  # the records and best models are this trainer's (engine/results.TrainerFacts)
@@ -205,6 +209,18 @@ class BuiltinTrainer(TrainerFacts):
     def refuse_under_torchrun(cls, name: str) -> None:
         """Under torchrun, one line where the method cannot run on several processes (train.py asks
         before joining the group, so every rank stops before its first collective). Every rank may."""
+
+    def check_domains_named(self) -> None:
+        """A method with an output per source domain needs the items' domains to be the named ones:
+        a WILDS split is one named source of many metadata domains (data/items.named_domain), whose
+        numbers would index past its outputs (Dassl's CrossGrad and DDAIG stop there in a traceback)."""
+        held = 1 + max((it.domain for it in self.splits["train_x"]), default=0)
+        if self.per_source_domain and held > len(self.sources):
+            raise DAELConfigError(
+                f"{self.cfg.TRAINER.NAME} learns one output per source domain, and {self.cfg.DATASET.NAME}'s one source "
+                f"domain {self.sources} holds {held} domains of its metadata: train a method without per-domain "
+                "outputs on it (Vanilla, DomainMix)"
+            )
 
     # -- to override ----------------------------------------------------
     def check_cfg(self) -> None:
@@ -284,7 +300,7 @@ class BuiltinTrainer(TrainerFacts):
         train, held, info, self.eval_freq = split_sources(
             self.cfg.get("SELECTION", None),
             self.splits["train_x"],
-            self.splits["val"],
+            sources_val(self.cfg.DATASET.NAME, self.splits["val"]),
             self.seed,
             self.sources,
             self.cfg.DATASET.ROOT,

@@ -29,6 +29,7 @@ from dael_plugin.methods.registry import register
 class CrossGradBuiltin(DasslBaseline):
     image_modules = ("F", "D")  # the modules fed images (EXECUTION.CHANNELS_LAST)
     uses_target = False
+    per_source_domain = True  # its domain classifier's K classes
     reads_init_weights = False  # Dassl builds F and D itself
     ddp_reason = (
         "each step differentiates both nets by their inputs and updates them from two backward passes "

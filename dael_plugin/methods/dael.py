@@ -26,6 +26,7 @@ class DAELBuiltin(BuiltinTrainer):
     """DAEL on the built-in engine: DA with target train data (``--trainer DAEL``), DG otherwise."""
 
     uses_target = True
+    per_source_domain = True  # an expert per source domain
     dael_step = True
     execution_defaults = {"CHANNELS_LAST": True, "FUSED_OPTIM": True}  # DAEL's node's defaults too
 

@@ -33,6 +33,7 @@ from dael_plugin.methods.registry import register
 class DDAIGBuiltin(DasslBaseline):
     image_modules = ("F", "D")  # the modules fed images (EXECUTION.CHANNELS_LAST)
     uses_target = False
+    per_source_domain = True  # its domain classifier's K classes
     reads_init_weights = False  # Dassl builds F, D and G itself
     ddp_reason = (
         "it updates three nets from three backward passes in turn, which DDP's averaging of one "

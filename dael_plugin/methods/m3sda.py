@@ -32,6 +32,7 @@ from dael_plugin.methods.registry import register
 @register("M3SDA")
 class M3SDABuiltin(DasslBaseline):
     reads_init_weights = False  # Dassl builds its F without loading MODEL.INIT_WEIGHTS
+    per_source_domain = True  # a classifier pair per source domain
 
     def check_cfg(self) -> None:
         super().check_cfg()

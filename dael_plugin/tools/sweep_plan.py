@@ -167,8 +167,11 @@ def _check_grid_values(key: str, values: List[str]) -> None:
 
 def plan(args: argparse.Namespace) -> List[Run]:
     """Every run of the sweep, in a fixed order."""
+    from dael_plugin.data.folders import official_split
+
     dataset, setting, domains = read_dataset(args.dataset_config_file)
-    targets = list(args.targets or domains)
+    split = official_split(dataset)  # (a WILDS dataset: train -> test, its own split)
+    targets = list(args.targets or (split[1] if split else domains))
     if not targets:
         raise DAELConfigError(f"the domains of {dataset} are not known here; pass --targets (and --sources)")
     unknown = [t for t in targets if domains and t not in domains]
@@ -192,7 +195,7 @@ def plan(args: argparse.Namespace) -> List[Run]:
         ]
         cfg_file = overrides.get(trainer) or method_config(trainer, setting, args.dataset_config_file)
         for target, combo, seed in itertools.product(targets, itertools.product(*[v for _, v in grid]), args.seeds):
-            sources = tuple(args.sources or [d for d in domains if d != target])
+            sources = tuple(args.sources or (split[0] if split else [d for d in domains if d != target]))
             if not sources:
                 raise DAELConfigError(f"no source domains for target {target}; pass --sources")
             setting_kv = tuple(zip([k for k, _ in grid], combo))

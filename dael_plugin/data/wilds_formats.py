@@ -1,0 +1,169 @@
+"""Dassl's WILDS datasets (Camelyon17, FMoW, IWildCam), read without Dassl.
+
+A WILDS dataset brings its own split (Koh et al., ICML 2021): train, an out-of-distribution val
+and an out-of-distribution test, each of many metadata domains (hospitals; region x year;
+camera traps). Dassl's readers (``dassl/data/datasets/dg/wilds/``) take the items from the
+``wilds`` package's metadata; so does this one, so that the items are Dassl's: the same paths,
+labels, class names, order, and domain numbers (each split's own, in the order of a Python set
+of the metadata domains, as Dassl's ``relabel_domain``).
+
+Here the run's domains name the split's parts: the one source ``train``, the one target ``test``.
+An item's ``domain`` keeps the metadata's number, which the domain samplers and DomainMix read as
+Dassl's do; for every per-domain figure the plugin counts (records, fingerprints, class tables)
+the items are of their one named domain (:func:`dael_plugin.data.items.named_domain`). WILDS's
+val is of neither named domain: it is not a source validation split (``source_val`` holds part
+of ``train`` out, as for any dataset without one).
+
+Not kept from Dassl: its reader saves the items to ``zhou_preloaded.pkl`` in the data folder and
+unpickles that file on later runs, whatever the metadata says by then; this one reads the
+metadata every time and never loads a pickle. Dassl's ``download=True`` becomes a one-line
+error naming the missing release file (no downloads here).
+"""
+
+from __future__ import annotations
+
+import os
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
+
+from dael_plugin.data.items import Item
+from dael_plugin.data.registry import register_dataset
+from dael_plugin.errors import DAELConfigError
+
+DOWNLOADS = "https://wilds.stanford.edu/downloads"
+WILDS_SPLIT = (("train",), ("test",))  # the run's domains: WILDS's train split -> its OOD test split
+
+FMOW_CATEGORIES = (
+    "airport airport_hangar airport_terminal amusement_park aquaculture archaeological_site barn "
+    "border_checkpoint burial_site car_dealership construction_site crop_field dam debris_or_rubble "
+    "educational_institution electric_substation factory_or_powerplant fire_station flooded_road fountain "
+    "gas_station golf_course ground_transportation_station helipad hospital impoverished_settlement "
+    "interchange lake_or_pond lighthouse military_facility multi-unit_residential nuclear_powerplant "
+    "office_building oil_or_gas_facility park parking_lot_or_garage place_of_worship police_station port "
+    "prison race_track railway_bridge recreational_facility road_bridge runway shipyard shopping_mall "
+    "single-unit_residential smokestack solar_farm space_facility stadium storage_tank surface_mine "
+    "swimming_pool toll_booth tower tunnel_opening waste_disposal water_treatment_facility wind_farm zoo"
+).split()  # Dassl's fmow.CATEGORIES, WILDS's order
+
+
+def _camelyon17(data, idx: int, folder: str) -> Tuple[str, int]:
+    return os.path.join(folder, data._input_array[idx]), int(data.metadata_array[idx][0])  # the hospital
+
+
+def _fmow(data, idx: int, folder: str) -> Tuple[str, int]:
+    image = os.path.join(folder, "images", f"rgb_img_{data.full_idxs[idx]}.png")
+    return image, int(data.metadata_array[idx][0]) * 16 + int(data.metadata_array[idx][1])  # region x year
+
+
+def _iwildcam(data, idx: int, folder: str) -> Tuple[str, int]:
+    return os.path.join(folder, "train", data._input_array[idx]), int(data.metadata_array[idx][0])  # the camera
+
+
+def _fixed_names(names: Sequence[str]) -> Callable[[str], Dict[int, str]]:
+    return lambda folder: dict(enumerate(names))
+
+
+def _iwildcam_names(folder: str) -> Dict[int, str]:
+    import pandas as pd
+
+    return dict(pd.read_csv(os.path.join(folder, "categories.csv"))["name"])  # Dassl's: by the file's row
+
+
+@dataclass(frozen=True)
+class WildsFormat:
+    """A WILDS dataset (data/registry.py's entry protocol)."""
+
+    wilds_name: str  # wilds.get_dataset's name
+    version: str  # the release Dassl's folder names
+    item: Callable  # (wilds dataset, index, folder) -> (image path, metadata domain)
+    names: Callable[[str], Dict[int, str]]  # folder -> {label: class name}, Dassl's load_classnames
+    layout: str
+    domains: Tuple[str, ...] = WILDS_SPLIT[0] + WILDS_SPLIT[1]
+    unlabeled_target: bool = False  # DG
+    seeded: Tuple[str, ...] = ()
+    options: Tuple[str, ...] = ()
+    official_split: Optional[Tuple[Tuple[str, ...], Tuple[str, ...]]] = WILDS_SPLIT
+
+    @property
+    def dataset_dir(self) -> str:
+        return f"{self.wilds_name}_v{self.version}"
+
+    def load(self, name, root, sources, targets, seed=0, category_shift=False, options=None) -> Dict[str, object]:
+        """The splits and class names, as Dassl's ``WILDSBase`` reads them."""
+        if category_shift:
+            raise DAELConfigError(
+                f"{name} has one source domain (WILDS's train split): DATASET.CATEGORY_SHIFT has no domains to "
+                "differ; set it False"
+            )
+        folder = os.path.join(root, self.dataset_dir)
+        data = self._wilds(name, root, folder)
+        label_to_name = self.names(folder)
+        splits = {k: self._read(data, k, folder, label_to_name, name) for k in ("train", "val", "test")}
+        # Dassl's number of classes: the largest training label + 1 (DatasetBase.get_num_classes)
+        n = max(it.label for it in splits["train"]) + 1 if splits["train"] else 0
+        return {
+            "train_x": splits["train"],
+            "train_u": None,
+            "val": splits["val"],
+            "test": splits["test"],
+            "classnames": [label_to_name.get(k, str(k)) for k in range(n)],
+        }
+
+    def _wilds(self, name: str, root: str, folder: str):
+        try:
+            from wilds import get_dataset
+        except ImportError:
+            raise DAELConfigError(
+                f"{name} is read through the wilds package's metadata, as Dassl reads it: pip install wilds"
+            ) from None
+        release = os.path.join(folder, f"RELEASE_v{self.version}.txt")
+        if not os.path.isfile(release):
+            seen = "does not exist" if not os.path.isdir(folder) else f"holds {sorted(os.listdir(folder))[:8]}"
+            raise DAELConfigError(
+                f"{name}: {release} not found ({folder} {seen}); WILDS reads a dataset whose release file is "
+                f"there: set --root to the folder that holds {self.dataset_dir}/, unpacked from {DOWNLOADS}"
+            )
+        try:
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")  # wilds' own warnings on its arrays
+                return get_dataset(dataset=self.wilds_name, version=self.version, root_dir=root, download=False)
+        except (OSError, ValueError, KeyError, IndexError, TypeError, AssertionError) as exc:
+            raise DAELConfigError(
+                f"{name}: wilds could not read the metadata under {folder} ({type(exc).__name__}: "
+                f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); unpack the release again from {DOWNLOADS}"
+            ) from None
+
+    def _read(self, data, split: str, folder: str, label_to_name: Dict[int, str], name: str) -> List[Item]:
+        """Dassl's ``read_data``: one item per index of the split, then its domains renumbered."""
+        subset = data.get_subset(split)
+        labels = [int(y) for y in data.y_array[subset.indices]]
+        items = []
+        for idx, label in zip(subset.indices, labels):
+            if label not in label_to_name:  # Dassl's reader stops on a KeyError here
+                raise DAELConfigError(
+                    f"{name}: label {label} of the {split} split has no class name in the release under {folder}; "
+                    f"unpack the release again from {DOWNLOADS}"
+                )
+            path, domain = self.item(data, int(idx), folder)
+            items.append(Item(path, label, domain, label_to_name[label]))
+        # Dassl's relabel_domain: a split's domains numbered in the order of a set of them
+        mapping = {domain: i for i, domain in enumerate(set([it.domain for it in items]))}
+        return [it._replace(domain=mapping[it.domain]) for it in items]
+
+
+_FORMATS = {
+    "Camelyon17": WildsFormat(
+        "camelyon17", "1.0", _camelyon17, _fixed_names(["healthy tissue", "tumor tissue"]),
+        "RELEASE_v1.0.txt + metadata.csv + patches/patient_<p>_node_<n>/*.png",
+    ),
+    "FMoW": WildsFormat(
+        "fmow", "1.1", _fmow, _fixed_names(FMOW_CATEGORIES),
+        "RELEASE_v1.1.txt + rgb_metadata.csv + country_code_mapping.csv + images/rgb_img_<i>.png",
+    ),
+    "IWildCam": WildsFormat(
+        "iwildcam", "2.0", _iwildcam, _iwildcam_names, "RELEASE_v2.0.txt + metadata.csv + categories.csv + train/*.jpg"
+    ),
+}  # fmt: skip
+for _name, _fmt in _FORMATS.items():  # into the one registry of datasets
+    register_dataset(_name, _fmt)

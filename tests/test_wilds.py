@@ -1,0 +1,203 @@
+"""Dassl's WILDS datasets (Camelyon17, FMoW, IWildCam) on both engines: Dassl's items, the split's
+parts as the run's domains, the OOD val kept out of source validation, one line for what cannot run."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+
+import dassl_layouts as layouts
+import pytest
+
+from dael_plugin.data.folders import load_splits
+from dael_plugin.errors import DAELConfigError
+
+pytest.importorskip("wilds", reason="the WILDS readers read the wilds package's metadata: pip install wilds")
+
+WILDS = ("Camelyon17", "FMoW", "IWildCam")
+
+
+@pytest.fixture(scope="module")
+def wilds_root(tmp_path_factory):
+    root = str(tmp_path_factory.mktemp("wilds"))
+    layouts.wilds(root)
+    return root
+
+
+def _rel(root, items):
+    return [(os.path.relpath(i.impath, root), i.label, i.domain, i.classname) for i in items]
+
+
+@pytest.mark.dassl
+@pytest.mark.parametrize("name", WILDS)
+def test_each_wilds_reader_gives_dassls_items(name, wilds_root, tmp_path):
+    """Paths, labels, domain numbers, class names and their order, split for split, and the number of
+    classes, as Dassl's own WILDSBase reads them from the same release."""
+    from dassl.config import get_cfg_default
+    from dassl.data.datasets import DATASET_REGISTRY
+
+    root = shutil.copytree(wilds_root, tmp_path / "r")  # Dassl writes its pickle into the data folder
+    cfg = get_cfg_default()
+    cfg.DATASET.ROOT = str(root)
+    ref = DATASET_REGISTRY.get(name)(cfg)
+    ours = load_splits(name, str(root), ["train"], ["test"])
+    for split in ("train_x", "val", "test"):
+        want = [(d.impath, d.label, d.domain, d.classname) for d in getattr(ref, split)]
+        assert [tuple(i) for i in ours[split]] == want, (name, split)
+    assert ours["train_u"] is None and ref.train_u is None
+    assert len(ours["classnames"]) == ref.num_classes
+    assert all(ours["classnames"][k] == c for k, c in ref.lab2cname.items())
+    assert len({i.domain for i in ours["train_x"]}) > 1  # many metadata domains in the one named source
+
+
+def test_wilds_items_by_hand(wilds_root):
+    """The fixture's items worked out by hand from its metadata. IWildCam's training cameras 1, 8, 9 are
+    numbered in a Python set's order (8, 1, 9 -> 0, 1, 2), as Dassl's reader numbers them; sorted order
+    would give 0, 1, 2 to 1, 8, 9."""
+    cam = load_splits("IWildCam", wilds_root, ["train"], ["test"])
+    folder = "iwildcam_v2.0/train"
+    assert _rel(wilds_root, cam["train_x"]) == [
+        (f"{folder}/0000.jpg", 0, 1, "giraffe"),
+        (f"{folder}/0001.jpg", 1, 0, "dog"),
+        (f"{folder}/0002.jpg", 2, 2, "house"),
+        (f"{folder}/0003.jpg", 1, 1, "dog"),
+        (f"{folder}/0004.jpg", 0, 0, "giraffe"),
+    ]
+    assert [os.path.basename(i.impath) for i in cam["val"]] == ["0005.jpg", "0006.jpg"]  # the OOD val
+    assert [os.path.basename(i.impath) for i in cam["test"]] == ["0007.jpg", "0008.jpg", "0009.jpg"]
+    assert cam["classnames"] == ["giraffe", "dog", "house"]  # Dassl's: the largest training label + 1
+    fmow = load_splits("FMoW", wilds_root, ["train"], ["test"])
+    # the 'seq' row (image 2) is in no split, yet the image indices count it
+    names = [os.path.basename(i.impath) for i in fmow["train_x"]]
+    assert names == [f"rgb_img_{k}.png" for k in (0, 1, 3, 4, 5, 11)]
+    assert len(fmow["classnames"]) == 62 and fmow["classnames"][12] == "dam"
+    camelyon = load_splits("Camelyon17", wilds_root, ["train"], ["test"])
+    # hospitals 4, 0, 3 in the metadata's order -> a set {0, 3, 4} -> 2, 0, 1; each slide's third patch is
+    # WILDS's in-distribution val (split 1), in no split here
+    assert [i.domain for i in camelyon["train_x"]] == [2] * 4 + [0] * 4 + [1] * 4
+    assert {i.domain for i in camelyon["val"] + camelyon["test"]} == {0}
+
+
+def test_dassls_pickled_items_are_never_read(wilds_root, tmp_path):
+    """Dassl's reader unpickles ``zhou_preloaded.pkl`` from the data folder whatever the metadata says
+    by then; this reader reads the metadata. A hostile or stale pickle there changes nothing."""
+    root = shutil.copytree(wilds_root, tmp_path / "r")
+    before = load_splits("Camelyon17", str(root), ["train"], ["test"])
+    with open(root / "camelyon17_v1.0" / "zhou_preloaded.pkl", "wb") as f:
+        f.write(b"cos\nsystem\n(S'touch " + str(tmp_path / "owned").encode() + b"'\ntR.")
+    after = load_splits("Camelyon17", str(root), ["train"], ["test"])
+    assert after == before and not (tmp_path / "owned").exists()
+
+
+def test_what_cannot_be_read_is_one_line(wilds_root, tmp_path, monkeypatch):
+    from dael_plugin.data.folders import apply_official_split
+    from dael_plugin.data.wilds_formats import DOWNLOADS
+
+    root = shutil.copytree(wilds_root, tmp_path / "r")
+    os.remove(root / "fmow_v1.1" / "RELEASE_v1.1.txt")
+    with pytest.raises(DAELConfigError, match=r"RELEASE_v1.1.txt not found .* holds \['country_code_mapping.csv'"):
+        load_splits("FMoW", str(root), ["train"], ["test"])
+    with pytest.raises(DAELConfigError, match="fmow_v1.1 does not exist"):
+        load_splits("FMoW", str(tmp_path / "nothing"), ["train"], ["test"])
+    (root / "iwildcam_v2.0" / "metadata.csv").write_text("split,filename\ntrain,a.jpg\n")
+    with pytest.raises(DAELConfigError, match=f"wilds could not read the metadata .*{DOWNLOADS}"):
+        load_splits("IWildCam", str(root), ["train"], ["test"])
+    with pytest.raises(DAELConfigError, match="DATASET.CATEGORY_SHIFT has no domains to differ"):
+        load_splits("Camelyon17", str(root), ["train"], ["test"], category_shift=True)
+    monkeypatch.setitem(__import__("sys").modules, "wilds", None)  # the package not installed
+    with pytest.raises(DAELConfigError, match="pip install wilds"):
+        load_splits("Camelyon17", str(root), ["train"], ["test"])
+    from yacs.config import CfgNode as CN
+
+    ds = CN({"NAME": "Camelyon17", "SOURCE_DOMAINS": [], "TARGET_DOMAINS": []})
+    apply_official_split(ds)
+    assert (ds.SOURCE_DOMAINS, ds.TARGET_DOMAINS) == (["train"], ["test"])
+    ds.SOURCE_DOMAINS, ds.TARGET_DOMAINS = ["test"], ["train"]
+    with pytest.raises(DAELConfigError, match=r"brings its own split: source \['train'\] .* not \['test'\]"):
+        apply_official_split(ds)
+
+
+def _argv(engine, root, out, trainer="Vanilla", *opts):
+    from conftest import ROOT
+
+    argv = ["--engine", engine, "--trainer", trainer, "--root", str(root), "--output-dir", str(out), "--seed", "1"]
+    argv += ["--dataset-config-file", os.path.join(ROOT, "configs/datasets/dg/camelyon17.yaml"), "--"]
+    argv += ["MODEL.BACKBONE.NAME", "dael_small_cnn", "INPUT.SIZE", "(32, 32)", "OPTIM.MAX_EPOCH", "1"]
+    return argv + ["DATALOADER.TRAIN_X.BATCH_SIZE", "4", "DATALOADER.NUM_WORKERS", "0", *opts]
+
+
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+def test_a_run_names_the_split_and_validates_on_its_own_source(engine, wilds_root, tmp_path):
+    """Dassl's dataset config (no domains) runs on either engine: the domains become train -> test;
+    the fingerprint names the OOD val ``val``, not a source; source validation holds part of the train
+    split out (WILDS's val is of other hospitals) and scores all of it, whatever its hospital."""
+    from conftest import run_here
+
+    out = tmp_path / "out"
+    opts = ["SELECTION.EVAL_FREQ", "1", "SELECTION.HOLDOUT_FRACTION", "0.5"]
+    done = run_here(_argv(engine, shutil.copytree(wilds_root, tmp_path / "r"), out, "Vanilla", *opts))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    assert (res["source_domains"], res["target_domains"], res["setting"]) == (["train"], ["test"], "DG")
+    assert {s: list(d) for s, d in res["data"].items()} == {"train_x": ["train"], "val": ["val"], "test": ["test"]}
+    assert res["data"]["val"]["val"]["images"] == 6 and res["data"]["test"]["test"]["images"] == 6
+    held = res["source_val_split"]
+    assert held["kind"].startswith("held out of each source domain's train split")
+    assert held["per_domain"] == {"train": 6} and held["size"] == 6  # half of the 12 training images
+    record = json.loads((out / "epochs.jsonl").read_text().splitlines()[-1])
+    assert record["source_val_size"] == held["size"] and list(record["source_val_accuracy_per_domain"]) == ["train"]
+
+
+@pytest.mark.parametrize(
+    "engine, trainer",
+    [("builtin", "CrossGrad"), ("builtin", "DDAIG"), pytest.param("dassl", "CrossGrad", marks=pytest.mark.dassl)],
+)
+def test_a_method_with_an_output_per_source_domain_is_one_line(engine, trainer, wilds_root, tmp_path, capsys):
+    """Its outputs would be indexed by the hospitals' numbers, past the one named source (Dassl's
+    CrossGrad stops on ``Target 1 is out of bounds``)."""
+    from test_hardening import cli, one_error_line
+
+    opts = ["TRAINER.DDAIG.G_ARCH", "fcn_3x32_gctx"] if trainer == "DDAIG" else []
+    code, _, err = cli(_argv(engine, wilds_root, tmp_path / "out", trainer, *opts), capsys)
+    line = one_error_line(err)
+    assert code == 2 and "learns one output per source domain" in line and "Vanilla, DomainMix" in line, err
+    assert not (tmp_path / "out" / "results.json").exists()
+
+
+def test_a_sweep_runs_the_official_split(tmp_path):
+    from conftest import ROOT
+    from dael_plugin.tools.sweep import build_parser
+    from dael_plugin.tools.sweep_plan import plan
+
+    ds = os.path.join(ROOT, "configs/datasets/dg/iwildcam.yaml")
+    args = build_parser().parse_args(
+        ["--root", str(tmp_path), "--dataset-config-file", ds, "--trainers", "Vanilla", "--seeds", "1", "2"]
+        + ["--output-dir", str(tmp_path / "sweep")]
+    )
+    runs = plan(args)
+    assert [(dict(r.identity)["sources"], dict(r.identity)["target"]) for r in runs] == [("train", "test")] * 2
+
+
+def test_one_named_source_of_many_domains_is_counted_whole():
+    """Hand-worked: one named source whose items carry metadata domains 0, 1, 2. Source validation
+    scores all four items (3 right: 75%); read by domain number, only domain 0's two items would count
+    (1 right: 50%). The fingerprint, the class table and a resume's counts take every item too."""
+    import torch
+
+    from dael_plugin.data.classes import classes_by_domain
+    from dael_plugin.data.fingerprint import data_fingerprint
+    from dael_plugin.data.items import Item
+    from dael_plugin.engine import selection as S
+    from dael_plugin.engine.checkpoint import train_counts
+
+    probs = torch.tensor([[0.9, 0.1], [0.2, 0.8], [0.7, 0.3], [0.6, 0.4]]).unsqueeze(1)  # (N, K=1, C=2)
+    labels, domains = torch.tensor([0, 1, 0, 1]), torch.tensor([0, 2, 1, 0])  # predicted 0, 1, 0, 0
+    val = S.Outputs(torch.zeros(4, 3), probs, labels, domains)
+    rec = S.epoch_record(1, {"source_val": val}, S.Scoring(["train"], 2, 0.95, 0, (), da=False))
+    assert rec["source_val_accuracy_per_domain"] == {"train": 75.0} and rec["source_val_accuracy"] == 75.0
+    items = [Item(f"/r/{k}.png", int(y), int(d), "c") for k, (y, d) in enumerate(zip(labels, domains))]
+    fp = data_fingerprint({"train_x": items}, ["train"], ["test"], "/r")
+    assert fp["train_x"]["train"]["images"] == 4
+    assert classes_by_domain(items, 1, 2) == [[True, True]]
+    assert train_counts(["train"], [it.domain for it in items], ["test"], None) == {"train": 4}

@@ -277,6 +277,25 @@ def test_collect_the_mean_class_accuracy(tmp_path, capsys):
     )
 
 
+def test_collect_the_macro_f1(tmp_path, capsys):
+    """``--metric macro_f1`` (iWildCam-WILDS's figure): each cell the records' own field, never their
+    accuracy or mean class accuracy; with --select, the chosen epoch's ``target_test_macro_f1``."""
+    from dael_plugin.tools.collect import main
+
+    root = str(tmp_path)
+    for seed, (acc, f1) in enumerate([(70.0, 30.0), (72.0, 36.0)], 1):
+        d = _record(root, "IWildCam", "Vanilla", "test", seed, acc, macro_f1=f1, mean_class_accuracy=50.0)
+        with open(os.path.join(d, "epochs.jsonl"), "w") as f:
+            for e, (a, m) in enumerate([(acc - 5, f1 - 5), (acc, f1)], 1):
+                f.write(json.dumps({"epoch": e, "target_test_accuracy": a, "target_test_macro_f1": m}) + "\n")
+    assert main([root, "--metric", "macro_f1"]) == 0
+    out = capsys.readouterr().out
+    assert "target test macro f1 (%)" in out and "| Vanilla | 33.00 ± 4.24 | 33.00 |" in out
+    assert os.path.isfile(os.path.join(root, "results_macro_f1.csv"))
+    assert main([root, "--select", "last", "--metric", "macro_f1"]) == 0
+    assert "33.00 ± 4.24" in capsys.readouterr().out
+
+
 def test_collect_table_with_missing_and_failed_runs(tmp_path, capsys):
     from dael_plugin.tools.collect import main
 

@@ -217,7 +217,7 @@ def test_a_runs_mean_class_accuracy_is_its_tests_not_its_accuracy(tiny_root, tmp
     import torch
     from test_contract import build
 
-    from dael_plugin.engine.evaluate import mean_class_accuracy
+    from dael_plugin.engine.evaluate import macro_f1, mean_class_accuracy
     from dael_plugin.engine.results import Evaluation, results_record
 
     tr = build("SourceOnly", tiny_root, tmp_path / "run")
@@ -242,18 +242,21 @@ def test_a_runs_mean_class_accuracy_is_its_tests_not_its_accuracy(tiny_root, tmp
     assert (round(got, 2), round(want, 2)) == (40.0, 10.0)  # 6 of 15 images right; 1 of 10 classes
     record = results_record(tr.cfg, "builtin", got, Evaluation.of(tr), "DA")
     assert record["mean_class_accuracy"] == round(want, 4) and record["accuracy"] == round(got, 4)
+    # class 0: 6 right, 9 wrongly called class 0 -> F1 12/21; the nine others 0: macro F1 (12/21)/10
+    assert record["macro_f1"] == round(100 * (12 / 21) / 10, 4) == round(macro_f1(labels, preds), 4)
 
 
 @pytest.mark.dassl
-def test_the_dassl_engines_mean_class_accuracy_is_dassls_perclass_accuracy():
-    """What the Dassl engine records for every trainer: the mean class accuracy of the labels and
-    predictions Dassl's ``Classification`` evaluator kept, equal to its own ``perclass_accuracy``
-    on an unbalanced split (where the plain accuracy differs); None for an evaluator without them."""
+def test_the_dassl_engines_class_metrics_are_dassls_perclass_accuracy_and_macro_f1():
+    """What the Dassl engine records for every trainer: the mean class accuracy and the macro F1 of
+    the labels and predictions Dassl's ``Classification`` evaluator kept, equal to its own
+    ``perclass_accuracy`` and ``macro_f1`` on an unbalanced split (where the plain accuracy differs);
+    None for an evaluator without them."""
     import torch
     from dassl.config import get_cfg_default
     from dassl.evaluation import build_evaluator
 
-    from dael_plugin.tools.train_engines import dassl_mean_class_accuracy
+    from dael_plugin.tools.train_engines import dassl_class_metrics
 
     cfg = get_cfg_default()
     cfg.TEST.PER_CLASS_RESULT = True
@@ -261,6 +264,23 @@ def test_the_dassl_engines_mean_class_accuracy_is_dassls_perclass_accuracy():
     labels, preds = torch.tensor([0, 0, 0, 0, 1, 2, 3]), torch.zeros(7, dtype=torch.long)
     ev.process(torch.nn.functional.one_hot(preds, 4).float(), labels)
     want = ev.evaluate()
-    assert dassl_mean_class_accuracy(ev) == pytest.approx(want["perclass_accuracy"], abs=1e-9) == 25.0
+    mean_class, f1 = dassl_class_metrics(ev)
+    assert mean_class == pytest.approx(want["perclass_accuracy"], abs=1e-9) == 25.0
+    assert f1 == pytest.approx(want["macro_f1"], abs=1e-9) == pytest.approx(100 * (8 / 11) / 4)  # class 0's F1 alone
     assert want["accuracy"] == pytest.approx(400 / 7)
-    assert dassl_mean_class_accuracy(object()) is None
+    assert dassl_class_metrics(object()) == (None, None)
+
+
+def test_an_epoch_record_holds_the_tests_class_metrics_by_hand():
+    """Labels 0, 0, 1, 1 predicted 0, 1, 1, 2: accuracy 50%, mean class accuracy (50 + 50) / 2 = 50%,
+    macro F1 over the test's classes (2/3 + 1/2) / 2 = 58.33% (over every class predicted as well,
+    the union scikit-learn takes by default, it would be 38.89%)."""
+    import torch
+
+    from dael_plugin.engine import selection as S
+
+    probs = torch.nn.functional.one_hot(torch.tensor([0, 1, 1, 2]), 3).float()[:, None]
+    test = S.Outputs(torch.zeros(4, 2), probs, torch.tensor([0, 0, 1, 1]), torch.zeros(4, dtype=torch.long))
+    rec = S.epoch_record(1, {"test": test}, S.Scoring(["a", "b"], 3, 0.95, 0, (), da=False))
+    assert rec["target_test_accuracy"] == 50.0 and rec["target_test_mean_class_accuracy"] == 50.0
+    assert rec["target_test_macro_f1"] == round(100 * (2 / 3 + 1 / 2) / 2, 4) == 58.3333

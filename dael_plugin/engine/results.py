@@ -114,6 +114,7 @@ class TrainerFacts:
     expert_accuracy: Sequence[float] = ()  # the last test's, per expert
     per_class_accuracy: Optional[Dict[str, Dict[str, float]]] = None  # the last test's
     mean_class_accuracy: Optional[float] = None  # the last test's mean over its classes (VisDA's figure)
+    macro_f1: Optional[float] = None  # the last test's macro F1 over its classes (iWildCam-WILDS's figure)
     bad_images: AbstractSet[str] = frozenset()  # unreadable images left out
     ensemble_mask = None  # the (K, C) table of which expert knows which class, where the ensemble reads one
     own_records = False  # writes its own per-epoch records and best models (the plugin's trainers)
@@ -134,16 +135,18 @@ class Evaluation:
     per_class_accuracy: Optional[Dict[str, Dict[str, float]]] = None
     unreadable_images: Sequence[str] = ()
     mean_class_accuracy: Optional[float] = None
+    macro_f1: Optional[float] = None
 
     @classmethod
     def of(cls, trainer: TrainerFacts) -> "Evaluation":
-        """A trainer's (Dassl's own trainers keep the mean class accuracy alone, from Dassl's
-        evaluator: the record says so by empty fields)."""
+        """A trainer's (Dassl's own trainers keep the mean class accuracy and the macro F1 alone, from
+        Dassl's evaluator: the record says so by empty fields)."""
         return cls(
             list(trainer.expert_accuracy),
             trainer.per_class_accuracy,
             sorted(trainer.bad_images),
             trainer.mean_class_accuracy,
+            trainer.macro_f1,
         )
 
 
@@ -182,6 +185,8 @@ def results_record(
         "accuracy": None if accuracy is None else round(float(accuracy), 4),
         # the mean over the test classes of each one's accuracy (Dassl's perclass_accuracy; VisDA's figure)
         "mean_class_accuracy": None if accuracy is None or mean_class is None else round(float(mean_class), 4),
+        # the mean over the test classes of each one's F1 (Dassl's macro_f1 and WILDS's F1-macro; iWildCam's figure)
+        "macro_f1": None if accuracy is None or evaluation.macro_f1 is None else round(float(evaluation.macro_f1), 4),
         "expert_accuracy": {n: round(float(a), 4) for n, a in zip(names, expert_accuracy)},
         # class name -> % for the ensemble; the same per expert under per_class_expert_accuracy
         "per_class_accuracy": (per_class_accuracy or {}).get("ensemble"),

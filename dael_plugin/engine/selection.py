@@ -13,7 +13,8 @@ After every ``SELECTION.EVAL_FREQ`` epochs (and the last), a run appends one JSO
 - ``target_val_accuracy``: the same subsample's labels, read by the ``oracle`` alone (never the
   test split; in DA those images were trained on without labels, so the oracle is an upper bound);
 - ``target_test_accuracy``, ``target_test_mean_class_accuracy`` (the mean over the test classes of
-  each one's accuracy, VisDA's figure) and ``target_test_accuracy_per_expert``: for reporting only.
+  each one's accuracy, VisDA's figure), ``target_test_macro_f1`` (of each one's F1, iWildCam's) and
+  ``target_test_accuracy_per_expert``: for reporting only.
 
 Each protocol's current choice is kept as ``model-best-<protocol>.pth.tar`` (written atomically,
 on the earliest epoch of the best score). A resumed run first drops the records of epochs it will
@@ -39,7 +40,7 @@ from dael_plugin.core import validators as V
 from dael_plugin.data.images import LEFT_OUT, note_unreadable
 from dael_plugin.data.items import named_domain
 from dael_plugin.engine import distributed
-from dael_plugin.engine.evaluate import mean_class_accuracy
+from dael_plugin.engine.evaluate import macro_f1, mean_class_accuracy
 from dael_plugin.engine.results_reader import is_number
 
 EPOCHS = "epochs.jsonl"
@@ -409,6 +410,7 @@ def epoch_record(epoch: int, outs: Dict[str, Optional[Outputs]], scoring: Scorin
         rec["target_test_accuracy"] = round(float(_accuracy(test.ensemble, test.labels)), 4)
         pred = test.ensemble.argmax(-1)
         rec["target_test_mean_class_accuracy"] = round(mean_class_accuracy(test.labels.cpu(), pred.cpu()), 4)
+        rec["target_test_macro_f1"] = round(macro_f1(test.labels.cpu(), pred.cpu()), 4)
         if test.probs.shape[1] > 1:
             hits = (test.probs.argmax(-1) == test.labels[:, None]).float().mean(0) * 100.0
             rec["target_test_accuracy_per_expert"] = {

@@ -603,7 +603,7 @@ class BuiltinTrainer(TrainerFacts):
         results, lines = classification_results(yt, yp, self.classnames, bool(test.PER_CLASS_RESULT))
         print("\n".join(lines))
         acc = results["accuracy"]
-        self.mean_class_accuracy = mean_class_accuracy(yt, yp)
+        self.mean_class_accuracy, self.macro_f1 = mean_class_accuracy(yt, yp), results["macro_f1"]
         if test.COMPUTE_CMAT and self.world.is_main:
             print(f"Confusion matrix is saved to {save_confusion_matrix(yt, yp, self.cfg.OUTPUT_DIR)}")
         if "perclass_accuracy" in results:

@@ -1,6 +1,6 @@
 """Tables from a sweep's ``results.json`` records (DomainBed's ``collect_results``, for Dassl runs).
 
-    python scripts/collect.py DIR [--latex] [--paper] [--metric mean_class_accuracy]
+    python scripts/collect.py DIR [--latex] [--paper] [--metric mean_class_accuracy|macro_f1]
     python scripts/collect.py DIR --select PROTOCOL [--per-setting]    (model selection, docs/selection.md)
     python scripts/collect.py DIR --validators                         (the validators ranked)
 
@@ -18,7 +18,8 @@ The tables are printed and written to ``DIR/results.md`` and
 published numbers of the DAEL paper (``dael_plugin/tools/paper_results.json``,
 each with its table cited). ``--metric mean_class_accuracy``: each class's
 accuracy averaged over the test classes (VisDA-2017's figure), into
-``DIR/results_mean_class_accuracy.*``.
+``DIR/results_mean_class_accuracy.*``; ``--metric macro_f1``: each class's F1 so averaged
+(iWildCam-WILDS's figure), into ``DIR/results_macro_f1.*``.
 """
 
 from __future__ import annotations
@@ -266,6 +267,8 @@ def render(tables, latex: bool = False, metric: str = "accuracy") -> Tuple[str, 
 
 
 def main(argv: Optional[List[str]] = None) -> int:
+    from dael_plugin.tools.select import REPORTED  # (the metrics a cell may hold, and their fields)
+
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", help="a sweep's --output-dir (or any folder holding results.json files)")
     p.add_argument("--latex", action="store_true", help="also print LaTeX tables")
@@ -280,10 +283,11 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--per-setting", action="store_true", help="with --select: a row per setting, the epoch chosen")
     p.add_argument(
         "--metric",
-        choices=("accuracy", "mean_class_accuracy"),
+        choices=tuple(REPORTED),
         default="accuracy",
-        help="what a cell holds: the target test accuracy, or its mean over the classes (each class's accuracy "
-        "averaged; Dassl's perclass_accuracy, VisDA-2017's figure)",
+        help="what a cell holds: the target test accuracy; mean_class_accuracy, each class's accuracy averaged "
+        "over the test classes (Dassl's perclass_accuracy, VisDA-2017's figure); macro_f1, each class's F1 so "
+        "averaged (Dassl's macro_f1, WILDS's F1-macro, iWildCam's figure)",
     )
     p.add_argument("--validators", action="store_true", help="rank the validators against target test accuracy (DA)")
     args = p.parse_args(argv)

@@ -151,6 +151,7 @@ def _left_out(protocol: Protocol, runs: Dict[str, "Run"]) -> List[str]:
 REPORTED = {
     "accuracy": ("target_test_accuracy", "accuracy"),
     "mean_class_accuracy": ("target_test_mean_class_accuracy", "mean_class_accuracy"),
+    "macro_f1": ("target_test_macro_f1", "macro_f1"),
 }
 
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import argparse
 import os
-from typing import Optional
+from typing import Optional, Tuple
 
 from yacs.config import CfgNode as CN
 
@@ -143,21 +143,23 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     def recording_test(*a, **k):
         result = original_test(*a, **k)
         recorded["accuracy"] = result
-        trainer.mean_class_accuracy = dassl_mean_class_accuracy(trainer.evaluator)
+        trainer.mean_class_accuracy, trainer.macro_f1 = dassl_class_metrics(trainer.evaluator)
         return result
 
     trainer.test = recording_test  # every trainer's final test result reaches results.json
     return {"trainer": trainer, "recorded": recorded}
 
 
-def dassl_mean_class_accuracy(evaluator) -> Optional[float]:
-    """The mean class accuracy of the test Dassl's ``Classification`` evaluator last saw (its kept
-    labels and predictions: Dassl's ``perclass_accuracy``); None for another ``TEST.EVALUATOR``,
-    which keeps none (the record then says null)."""
-    from dael_plugin.engine.evaluate import mean_class_accuracy
+def dassl_class_metrics(evaluator) -> Tuple[Optional[float], Optional[float]]:
+    """The mean class accuracy and the macro F1 of the test Dassl's ``Classification`` evaluator
+    last saw (its kept labels and predictions: Dassl's ``perclass_accuracy`` and ``macro_f1``); None
+    for another ``TEST.EVALUATOR``, which keeps none (the record then says null)."""
+    from dael_plugin.engine.evaluate import macro_f1, mean_class_accuracy
 
     labels = getattr(evaluator, "_y_true", None)  # (Dassl's Classification's own attributes)
-    return mean_class_accuracy(labels, evaluator._y_pred) if labels else None
+    if not labels:
+        return None, None
+    return mean_class_accuracy(labels, evaluator._y_pred), macro_f1(labels, evaluator._y_pred)
 
 
 _BEST_VAL_WITHOUT_VAL = (

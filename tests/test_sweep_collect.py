@@ -571,3 +571,28 @@ def test_a_quoted_tilde_is_the_home_folder_for_sweep_and_collect(tmp_path, capsy
     (home / "empty").mkdir()
     assert collect(["~/empty"]) == 2
     assert "no results.json under" in capsys.readouterr().err  # found the folder, not "is not a folder"
+
+
+def test_collect_a_wilds_figure(tmp_path, capsys):
+    """``--metric wilds:acc_worst_region``: each cell the records' WILDS figure (a fraction) in percent;
+    a record without that figure names the ones it has; --select is refused (epoch records lack it)."""
+    from dael_plugin.tools.collect import main
+
+    root = str(tmp_path)
+    for seed, (acc, worst) in enumerate([(70.0, 0.40), (72.0, 0.46)], 1):
+        figures = {"acc_avg": acc / 100, "acc_worst_region": worst, "acc_worst_year": 0.5}
+        _record(root, "FMoW", "Vanilla", "test", seed, acc, wilds_metrics=figures)
+    assert main([root, "--metric", "wilds:acc_worst_region"]) == 0
+    out = capsys.readouterr().out
+    assert "target test WILDS's acc_worst_region (%)" in out and "| Vanilla | 43.00 ± 4.24 | 43.00 |" in out
+    assert os.path.isfile(os.path.join(root, "results_wilds_acc_worst_region.csv"))
+    assert main([root, "--metric", "wilds:acc_wg"]) == 2
+    err = capsys.readouterr().err
+    assert (
+        "records no WILDS figure 'acc_wg' (it holds wilds:acc_avg, wilds:acc_worst_region, wilds:acc_worst_year)" in err
+    )
+    assert main([root, "--select", "last", "--metric", "wilds:acc_avg"]) == 2
+    assert "not of each epoch's record" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([root, "--metric", "worst_region"])
+    assert "one of accuracy, mean_class_accuracy, macro_f1, or wilds:<figure>" in capsys.readouterr().err

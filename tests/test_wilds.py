@@ -9,6 +9,7 @@ import shutil
 
 import dassl_layouts as layouts
 import pytest
+import torch
 
 from dael_plugin.data.folders import load_splits
 from dael_plugin.errors import DAELConfigError
@@ -145,6 +146,8 @@ def test_a_run_names_the_split_and_validates_on_its_own_source(engine, wilds_roo
     held = res["source_val_split"]
     assert held["kind"].startswith("held out of each source domain's train split")
     assert held["per_domain"] == {"train": 6} and held["size"] == 6  # half of the 12 training images
+    assert res["wilds_metrics"]["acc_avg"] == pytest.approx(res["accuracy"] / 100, abs=1e-5)  # WILDS's figures
+    assert set(res["wilds_metrics"]) == {"acc_avg", "acc_wg"}
     record = json.loads((out / "epochs.jsonl").read_text().splitlines()[-1])
     assert record["source_val_size"] == held["size"] and list(record["source_val_accuracy_per_domain"]) == ["train"]
 
@@ -183,8 +186,6 @@ def test_one_named_source_of_many_domains_is_counted_whole():
     """Hand-worked: one named source whose items carry metadata domains 0, 1, 2. Source validation
     scores all four items (3 right: 75%); read by domain number, only domain 0's two items would count
     (1 right: 50%). The fingerprint, the class table and a resume's counts take every item too."""
-    import torch
-
     from dael_plugin.data.classes import classes_by_domain
     from dael_plugin.data.fingerprint import data_fingerprint
     from dael_plugin.data.items import Item
@@ -201,3 +202,63 @@ def test_one_named_source_of_many_domains_is_counted_whole():
     assert fp["train_x"]["train"]["images"] == 4
     assert classes_by_domain(items, 1, 2) == [[True, True]]
     assert train_counts(["train"], [it.domain for it in items], ["test"], None) == {"train": 4}
+
+
+def _scatter_mean(src, index, dim_size, reduce="mean"):
+    """torch_scatter's one function wilds' group averages call (a compiled extension, not installed
+    here): each group's mean, 0 for an empty group, by torch's own scatter_reduce."""
+    assert reduce == "mean"
+    return torch.zeros(dim_size, dtype=src.dtype).scatter_reduce(0, index, src, "mean", include_self=False)
+
+
+@pytest.mark.parametrize("name", WILDS)
+@pytest.mark.parametrize("split", ["test", "val"])
+def test_wilds_figures_are_wilds_own(name, split, wilds_root, monkeypatch):
+    """Each figure is what wilds' own ``eval`` of the dataset reports for the same predictions (its
+    group averages given torch_scatter's scatter-mean by torch's scatter_reduce), over seeds of
+    random predictions (16: several where only the "Other" region errs)."""
+    import types
+
+    from wilds import get_dataset
+
+    from dael_plugin.data.wilds_formats import _FORMATS, official_metrics
+
+    monkeypatch.setitem(__import__("sys").modules, "torch_scatter", types.SimpleNamespace(scatter=_scatter_mean))
+    fmt = _FORMATS[name]
+    data = get_dataset(dataset=fmt.wilds_name, version=fmt.version, root_dir=wilds_root, download=False)
+    subset = data.get_subset(split)
+    y = torch.as_tensor(data.y_array[subset.indices]).long()
+    for seed in range(16):
+        g = torch.Generator().manual_seed(seed)
+        pred = torch.where(torch.rand(len(y), generator=g) < 0.5, y, torch.randint(0, 62, (len(y),), generator=g))
+        ours, _ = official_metrics(name, wilds_root, split, y.tolist(), pred.tolist())
+        theirs, _ = data.eval(pred, y, data.metadata_array[subset.indices])
+        assert ours == {k: pytest.approx(float(theirs[k]), abs=1e-6) for k in ours}, (seed, ours, theirs)
+
+
+def test_fmows_worst_region_leaves_other_out_by_hand(wilds_root, capsys):
+    """The fixture's FMoW test split: Asia 2016 (dam), Europe 2017 (airport), a country of no region
+    ("Other") 2016 (zoo), predicted dam, airport, airport. Average 2/3; worst region 1.0 (Asia and
+    Europe; over every region, Other's 0 would make it 0.0); worst year 0.5 (2016: 1 of 2)."""
+    from dael_plugin.data.wilds_formats import FMOW_CATEGORIES, official_metrics
+
+    dam, airport, zoo = (FMOW_CATEGORIES.index(c) for c in ("dam", "airport", "zoo"))
+    metrics, _ = official_metrics("FMoW", wilds_root, "test", [dam, airport, zoo], [dam, airport, airport])
+    assert metrics == {"acc_avg": 0.666667, "acc_worst_region": 1.0, "acc_worst_year": 0.5}
+    assert official_metrics("FMoW", wilds_root, "test", [dam, airport], [dam, airport]) is None  # an item unscored
+    assert official_metrics("FMoW", wilds_root, "test", [zoo, airport, dam], [dam, airport, airport]) is None
+    assert "are not WILDS's test split" in capsys.readouterr().out  # labels of other items: no figure
+    assert official_metrics("PACS", wilds_root, "test", [0], [0]) is None
+
+
+def test_a_tally_in_item_order_needs_every_item():
+    from dael_plugin.engine.evaluate import ExpertTally
+
+    tally = ExpertTally()
+    probs = torch.nn.functional.one_hot(torch.tensor([2, 0]), 3).float()[:, None]
+    tally.update(probs, torch.tensor([2, 1]), torch.tensor([3, 1]))
+    tally.update(probs[:1], torch.tensor([0]), torch.tensor([0]))
+    assert tally.in_item_order(3) is None  # item 2 unscored (an unreadable image left out)
+    tally.update(probs[1:], torch.tensor([1]), torch.tensor([2]))
+    labels, preds = tally.in_item_order(4)
+    assert labels.tolist() == [0, 1, 1, 2] and preds.tolist() == [2, 0, 0, 2]

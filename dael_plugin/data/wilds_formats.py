@@ -152,6 +152,69 @@ class WildsFormat:
         return [it._replace(domain=mapping[it.domain]) for it in items]
 
 
+def is_wilds(name: str) -> bool:
+    return str(name) in _FORMATS
+
+
+_LOADED: Dict[Tuple[str, str], object] = {}  # (name, folder) -> the wilds dataset, read once a process
+
+
+def official_metrics(name: str, root: str, split: str, labels: Sequence[int], predictions: Sequence[int]):
+    """``(metrics, text)``: the figures WILDS's own evaluation (its datasets' ``eval``) reports for
+    ``predictions`` over the ``split`` (``test``, or ``val``: the OOD val), one per item in the
+    reader's order, as fractions, under WILDS's names: ``acc_avg`` for each; Camelyon17's ``acc_wg``
+    (the worst slide); FMoW's ``acc_worst_region`` (over the regions the split holds, its "Other"
+    region left out, as WILDS leaves it out) and ``acc_worst_year``; iWildCam's ``F1-macro_all`` and
+    ``recall-macro_all`` (scikit-learn's, over the labels the split holds). Computed here, because
+    wilds' own group averages import ``torch_scatter``, a compiled extension; a test holds them to
+    wilds' ``eval``. None for a dataset that is not WILDS's, or predictions that are not one per
+    item (images left out unread); ``labels`` are checked against WILDS's (predictions in another
+    order, a release changed since the run read it): where they differ, a line says so and it is
+    None, never a figure of other items."""
+    fmt = _FORMATS.get(name)
+    if fmt is None or split not in ("test", "val"):
+        return None
+    import torch
+
+    root = os.path.abspath(os.path.expanduser(root or "."))
+    folder = os.path.join(root, fmt.dataset_dir)
+    data = _LOADED.get((name, folder)) or _LOADED.setdefault((name, folder), fmt._wilds(name, root, folder))
+    subset = data.get_subset(split)
+    y = torch.as_tensor(data.y_array[subset.indices]).long()
+    if len(predictions) != len(y):
+        return None
+    if not torch.equal(y, torch.as_tensor(list(labels)).long()):
+        print(
+            f"warning: {name}: the {split} labels scored are not WILDS's {split} split under {folder} in its order "
+            "(the release changed since the run read it?); WILDS's figures are left out"
+        )
+        return None
+    p, meta = torch.as_tensor(list(predictions)).long(), data.metadata_array[subset.indices]
+    hit = (p == y).double()
+    out = {"acc_avg": float(hit.mean())}
+    if name == "Camelyon17":
+        out["acc_wg"] = _worst(hit, meta[:, 1])  # by slide
+    elif name == "FMoW":
+        regions = data._metadata_map["region"]  # (the groups' names: wilds' CombinatorialGrouper's)
+        keep = torch.tensor(["Other" not in regions[int(r)] for r in meta[:, 0]], dtype=torch.bool)
+        out["acc_worst_region"] = _worst(hit[keep], meta[keep, 0])
+        out["acc_worst_year"] = _worst(hit, meta[:, 1])
+    elif name == "IWildCam":
+        from sklearn.metrics import f1_score, recall_score
+
+        present = torch.unique(y).numpy()
+        out["recall-macro_all"] = float(recall_score(y.numpy(), p.numpy(), average="macro", labels=present))
+        out["F1-macro_all"] = float(f1_score(y.numpy(), p.numpy(), average="macro", labels=present))
+    text = "; ".join(f"{k} {v:.3f}" for k, v in out.items())
+    return {k: round(v, 6) for k, v in out.items()}, text
+
+
+def _worst(hit, groups) -> float:
+    """wilds' worst-group figure: the smallest of the groups' means over the groups with an item (0 with none)."""
+    means = [float(hit[groups == g].mean()) for g in groups.unique()]
+    return min(means) if means else 0.0
+
+
 _FORMATS = {
     "Camelyon17": WildsFormat(
         "camelyon17", "1.0", _camelyon17, _fixed_names(["healthy tissue", "tumor tissue"]),

@@ -29,8 +29,9 @@ class ExpertTally:
         self.y_true: List[torch.Tensor] = []
         self.y_pred: List[torch.Tensor] = []
         self.expert_pred: List[torch.Tensor] = []
+        self.index: List[torch.Tensor] = []  # each prediction's item in the split (the loader's ``index``)
 
-    def update(self, probs: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+    def update(self, probs: torch.Tensor, labels: torch.Tensor, index: Optional[torch.Tensor] = None) -> torch.Tensor:
         """``probs`` ``(B, K, C)``; returns the ensemble's ``(B, C)`` probabilities."""
         from dael_plugin.core.category_shift import class_ensemble
 
@@ -41,6 +42,8 @@ class ExpertTally:
         self.y_true.append(labels)
         self.y_pred.append(ens.argmax(-1))
         self.expert_pred.append(probs.argmax(-1))
+        if index is not None:
+            self.index.append(index.cpu())
         return ens
 
     def gathered(self) -> "ExpertTally":
@@ -50,20 +53,35 @@ class ExpertTally:
         mine = None
         if self.total:
             mine = (torch.cat(self.y_true).cpu(), torch.cat(self.y_pred).cpu(), torch.cat(self.expert_pred).cpu())
+            mine += (torch.cat(self.index),) if len(self.index) == len(self.y_true) else (None,)
         parts: List[Optional[tuple]] = distributed.gather_objects(mine)  # the host group (gloo)
         out = ExpertTally()
         device = self.correct.device if self.correct is not None else torch.device("cpu")
         for part in parts:
             if part is None:
                 continue
-            yt, yp, ep = (t.to(device) for t in part)
+            yt, yp, ep = (t.to(device) for t in part[:3])
             hits = (ep == yt.unsqueeze(1)).sum(0)
             out.correct = hits if out.correct is None else out.correct + hits
             out.total += yt.shape[0]
             out.y_true.append(yt)
             out.y_pred.append(yp)
             out.expert_pred.append(ep)
+            if part[3] is not None:
+                out.index.append(part[3])
         return out
+
+    def in_item_order(self, n: int) -> Optional[Tuple[torch.Tensor, torch.Tensor]]:
+        """(true, predicted) on the CPU, one per item of an ``n``-item split in its order; None where
+        an item has no prediction (an unreadable image left out) or the loader gave no indices."""
+        if not self.index or len(self.index) != len(self.y_true):
+            return None
+        index = torch.cat(self.index).long()
+        if index.numel() != n or not torch.equal(index.sort().values, torch.arange(n)):
+            return None
+        yt, yp = self.labels()
+        order = index.argsort()
+        return yt[order], yp[order]
 
     def expert_accuracy(self) -> List[float]:
         if self.correct is None or self.total == 0:
@@ -195,18 +213,35 @@ def evaluate_experts(
     tally = ExpertTally(class_mask)
     skipped = 0
     for batch in tqdm(loader, leave=False, dynamic_ncols=True, disable=not progress):
-        img, label = batch["img"], batch["label"]
+        img, label, index = batch["img"], batch["label"], batch.get("index")
         if "valid" in batch:
             valid = batch["valid"]
             note_unreadable(bad_images, batch["bad_path"], LEFT_OUT)
             skipped += int((~valid).sum())
             img, label = img[valid], label[valid]
+            index = index[valid] if index is not None else None
         if label.numel() == 0:
             continue
         y = label.to(device, non_blocking=True)
-        tally.update(predict_experts(img.to(device, non_blocking=True)), y)
+        tally.update(predict_experts(img.to(device, non_blocking=True)), y, index)
     skipped = _sum_over_processes(skipped)
     return tally.gathered(), skipped
+
+
+def report_official(name: str, root: str, split: str, ordered) -> Optional[Dict[str, float]]:
+    """A WILDS dataset's own evaluation of a test (data/wilds_formats.official_metrics; ``ordered``:
+    the split's labels and predictions in item order, or None), printed as WILDS prints it; None
+    for another dataset, or (said) where an item of the split went unscored."""
+    from dael_plugin.data.wilds_formats import is_wilds, official_metrics
+
+    if not is_wilds(name) or split not in ("test", "val"):
+        return None
+    out = official_metrics(name, root, split, *ordered) if ordered is not None else None
+    if out is None:
+        print(f"* WILDS's figures: not computed (an image of the {split} split has no prediction: left out unread)")
+        return None
+    print(f"* WILDS's figures: {out[1]}")
+    return out[0]
 
 
 def _sum_over_processes(n: int) -> int:

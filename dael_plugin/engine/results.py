@@ -115,6 +115,7 @@ class TrainerFacts:
     per_class_accuracy: Optional[Dict[str, Dict[str, float]]] = None  # the last test's
     mean_class_accuracy: Optional[float] = None  # the last test's mean over its classes (VisDA's figure)
     macro_f1: Optional[float] = None  # the last test's macro F1 over its classes (iWildCam-WILDS's figure)
+    wilds_metrics: Optional[Dict[str, float]] = None  # the last test's by WILDS's own evaluation (a WILDS dataset)
     bad_images: AbstractSet[str] = frozenset()  # unreadable images left out
     ensemble_mask = None  # the (K, C) table of which expert knows which class, where the ensemble reads one
     own_records = False  # writes its own per-epoch records and best models (the plugin's trainers)
@@ -136,6 +137,7 @@ class Evaluation:
     unreadable_images: Sequence[str] = ()
     mean_class_accuracy: Optional[float] = None
     macro_f1: Optional[float] = None
+    wilds_metrics: Optional[Dict[str, float]] = None
 
     @classmethod
     def of(cls, trainer: TrainerFacts) -> "Evaluation":
@@ -147,6 +149,7 @@ class Evaluation:
             sorted(trainer.bad_images),
             trainer.mean_class_accuracy,
             trainer.macro_f1,
+            trainer.wilds_metrics,
         )
 
 
@@ -187,6 +190,8 @@ def results_record(
         "mean_class_accuracy": None if accuracy is None or mean_class is None else round(float(mean_class), 4),
         # the mean over the test classes of each one's F1 (Dassl's macro_f1 and WILDS's F1-macro; iWildCam's figure)
         "macro_f1": None if accuracy is None or evaluation.macro_f1 is None else round(float(evaluation.macro_f1), 4),
+        # a WILDS dataset's own evaluation (fractions, as WILDS reports them: FMoW's acc_worst_region, ...)
+        "wilds_metrics": None if accuracy is None else evaluation.wilds_metrics,
         "expert_accuracy": {n: round(float(a), 4) for n, a in zip(names, expert_accuracy)},
         # class name -> % for the ensemble; the same per expert under per_class_expert_accuracy
         "per_class_accuracy": (per_class_accuracy or {}).get("ensemble"),

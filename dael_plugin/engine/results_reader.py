@@ -290,14 +290,58 @@ def row_labels(records: Sequence[Record], root: str) -> Dict[int, str]:
 
 
 __all__ = [
-    "Problem",
-    "Record",
-    "Walk",
+    "check_metric",
     "differing",
+    "metric_heading",
+    "metric_value",
+    "no_value",
+    "Problem",
     "read_records",
+    "Record",
+    "REPORTED",
     "row_labels",
     "setting_items",
     "setting_key",
     "setting_of",
+    "Walk",
     "weights_identity",
+    "WILDS_PREFIX",
 ]
+
+
+# What a table cell may hold (collect's --metric): a results.json field, and each epoch record's
+# field of the same figure (select's --select reads the chosen epoch's)
+REPORTED = {
+    "accuracy": ("target_test_accuracy", "accuracy"),
+    "mean_class_accuracy": ("target_test_mean_class_accuracy", "mean_class_accuracy"),
+    "macro_f1": ("target_test_macro_f1", "macro_f1"),
+}
+WILDS_PREFIX = "wilds:"  # --metric wilds:<figure>: results.json's wilds_metrics (data/wilds_formats.py)
+
+
+def metric_value(data: dict, metric: str) -> Optional[float]:
+    """A record's ``metric`` in percent: its field, or (``wilds:<name>``) WILDS's figure, a fraction."""
+    if metric.startswith(WILDS_PREFIX):
+        value = (data.get("wilds_metrics") or {}).get(metric[len(WILDS_PREFIX) :])
+        return None if value is None else 100.0 * float(value)
+    return None if data.get(metric) is None else float(data[metric])
+
+
+def no_value(rec, metric: str) -> str:
+    """The one line of a record without the ``metric`` a table asks for."""
+    if not metric.startswith(WILDS_PREFIX):
+        return f"{rec.path} records no {metric} (written before the plugin recorded it); rerun it, or collect --metric accuracy"
+    figures = sorted(rec.data.get("wilds_metrics") or {})
+    held = f"it holds {', '.join(WILDS_PREFIX + f for f in figures)}" if figures else "it holds no WILDS figure"
+    return f"{rec.path} records no WILDS figure {metric[len(WILDS_PREFIX) :]!r} ({held}); pick one of those"
+
+
+def metric_heading(metric: str) -> str:
+    return f"WILDS's {metric[len(WILDS_PREFIX) :]}" if metric.startswith(WILDS_PREFIX) else metric.replace("_", " ")
+
+
+def check_metric(metric: str) -> str:
+    """``--metric``'s value: a results.json field a cell may hold, or ``wilds:<figure>``."""
+    if metric in REPORTED or (metric.startswith(WILDS_PREFIX) and len(metric) > len(WILDS_PREFIX)):
+        return metric
+    raise ValueError(f"{metric!r}: one of {', '.join(REPORTED)}, or wilds:<figure> (wilds:acc_avg, ...)")

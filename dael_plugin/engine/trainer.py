@@ -40,6 +40,7 @@ from dael_plugin.engine.evaluate import (
     evaluate_experts,
     mean_class_accuracy,
     report_experts,
+    report_official,
     save_confusion_matrix,
 )
 from dael_plugin.engine.execution import cuda_settings
@@ -604,6 +605,8 @@ class BuiltinTrainer(TrainerFacts):
         print("\n".join(lines))
         acc = results["accuracy"]
         self.mean_class_accuracy, self.macro_f1 = mean_class_accuracy(yt, yp), results["macro_f1"]
+        ordered = tally.in_item_order(len(self.splits[split] or ()))
+        self.wilds_metrics = report_official(self.cfg.DATASET.NAME, self.cfg.DATASET.ROOT, split, ordered)
         if test.COMPUTE_CMAT and self.world.is_main:
             print(f"Confusion matrix is saved to {save_confusion_matrix(yt, yp, self.cfg.OUTPUT_DIR)}")
         if "perclass_accuracy" in results:

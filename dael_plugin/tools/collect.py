@@ -1,6 +1,6 @@
 """Tables from a sweep's ``results.json`` records (DomainBed's ``collect_results``, for Dassl runs).
 
-    python scripts/collect.py DIR [--latex] [--paper] [--metric mean_class_accuracy|macro_f1]
+    python scripts/collect.py DIR [--latex] [--paper] [--metric mean_class_accuracy|macro_f1|wilds:FIGURE]
     python scripts/collect.py DIR --select PROTOCOL [--per-setting]    (model selection, docs/selection.md)
     python scripts/collect.py DIR --validators                         (the validators ranked)
 
@@ -19,7 +19,9 @@ published numbers of the DAEL paper (``dael_plugin/tools/paper_results.json``,
 each with its table cited). ``--metric mean_class_accuracy``: each class's
 accuracy averaged over the test classes (VisDA-2017's figure), into
 ``DIR/results_mean_class_accuracy.*``; ``--metric macro_f1``: each class's F1 so averaged
-(iWildCam-WILDS's figure), into ``DIR/results_macro_f1.*``.
+(iWildCam-WILDS's figure), into ``DIR/results_macro_f1.*``; ``--metric wilds:acc_worst_region``: a
+figure of WILDS's own evaluation (FMoW's worst region), in percent, into
+``DIR/results_wilds_acc_worst_region.*``.
 """
 
 from __future__ import annotations
@@ -37,7 +39,12 @@ from typing import Dict, List, Optional, Tuple
 from dael_plugin.data.fingerprint import one_digest
 from dael_plugin.engine.atomic import write_text
 from dael_plugin.engine.results_reader import (
+    WILDS_PREFIX,
     Record,
+    check_metric,
+    metric_heading,
+    metric_value,
+    no_value,
     read_records,
     row_labels,
     setting_of,
@@ -114,12 +121,10 @@ def read_runs(root: str, warn=print, metric: str = "accuracy"):
                 f"{slot['seeds'][seed]} and {rec.path}; keep one (move the other out of {root})"
             )
         slot["seeds"][seed] = rec.path
-        if rec.data.get(metric) is None:  # (a null accuracy is the reader's problem, named above)
-            raise CollectError(
-                f"{rec.path} records no {metric} (written before the plugin recorded it); rerun it, or collect "
-                "--metric accuracy"
-            )
-        slot["values"].append(float(rec.data[metric]))
+        value = metric_value(rec.data, metric)
+        if value is None:  # (a null accuracy is the reader's problem, named above)
+            raise CollectError(no_value(rec, metric))
+        slot["values"].append(value)
         _same_data(slot, data_seen, table, rec, row)
     if walk.failed or walk.pending or walk.problems:
         from dael_plugin.methods import method_setting
@@ -163,6 +168,13 @@ def _same_data(slot: dict, seen: Dict[tuple, Record], table: tuple, rec: Record,
     other = seen.setdefault(key, rec)
     if other is not rec and one_digest(other.data["data"]) != one_digest(fp):
         raise say(other, f"one column, {rec.target} seed {rec.data.get('seed')}")
+
+
+def _metric_arg(metric: str) -> str:
+    try:
+        return check_metric(metric)
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
 
 
 def build(root: str, paper: bool, warn=print, metric: str = "accuracy"):
@@ -215,7 +227,7 @@ def render(tables, latex: bool = False, metric: str = "accuracy") -> Tuple[str, 
             else "n=1 seed per cell, so ± 0.00 is no estimate of the spread"
         )
         md.append(
-            f"### {dataset} ({setting}), target test {metric.replace('_', ' ')} (%), mean ± std over seeds ({seeds})"
+            f"### {dataset} ({setting}), target test {metric_heading(metric)} (%), mean ± std over seeds ({seeds})"
             + (f"; paper rows: {cite}" if cite else "")
         )
         md.append("")
@@ -267,8 +279,6 @@ def render(tables, latex: bool = False, metric: str = "accuracy") -> Tuple[str, 
 
 
 def main(argv: Optional[List[str]] = None) -> int:
-    from dael_plugin.tools.select import REPORTED  # (the metrics a cell may hold, and their fields)
-
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("dir", help="a sweep's --output-dir (or any folder holding results.json files)")
     p.add_argument("--latex", action="store_true", help="also print LaTeX tables")
@@ -283,11 +293,12 @@ def main(argv: Optional[List[str]] = None) -> int:
     p.add_argument("--per-setting", action="store_true", help="with --select: a row per setting, the epoch chosen")
     p.add_argument(
         "--metric",
-        choices=tuple(REPORTED),
+        type=_metric_arg,
         default="accuracy",
         help="what a cell holds: the target test accuracy; mean_class_accuracy, each class's accuracy averaged "
         "over the test classes (Dassl's perclass_accuracy, VisDA-2017's figure); macro_f1, each class's F1 so "
-        "averaged (Dassl's macro_f1, WILDS's F1-macro, iWildCam's figure)",
+        "averaged (Dassl's macro_f1, WILDS's F1-macro, iWildCam's figure); wilds:<figure>, a figure of WILDS's "
+        "own evaluation of a WILDS dataset (wilds:acc_worst_region, FMoW's), in percent",
     )
     p.add_argument("--validators", action="store_true", help="rank the validators against target test accuracy (DA)")
     args = p.parse_args(argv)
@@ -308,6 +319,13 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.validators and args.metric != "accuracy":
         print("error: --validators ranks against the target test accuracy; leave out --metric", file=sys.stderr)
         return 2
+    if args.metric.startswith(WILDS_PREFIX) and (args.select or args.validators):
+        print(
+            f"error: --metric {args.metric}: WILDS's figures are of the run's final test (results.json), not of each "
+            "epoch's record, which --select and --validators read; collect without them",
+            file=sys.stderr,
+        )
+        return 2
     if args.per_setting and not args.select:
         print("error: --per-setting goes with --select PROTOCOL", file=sys.stderr)
         return 2
@@ -327,7 +345,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         print(tex)
     buf = io.StringIO()
     csv.writer(buf).writerows(rows)
-    stem = "results" if args.metric == "accuracy" else f"results_{args.metric}"
+    stem = "results" if args.metric == "accuracy" else f"results_{args.metric.replace(':', '_')}"
     write_text(os.path.join(args.dir, f"{stem}.md"), md + "\n")
     write_text(os.path.join(args.dir, f"{stem}.csv"), buf.getvalue())
     print(f"wrote {os.path.join(args.dir, stem + '.md')} and {stem}.csv")

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from dael_plugin.core.validators import NAMES
-from dael_plugin.engine.results_reader import Record, read_records, row_labels
+from dael_plugin.engine.results_reader import REPORTED, Record, read_records, row_labels
 from dael_plugin.engine.selection import EPOCHS, EXPERT_SIGNALS, EpochsFile, classifiers, protocol_score
 
 
@@ -145,14 +145,6 @@ def _left_out(protocol: Protocol, runs: Dict[str, "Run"]) -> List[str]:
     if why or (protocol.name == "last" and len(runs) == 1):
         return why
     return [f"{run.record.dir}: no epoch records ({EPOCHS} absent)" for run in runs.values() if not run.epochs]
-
-
-# What a cell reports of the chosen epoch (collect's --metric): its record's field, and results.json's
-REPORTED = {
-    "accuracy": ("target_test_accuracy", "accuracy"),
-    "mean_class_accuracy": ("target_test_mean_class_accuracy", "mean_class_accuracy"),
-    "macro_f1": ("target_test_macro_f1", "macro_f1"),
-}
 
 
 def _candidates(protocol: Protocol, runs: Dict[str, Run], key: str) -> List[Tuple[float, int, str, dict]]:

@@ -144,10 +144,27 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
         result = original_test(*a, **k)
         recorded["accuracy"] = result
         trainer.mean_class_accuracy, trainer.macro_f1 = dassl_class_metrics(trainer.evaluator)
+        trainer.wilds_metrics = dassl_wilds_metrics(trainer, *a, **k)
         return result
 
     trainer.test = recording_test  # every trainer's final test result reaches results.json
     return {"trainer": trainer, "recorded": recorded}
+
+
+def dassl_wilds_metrics(trainer, split: Optional[str] = None):
+    """WILDS's own evaluation of the test Dassl's evaluator last saw (engine/evaluate.report_official):
+    Dassl's test loader is sequential, so its kept labels and predictions are the split's items in
+    order, all of them or (unreadable images left out by the plugin's trainers) fewer, then not run."""
+    from dael_plugin.data.wilds_formats import is_wilds
+    from dael_plugin.engine.evaluate import report_official
+
+    cfg, ev = trainer.cfg, trainer.evaluator
+    if not is_wilds(cfg.DATASET.NAME) or not getattr(ev, "_y_true", None) or distributed.world().distributed:
+        return None
+    split = "val" if (split or cfg.TEST.SPLIT) == "val" and trainer.val_loader is not None else "test"  # Dassl's
+    items = getattr(trainer.dm.dataset, split)
+    ordered = (ev._y_true, ev._y_pred) if len(ev._y_true) == len(items) else None
+    return report_official(cfg.DATASET.NAME, cfg.DATASET.ROOT, split, ordered)
 
 
 def dassl_class_metrics(evaluator) -> Tuple[Optional[float], Optional[float]]:

@@ -617,9 +617,10 @@ class Selection:
         moved = self.records.append(rec, m.save_best, self.keep)
         if distributed.world().is_main:
             shown = {k: rec.get(k) for k in ("source_val_accuracy", "target_val_accuracy") if rec.get(k) is not None}
+            scores = ", ".join(f"{k} {v:.2f}" for k, v in shown.items())
             print(
                 f"epoch record {epochs_done}: "
-                + ", ".join(f"{k} {v:.2f}" for k, v in shown.items())
+                + (scores or "no source validation split or target data to score")
                 + (f", validators {len(rec.get('validators', {}))}" if "validators" in rec else "")
                 + (f"; best so far under {', '.join(moved)}" if moved else "")
                 + f" ({EPOCHS}; {forward:.1f} s forward, {time.perf_counter() - start - forward:.1f} s scores)"

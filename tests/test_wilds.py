@@ -262,3 +262,15 @@ def test_a_tally_in_item_order_needs_every_item():
     tally.update(probs[1:], torch.tensor([1]), torch.tensor([2]))
     labels, preds = tally.in_item_order(4)
     assert labels.tolist() == [0, 1, 1, 2] and preds.tolist() == [2, 0, 0, 2]
+
+
+def test_check_data_counts_a_test_label_past_the_classes(wilds_root):
+    """iWildCam's fixture tests one image of label 3, which no training image has: Dassl's classes stop
+    at the largest training label (2), and the table still counts that image, in a row of its own."""
+    from dael_plugin.data.check import count_table
+    from dael_plugin.data.fingerprint import split_names
+
+    s = load_splits("IWildCam", wilds_root, ["train"], ["test"])
+    splits = {k: s[k] for k in ("train_x", "val", "test")}
+    lines = count_table(splits, split_names(["train"], ["test"], "IWildCam"), s["classnames"])
+    assert [line.split() for line in lines[-2:]] == [["3", "(no", "class)", "0", "0", "1"], ["all", "5", "2", "3"]]

@@ -70,7 +70,8 @@ def _classnames(trainer, engine: str) -> List[str]:
 
 def count_table(splits: Dict[str, Sequence], names: Dict[str, list], classnames: Sequence[str]) -> List[str]:
     """Images per split and domain (``names``: each split's, fingerprint.split_names), then per
-    class: the lines ``--check-data`` prints."""
+    class: the lines ``--check-data`` prints. A label past the class names (a test class no training
+    image has: Dassl's number of classes is the largest training label + 1) is a row of its own."""
     columns, counts = [], {}
     for split, items in splits.items():
         if not items:
@@ -81,6 +82,8 @@ def count_table(splits: Dict[str, Sequence], names: Dict[str, list], classnames:
         for it in items:
             key = (f"{split}/{domains[named_domain(it.domain, domains)]}", int(it.label))
             counts[key] = counts.get(key, 0) + 1
+    extra = sorted({k for _, k in counts if k >= len(classnames)})
+    classnames = list(classnames) + [f"{k} (no class)" for k in extra]
     width = max([len(c) for c in columns] + [8])
     cwidth = max([len(str(c)) for c in classnames] + [5])
 
@@ -88,7 +91,7 @@ def count_table(splits: Dict[str, Sequence], names: Dict[str, list], classnames:
         return f"{label:<{cwidth}}  " + "  ".join(f"{v:>{width}}" for v in values)
 
     lines = [row("class", columns)]
-    for k, cname in enumerate(classnames):
+    for k, cname in zip(list(range(len(classnames) - len(extra))) + extra, classnames):
         lines.append(row(str(cname), [f"{counts.get((c, k), 0):,}" for c in columns]))
     lines.append(row("all", [f"{sum(v for (c2, _), v in counts.items() if c2 == c):,}" for c in columns]))
     return lines

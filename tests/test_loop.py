@@ -128,13 +128,13 @@ def test_the_example_trainer_in_the_docs_trains(tmp_path, tiny_root):
     scope: dict = {}
     try:
         exec(compile(block, "docs/internals.md", "exec"), scope)
-        cls = TRAINERS["EntMin"]
+        cls = TRAINERS["JointEntMin"]
         seen = []
         real = cls.update
         cls.update = lambda self, bx, bu: (seen.append(bu is not None), real(self, bx, bu))[1]
         out = tmp_path / "out"
         proc = run_here(
-            ["--engine", "builtin", "--trainer", "EntMin", "--root", tiny_root, "--output-dir", str(out),
+            ["--engine", "builtin", "--trainer", "JointEntMin", "--root", tiny_root, "--output-dir", str(out),
              "--dataset-config-file", os.path.join(ROOT, "configs/datasets/da/embedded_digits.yaml"),
              "--config-file", os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.yaml"),
              "--source-domains", "hand", "street", "font", "--target-domains", "blend", "--seed", "1", "--",
@@ -144,11 +144,11 @@ def test_the_example_trainer_in_the_docs_trains(tmp_path, tiny_root):
         assert seen and all(seen), seen  # every update had a target batch
         assert "loss_u" in proc.stdout
         record = json.loads((out / "results.json").read_text())
-        assert record["trainer"] == "EntMin" and record["setting"] == "DA"
+        assert record["trainer"] == "JointEntMin" and record["setting"] == "DA"
         assert 0 <= record["accuracy"] <= 100
         with pytest.raises(Exception, match="exists"):  # a name taken is refused
             from dael_plugin.methods import register
 
-            register("EntMin")(type("Other", (cls,), {}))
+            register("JointEntMin")(type("Other", (cls,), {}))
     finally:
-        TRAINERS.pop("EntMin", None)
+        TRAINERS.pop("JointEntMin", None)

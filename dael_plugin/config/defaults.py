@@ -139,6 +139,17 @@ def get_builtin_cfg() -> CN:
     _C.TRAINER.SE.EMA_ALPHA = 0.999  # the teacher's EMA rate (at most; 1 - 1/(step+1) before)
     _C.TRAINER.SE.CONF_THRE = 0.95  # teacher confidence above which a target image counts (0: ramp-up)
     _C.TRAINER.SE.RAMPUP = 300  # steps of the sigmoid ramp-up of the target loss (CONF_THRE 0)
+    # Dassl's semi-supervised trainers (dassl/engine/ssl), on a DA dataset's unlabeled target
+    _C.TRAINER.ENTMIN = CN()
+    _C.TRAINER.ENTMIN.LMDA = 1e-3  # weight of the target entropy
+    _C.TRAINER.FIXMATCH = CN()
+    _C.TRAINER.FIXMATCH.WEIGHT_U = 1.0  # weight of the pseudo-label loss
+    _C.TRAINER.FIXMATCH.CONF_THRE = 0.95  # confidence at which a pseudo-label is kept
+    _C.TRAINER.FIXMATCH.STRONG_TRANSFORMS = ()  # the strong view (Dassl's config: randaugment_fixmatch, ...)
+    _C.TRAINER.MEANTEACHER = CN()
+    _C.TRAINER.MEANTEACHER.WEIGHT_U = 1.0  # weight of the consistency loss, once ramped up
+    _C.TRAINER.MEANTEACHER.EMA_ALPHA = 0.999  # the teacher's EMA rate (at most; 1 - 1/(step+1) before)
+    _C.TRAINER.MEANTEACHER.RAMPUP = 5  # epochs of the sigmoid ramp-up of the consistency weight
     return add_dael_config(_C)  # TRAINER.DAEL / TRAINER.DAELDG, from the one key table
 
 

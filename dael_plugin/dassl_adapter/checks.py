@@ -39,6 +39,11 @@ def check_trainer_cfg(cfg: CN) -> None:
     check_target_data(cfg, trainer)
     check_domains_named(cfg, trainer)
     check_views(cfg, trainer)
+    if trainer.__module__ == "dassl.engine.ssl.fixmatch" and "lab2cname" not in vars(trainer):
+        raise DAELConfigError(
+            "Dassl 0.6.3's FixMatch stops as it is built (its build_data_loader sets no lab2cname, which its "
+            "evaluator reads: AttributeError); use --engine builtin, whose FixMatch is Dassl's step"
+        )
     check_numpy_transforms(cfg, trainer)
     sampler = cfg.DATALOADER.TRAIN_X.SAMPLER
     if sampler == "CyclingDomainSampler" and not TRAINER_REGISTRY.get(cfg.TRAINER.NAME).__module__.startswith(

@@ -1,6 +1,7 @@
 """The built-in engine's methods, one file each, every one registered by importing this package:
 DAEL and DAELDG, SourceOnly and Vanilla, and Dassl's baselines (M3SDA, MME, MCD, DANN, SE, ADDA,
-AdaBN, CDAC; CrossGrad, DomainMix, DDAIG), each step for step as Dassl's own.
+AdaBN, CDAC; CrossGrad, DomainMix, DDAIG) and semi-supervised trainers (EntMin, FixMatch,
+MeanTeacher, SupBaseline), each step for step as Dassl's own.
 
 A method of your own: derive from :class:`SingleClassifier` (or :class:`DasslBaseline` for
 several optimisers), write its ``update`` and register it (docs/internals.md).
@@ -19,6 +20,7 @@ from dael_plugin.methods import (  # noqa: F401 (each registers its methods)
     mcd,
     mme,
     se,
+    semi_supervised,
     source_only,
 )
 from dael_plugin.methods.dassl_baseline import DasslBaseline

@@ -3,6 +3,8 @@ module, its ``model_backward_and_update``, and the preconditions a baseline stat
 
 from __future__ import annotations
 
+import copy
+import functools
 from typing import Dict, Optional, Sequence, Tuple
 
 import torch
@@ -52,6 +54,20 @@ class DasslBaseline(SingleClassifier):
         and a K-way classifier of the source domains."""
         backbone = self.build_backbone()
         return nn.Sequential(backbone, nn.Linear(backbone.out_features, len(self.sources)))
+
+    @staticmethod
+    def with_teacher(modules: Dict[str, nn.Module]) -> Dict[str, nn.Module]:
+        """``modules`` and ``teacher``: a frozen copy of the student ``F`` then ``C`` (SE's and
+        MeanTeacher's, Dassl's ``copy.deepcopy(self.model)``), module ``teacher`` of each checkpoint."""
+        teacher = copy.deepcopy(nn.Sequential(modules["F"], modules["C"])).requires_grad_(False)
+        return {**modules, "teacher": teacher}
+
+    @functools.cached_property
+    def teacher_pairs(self) -> Tuple[list, list]:
+        """The teacher's parameters and the student's (``F`` then ``C``, as Dassl's model), for the EMA
+        (listed once, at the first step: the modules are on their device by then)."""
+        student = [p for name in ("F", "C") for p in self.modules[name].parameters()]
+        return list(self.modules["teacher"].parameters()), student
 
     def discrepancy_steps(self, loss_fn, out: Dict[str, torch.Tensor]) -> Dict[str, torch.Tensor]:
         """MCD's and M3SDA's step C: ``N_STEP_F`` updates of ``F`` alone on ``loss_fn()``."""

@@ -19,7 +19,6 @@ Dassl's."""
 
 from __future__ import annotations
 
-import copy
 from typing import Dict, Optional
 
 import torch
@@ -55,15 +54,7 @@ class SEBuiltin(DasslBaseline):
         return [weak, weak]  # "img" and "img2": two draws of the weak view
 
     def build_model(self) -> Dict[str, nn.Module]:
-        modules = super().build_model()
-        student = nn.Sequential(modules["F"], modules["C"])
-        teacher = copy.deepcopy(student).requires_grad_(False)
-        return {**modules, "teacher": teacher}
-
-    def prepare_model(self) -> None:
-        # the EMA's parameter lists, once (teacher's, student's: F then C, as Dassl's model)
-        student = [p for name in ("F", "C") for p in self.modules[name].parameters()]
-        self.ema_pairs = (list(self.modules["teacher"].parameters()), student)
+        return self.with_teacher(super().build_model())
 
     def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
         x, y, xu1 = self.inputs(batch_x, batch_u)
@@ -77,6 +68,6 @@ class SEBuiltin(DasslBaseline):
         weight = 1.0 if self.conf_thre else sigmoid_rampup(step, self.rampup)
         loss_u = se_consistency(prob_u, t_prob_u, self.conf_thre, weight)
         self.backward_and_update(loss_x + loss_u, ("F", "C"))
-        ema_update(self.ema_pairs[0], self.ema_pairs[1], ema_rate(step, self.ema_alpha))
+        ema_update(*self.teacher_pairs, ema_rate(step, self.ema_alpha))
         acc = (logit_x.argmax(-1) == y).float().mean() * 100.0
         return {"loss_x": loss_x.detach(), "acc_x": acc.detach(), "loss_u": loss_u.detach()}

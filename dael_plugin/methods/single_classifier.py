@@ -33,12 +33,16 @@ class SingleClassifier(BuiltinTrainer):
         c = cfg.DATALOADER
         weak = build_train_transform(cfg, cfg.INPUT.TRANSFORMS)
         balanced = c.TRAIN_X.SAMPLER in DOMAIN_SAMPLERS
-        self.train_loader_x = self._x_loader(weak)
+        self.train_loader_x = self._x_loader(self.source_views(weak))
         takes_u = self.target_batches and self.is_da
         self.train_loader_u = self._u_loader(self.target_views(weak)) if takes_u else None
         self.test_loader = self._test_loader(self.splits["test"])
         if balanced:
             self._warn_small_domains(self.train_loader_x)
+
+    def source_views(self, weak):
+        """The source loader's transforms: the weak view (``img``); a list gives ``img``, ``img2``, ..."""
+        return weak
 
     def target_views(self, weak):
         """The target loader's transforms: the weak view (``img``); a list gives ``img``, ``img2``, ..."""

@@ -367,6 +367,8 @@ def test_m3sda_refuses_dassls_unmet_preconditions(tmp_path, tiny_root):
         ("SE", "TRAINER.SE.EMA_ALPHA", "1.5", "<= 1.0"),
         ("DDAIG", "TRAINER.DDAIG.ALPHA", "2.0", "<= 1.0"),
         ("CDAC", "TRAINER.CDAC.TOPK_MATCH", "0", "the feature dimensions compared must be an integer >= 1"),
+        ("MeanTeacher", "TRAINER.MEANTEACHER.RAMPUP", "0", "the ramp-up's length in epochs must be an integer >= 1"),
+        ("FixMatch", "TRAINER.FIXMATCH.CONF_THRE", "1.5", "the pseudo-label confidence threshold"),
     ],
 )
 @pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
@@ -379,6 +381,24 @@ def test_a_baseline_key_out_of_its_range_is_one_line(tmp_path, tiny_root, capsys
     proc = run_here(args)
     assert proc.returncode == 2, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert said in proc.stderr and "Traceback" not in proc.stderr and not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+def test_fixmatch_without_its_strong_view_or_dassls_unbuildable_one_is_one_line(tmp_path, tiny_root, engine):
+    """The built-in engine: FixMatch without STRONG_TRANSFORMS (Dassl's check_cfg asserts it). The Dassl
+    engine: Dassl 0.6.3's own FixMatch, which stops in a traceback as it is built (no lab2cname)."""
+    args = _cli(
+        "FixMatch", tiny_root, tmp_path / "o", *(["TRAINER.FIXMATCH.STRONG_TRANSFORMS", "()"] * (engine == "builtin"))
+    )
+    args[args.index("builtin")] = engine
+    proc = run_here(args)
+    said = (
+        "TRAINER.FIXMATCH.STRONG_TRANSFORMS is empty"
+        if engine == "builtin"
+        else "Dassl 0.6.3's FixMatch stops as it is built"
+    )
+    assert proc.returncode == 2 and said in proc.stderr and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert not (tmp_path / "o" / "results.json").exists()
 
 
 def test_source_model_preconditions_are_one_line_each(tmp_path, tiny_root, source_run):

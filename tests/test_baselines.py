@@ -331,7 +331,7 @@ def test_a_baseline_trains_on_the_builtin_engine_and_resumes(tmp_path, tiny_root
         assert done.returncode == 0 and "* accuracy:" in done.stdout, done.stderr[-2000:]
     a = torch.load(tmp_path / "a" / "model.pth.tar-2", weights_only=True)
     c = torch.load(tmp_path / "c" / "model.pth.tar-2", weights_only=True)
-    if trainer in ("DomainMix", "EntMin", "FixMatch", "MeanTeacher"):  # Dassl's one optimiser over its SimpleNet
+    if trainer in ("DomainMix", "EntMin", "FixMatch", "MeanTeacher", "MixMatch"):  # one optimiser, as Dassl's SimpleNet
         assert "optim" in a and "optims" not in a
     else:
         assert set(a["optims"]) == OPTIMS.get(trainer, {"F", "C"}) and "optim" not in a
@@ -739,19 +739,21 @@ def _source_weights(tmp_path):
 
 
 def _to_dassl(trainer, batch_x, batch_u):
-    """Dassl's SE reads ``img`` as the list of K_TRANSFORMS views (FixMatch: ``img`` and ``img2``, as ours)."""
-    if trainer != "SE":
+    """Dassl's SE and MixMatch read ``img`` as the list of K_TRANSFORMS views (FixMatch: ``img`` and
+    ``img2``, as ours)."""
+    if trainer not in ("SE", "MixMatch"):
         return batch_x, batch_u
     return dict(batch_x, img=[batch_x["img"], batch_x["img"]]), dict(batch_u, img=[batch_u["img"], batch_u["img2"]])
 
 
 @pytest.mark.dassl
-@pytest.mark.parametrize("trainer", ["DANN", "SE", "ADDA", "AdaBN", "EntMin", "FixMatch", "MeanTeacher"])
+@pytest.mark.parametrize("trainer", ["DANN", "SE", "ADDA", "AdaBN", "EntMin", "FixMatch", "MeanTeacher", "MixMatch"])
 def test_simplenet_baselines_match_dassls_own_trainer_for_three_steps(tmp_path, data_root, trainer):
-    """DANN, SE, ADDA and AdaBN, and Dassl's semi-supervised EntMin, FixMatch and MeanTeacher
-    (Dassl's ``SimpleNet``: a backbone and one linear classifier): from the same weights and the
-    same three batches, at steps 40-42 of 15 epochs of 100 (DANN's reversal weight 0.13, SE's EMA
+    """DANN, SE, ADDA and AdaBN, and Dassl's semi-supervised EntMin, FixMatch, MeanTeacher and
+    MixMatch (Dassl's ``SimpleNet``: a backbone and one linear classifier): from the same weights and
+    the same three batches, at steps 40-42 of 15 epochs of 100 (DANN's reversal weight 0.13, SE's EMA
     rate 0.976, under its cap; MeanTeacher at epoch 2 of its 5-epoch ramp-up, weight 0.17;
+    MixMatch's shuffle and mixing weights from the same seed, its ramp-up at 40 of 500;
     FixMatch's threshold 0.2, so that some pseudo-labels are kept and some not), each step's
     losses, every weight and batch-norm statistic (the teacher's, the critic's, AdaBN's
     re-estimated ones) equal Dassl's. The same operations in the same order: bitwise equal was

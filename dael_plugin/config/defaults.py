@@ -150,6 +150,11 @@ def get_builtin_cfg() -> CN:
     _C.TRAINER.MEANTEACHER.WEIGHT_U = 1.0  # weight of the consistency loss, once ramped up
     _C.TRAINER.MEANTEACHER.EMA_ALPHA = 0.999  # the teacher's EMA rate (at most; 1 - 1/(step+1) before)
     _C.TRAINER.MEANTEACHER.RAMPUP = 5  # epochs of the sigmoid ramp-up of the consistency weight
+    _C.TRAINER.MIXMATCH = CN()
+    _C.TRAINER.MIXMATCH.WEIGHT_U = 100.0  # weight of the target's squared error, once ramped up
+    _C.TRAINER.MIXMATCH.TEMP = 2.0  # the sharpening temperature of the guessed labels
+    _C.TRAINER.MIXMATCH.MIXUP_BETA = 0.75  # Beta(MIXUP_BETA, MIXUP_BETA) of the mixing weights
+    _C.TRAINER.MIXMATCH.RAMPUP = 20000  # steps of the linear ramp-up of WEIGHT_U
     return add_dael_config(_C)  # TRAINER.DAEL / TRAINER.DAELDG, from the one key table
 
 

@@ -1,7 +1,7 @@
 """The built-in engine's methods, one file each, every one registered by importing this package:
 DAEL and DAELDG, SourceOnly and Vanilla, and Dassl's baselines (M3SDA, MME, MCD, DANN, SE, ADDA,
 AdaBN, CDAC; CrossGrad, DomainMix, DDAIG) and semi-supervised trainers (EntMin, FixMatch,
-MeanTeacher, SupBaseline), each step for step as Dassl's own.
+MeanTeacher, MixMatch, SupBaseline), each step for step as Dassl's own.
 
 A method of your own: derive from :class:`SingleClassifier` (or :class:`DasslBaseline` for
 several optimisers), write its ``update`` and register it (docs/internals.md).

@@ -14,6 +14,8 @@ a DA dataset): the usual self-training baselines of domain adaptation.
   the teacher's target probabilities, summed over classes, x ``WEIGHT_U`` x a sigmoid ramp-up over
   ``RAMPUP`` *epochs*; the teacher, in training mode as Dassl's, follows the student's parameters
   at rate min(1 - 1/(step+1), ``EMA_ALPHA``).
+- **MixMatch** (Berthelot et al., NeurIPS 2019): :class:`MixMatchBuiltin`.
+- **SupBaseline**: SourceOnly's step, under Dassl's name.
 
 One optimiser over the model (Dassl's ``SimpleNet``). Not kept from Dassl: FixMatch's log reads
 the target's labels (``y_u_pred_acc_raw``, ``y_u_pred_acc_thre``; here only an oracle reads them,
@@ -137,3 +139,60 @@ class MeanTeacherBuiltin(OneModel):
 class SupBaselineBuiltin(SourceOnlyBuiltin):
     """Dassl's supervised baseline of its semi-supervised trainers: SourceOnly's step (cross-entropy
     on the labeled source alone), under Dassl's name."""
+
+
+@register("MixMatch")
+class MixMatchBuiltin(OneModel):
+    """MixMatch (Berthelot et al., NeurIPS 2019), as Dassl's: the mean of the model's predictions on
+    ``DATALOADER.K_TRANSFORMS`` (2 or more) draws of each target image, sharpened at ``TEMP``, is its
+    label, shared by its draws; the source images (their first draw, one-hot labels) and the target
+    draws are shuffled together, and each batch is mixed up with the shuffled one (Beta(``MIXUP_BETA``,
+    ``MIXUP_BETA``), the larger weight its own); the source's soft cross-entropy plus ``WEIGHT_U`` x
+    a linear ramp-up over ``RAMPUP`` steps x the squared error on the target. The shuffle and the
+    mixing weights are drawn from the CPU generator, in Dassl's order, and moved to the device."""
+
+    k_transforms = 2  # Dassl asserts more than 1: any number of draws from 2 up (check_cfg)
+
+    def check_cfg(self) -> None:
+        views = int(self.cfg.DATALOADER.K_TRANSFORMS)
+        if views < 2:
+            raise DAELConfigError(
+                f"DATALOADER.K_TRANSFORMS={views}: MixMatch guesses each target image's label from 2 or more draws "
+                "of it (Dassl's assertion); set it to 2"
+            )
+        self.k_transforms = views
+        super().check_cfg()
+        node = self.cfg.TRAINER.MIXMATCH
+        self.weight_u, self.temp = float(node.WEIGHT_U), float(node.TEMP)
+        self.beta, self.rampup = float(node.MIXUP_BETA), int(node.RAMPUP)
+
+    def target_views(self, weak):
+        return [weak] * self.k_transforms  # "img", "img2", ...: K draws of each target image
+
+    def update(self, batch_x: dict, batch_u: Optional[dict]) -> Dict[str, torch.Tensor]:
+        dev, n = self.device, batch_x["img"].shape[0]
+        x = batch_x["img"].to(dev, non_blocking=True)
+        y = F.one_hot(batch_x["label"].to(dev, non_blocking=True), self.num_classes).float()
+        keys = ["img"] + [f"img{k}" for k in range(2, self.k_transforms + 1)]
+        views = [batch_u[k].to(dev, non_blocking=True) for k in keys]
+        weight_u = self.weight_u * min(max(self.global_step / self.rampup, 0.0), 1.0)  # Dassl's linear_rampup
+        with torch.no_grad():  # the target's label: the draws' mean prediction, sharpened (a pass per draw)
+            guess = sum(F.softmax(self.model(v).float(), 1) for v in views) / len(views)
+            guess = guess.pow(self.temp)
+            label_u = (guess / guess.sum(1, keepdim=True)).repeat(len(views), 1)
+            xu = torch.cat(views)
+        order = torch.randperm(n + xu.shape[0]).to(dev, non_blocking=True)  # Dassl's shuffle_index
+        mixed, mixed_y = torch.cat([x, xu])[order], torch.cat([y, label_u])[order]
+        x, y = self._mixup(x, mixed[:n], y, mixed_y[:n])
+        xu, label_u = self._mixup(xu, mixed[n:], label_u, mixed_y[n:])
+        loss_x = (-y * torch.log(F.softmax(self.model(x).float(), 1) + 1e-5)).sum(1).mean()
+        loss_u = ((label_u - F.softmax(self.model(xu).float(), 1)) ** 2).mean()
+        self.backward_and_update(loss_x + loss_u * weight_u, ("model",))
+        return {"loss_x": loss_x.detach(), "loss_u": loss_u.detach()}
+
+    def _mixup(self, x1, x2, y1, y2):
+        """Dassl's ``mixup(..., preserve_order=True)``: a weight per image from Beta(beta, beta) on the
+        CPU, the larger of it and its complement."""
+        lam = torch.distributions.Beta(self.beta, self.beta).sample([x1.shape[0], 1, 1, 1])
+        lam = torch.max(lam, 1 - lam).to(x1.device, non_blocking=True)
+        return x1 * lam + x2 * (1 - lam), y1 * lam[:, :, 0, 0] + y2 * (1 - lam[:, :, 0, 0])

@@ -306,8 +306,9 @@ def test_unsupported_key_on_builtin_names_the_key(tmp_path, tiny_root, capsys):
     )
     last = capsys.readouterr().err.strip().splitlines()[-1]
     assert "INPUT.NO_TRANSFORM" in last and "built-in engine does not support" in last
-    assert main(["--engine", "builtin"] + base_args(tiny_root, tmp_path / "x", trainer="FixMatch") + FAST) == 2
-    assert "not available on the built-in engine" in capsys.readouterr().err
+    assert main(["--engine", "builtin"] + base_args(tiny_root, tmp_path / "x", trainer="FixMatc") + FAST) == 2
+    err = capsys.readouterr().err
+    assert "'FixMatc' (did you mean FixMatch?) is not available on the built-in engine" in err, err
 
 
 @pytest.mark.dassl

@@ -357,15 +357,15 @@ def test_every_shipped_configs_backbone_builds_at_its_size(tmp_path):
     backbone (weights off) is built for ``INPUT.SIZE`` and takes a batch of that size; a ViT or
     CLIP config's normalisation is its weights' own (what ``auto`` gives)."""
     from dael_plugin.backbones import DASSL_CNNS, build_backbone, pretrained_stats
+    from dael_plugin.methods import trainer_names
+    from dael_plugin.tools.sweep_plan import _snake
     from dael_plugin.tools.train import build_parser, setup_cfg
 
     pairs, built = _shipped_pairs(), {}
     assert len(pairs) >= 38 and any("clip_vit_b16" in p for p, _ in pairs)
     for method, dataset in pairs:
         name = os.path.basename(os.path.dirname(method))
-        trainer = {"dael": "DAEL", "daeldg": "DAELDG", "source_only": "SourceOnly", "m3sda": "M3SDA", "mme": "MME",
-                   "ddaig": "DDAIG", "vanilla": "Vanilla", "adabn": "AdaBN", "adda": "ADDA", "dann": "DANN",
-                   "mcd": "MCD", "se": "SE", "cross_grad": "CrossGrad", "domain_mix": "DomainMix", "cdac": "CDAC"}[name]  # fmt: skip
+        trainer = {_snake(t): t for t in trainer_names()}[name]  # (a config folder is its trainer's snake_case name)
         argv = ["--engine", "builtin", "--trainer", trainer, "--root", str(tmp_path), "--seed", "1",
                 "--dataset-config-file", dataset, "--config-file", method,
                 "--", "MODEL.BACKBONE.PRETRAINED", "False"]  # (no weights here: the pretrained ones are checked below)  # fmt: skip

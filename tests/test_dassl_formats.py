@@ -493,6 +493,26 @@ def test_dassl_digit_backbones_equal_dassls(name):
 
 
 @pytest.mark.dassl
+def test_dassls_own_pretrained_backbone_offline_is_the_built_in_engines_line(tmp_path, monkeypatch):
+    """The Dassl engine's check of Dassl's own pretrained resnet18 offline and the built-in engine's
+    alexnet say the one line (backbones.dassl_cnns.weights_unreachable), each with its own fix."""
+    from dael_plugin.backbones import build_backbone
+    from dael_plugin.backbones.record import check_dassl_pretrained_reachable
+    from dael_plugin.backbones.timm_backbone import host_resolves
+
+    if host_resolves("https://download.pytorch.org"):
+        pytest.skip("download.pytorch.org can be reached here: the weights would be fetched, not refused")
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    cache = os.path.join(str(tmp_path), "hub", "checkpoints")
+    dassl = _one_line(lambda: check_dassl_pretrained_reachable("resnet18"))
+    ours = _one_line(lambda: build_backbone("alexnet", pretrained=True))
+    for msg, file in ((dassl, "resnet18-5c106cde.pth"), (ours, "alexnet-owt-4df8aa71.pth")):
+        assert msg.startswith(f"pretrained weights for Dassl's {file.split('-')[0]} ({file}) are not in the torch hub "
+                              f"cache {cache} and https://download.pytorch.org/models/{file} cannot be reached; "), msg  # fmt: skip
+    assert dassl.endswith("put the file there, or set MODEL.BACKBONE.PRETRAINED False")
+
+
+@pytest.mark.dassl
 def test_vgg16_before_its_imagenet_weights_starts_as_dassls():
     """With PRETRAINED Dassl builds vgg16 without its initialisation (the file replaces it): the
     random stream after the build, which the heads draw from next, is then Dassl's too."""

@@ -15,6 +15,7 @@ from dael_plugin.backbones.dassl_cnns import (
     WideResNet,
     alexnet,
     dassl_cache_file,
+    weights_unreachable,
 )
 from dael_plugin.backbones.small_cnn import SmallCNN
 from dael_plugin.backbones.timm_backbone import PREFIX as TIMM_PREFIX
@@ -161,10 +162,7 @@ def imagenet_file(name: str) -> str:
         return path
     fix = "put the file there, give MODEL.BACKBONE.WEIGHTS FILE, or set MODEL.BACKBONE.PRETRAINED False"
     if not host_resolves(url):
-        raise DAELConfigError(
-            f"pretrained weights for Dassl's {name} ({os.path.basename(url)}) are not in the torch hub cache "
-            f"{os.path.dirname(path)} and {url} cannot be reached; {fix}"
-        )
+        raise weights_unreachable(name, url, fix)
     try:
         os.makedirs(os.path.dirname(path), exist_ok=True)
         torch.hub.download_url_to_file(url, path, progress=False)  # (a temporary file, renamed when whole)

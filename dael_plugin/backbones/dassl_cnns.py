@@ -270,3 +270,15 @@ def dassl_cache_file(url: str) -> str:
     import os
 
     return os.path.join(torch.hub.get_dir(), "checkpoints", os.path.basename(url))
+
+
+def weights_unreachable(name: str, url: str, fix: str) -> DAELConfigError:
+    """The one line of Dassl's pretrained ``name`` offline: its ``url``'s file neither in the torch hub
+    cache nor downloadable (both engines: backbones.imagenet_file, record.check_dassl_pretrained_reachable)."""
+    import os
+
+    path = dassl_cache_file(url)
+    return DAELConfigError(
+        f"pretrained weights for Dassl's {name} ({os.path.basename(url)}) are not in the torch hub cache "
+        f"{os.path.dirname(path)} and {url} cannot be reached; {fix}"
+    )

@@ -12,10 +12,9 @@ import os
 from typing import Optional
 
 from dael_plugin.backbones import TIMM_PREFIX, timm_name_of
-from dael_plugin.backbones.dassl_cnns import IMAGENET_URLS, dassl_cache_file
+from dael_plugin.backbones.dassl_cnns import IMAGENET_URLS, dassl_cache_file, weights_unreachable
 from dael_plugin.backbones.timm_backbone import cached_weights_file, host_resolves, weights_source
 from dael_plugin.backbones.weights import sha256_of
-from dael_plugin.errors import DAELConfigError
 
 
 def _timm_tag(model_name: str) -> Optional[str]:
@@ -62,11 +61,7 @@ def check_dassl_pretrained_reachable(name: str) -> None:
     url = dassl_weights_url(name)
     if url is None or os.path.isfile(dassl_cache_file(url)) or host_resolves(url):
         return
-    raise DAELConfigError(
-        f"pretrained weights for Dassl's {name} ({os.path.basename(url)}) are not in the torch hub cache "
-        f"{os.path.dirname(dassl_cache_file(url))} and {url} cannot be reached; put the file there, or set "
-        "MODEL.BACKBONE.PRETRAINED False"
-    )
+    raise weights_unreachable(name, url, "put the file there, or set MODEL.BACKBONE.PRETRAINED False")
 
 
 def _dassl_cached_file(name: str) -> Optional[str]:

@@ -84,6 +84,15 @@ def test_dann_lambda_and_scaled_reversal_by_hand():
         reverse_grad(x, -1.0)
 
 
+def test_linear_rampup_is_dassls():
+    """MixMatch's weight ramp: 40 of 500 steps is 0.08, past the end 1, never negative (Dassl's np.clip)."""
+    from dael_plugin.core.baselines import linear_rampup
+
+    assert (linear_rampup(40, 500), linear_rampup(600, 500), linear_rampup(-1, 500)) == (0.08, 1.0, 0.0)
+    with pytest.raises(ValueError):
+        linear_rampup(3, 0)
+
+
 def test_self_ensembling_rates_and_loss_by_hand():
     """EMA rate: 0 at step 0 (the teacher copies the student), 0.5 at step 1, capped by alpha.
     Ramp-up exp(-5 (1 - t)^2): e^-5 at 0, e^-1.25 halfway, 1 from the end on. The loss: squared

@@ -74,6 +74,13 @@ def sigmoid_rampup(step: int, length: int) -> float:
     return math.exp(-5.0 * phase * phase)
 
 
+def linear_rampup(step: int, length: int) -> float:
+    """Dassl's ``linear_rampup`` (MixMatch's): step / length, clipped to [0, 1]."""
+    if length <= 0:
+        raise ValueError(f"the ramp-up length must be positive, got {length}")
+    return min(max(step / length, 0.0), 1.0)
+
+
 def ema_rate(step: int, alpha: float) -> float:
     """Self-ensembling's EMA rate at global step ``step`` (0-based; Dassl's ``SE``):
     min(1 - 1/(step + 1), alpha), so the teacher copies the student at the first step."""

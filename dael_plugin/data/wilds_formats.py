@@ -70,6 +70,9 @@ def _iwildcam_names(folder: str) -> Dict[int, str]:
     return dict(pd.read_csv(os.path.join(folder, "categories.csv"))["name"])  # Dassl's: by the file's row
 
 
+_LOADED: Dict[Tuple[str, str], object] = {}  # (name, folder) -> the wilds dataset the splits were last read from
+
+
 @dataclass(frozen=True)
 class WildsFormat:
     """A WILDS dataset (data/registry.py's entry protocol)."""
@@ -98,6 +101,7 @@ class WildsFormat:
             )
         folder = os.path.join(root, self.dataset_dir)
         data = self._wilds(name, root, folder)
+        _LOADED[(name, folder)] = data  # (the run's last test reads the same metadata: official_metrics)
         label_to_name = self.names(folder)
         splits = {k: self._read(data, k, folder, label_to_name, name) for k in ("train", "val", "test")}
         # Dassl's number of classes: the largest training label + 1 (DatasetBase.get_num_classes)
@@ -156,9 +160,6 @@ def is_wilds(name: str) -> bool:
     return str(name) in _FORMATS
 
 
-_LOADED: Dict[Tuple[str, str], object] = {}  # (name, folder) -> the wilds dataset, read once a process
-
-
 def official_metrics(name: str, root: str, split: str, labels: Sequence[int], predictions: Sequence[int]):
     """``(metrics, text)``: the figures WILDS's own evaluation (its datasets' ``eval``) reports for
     ``predictions`` over the ``split`` (``test``, or ``val``: the OOD val), one per item in the
@@ -178,7 +179,9 @@ def official_metrics(name: str, root: str, split: str, labels: Sequence[int], pr
 
     root = os.path.abspath(os.path.expanduser(root or "."))
     folder = os.path.join(root, fmt.dataset_dir)
-    data = _LOADED.get((name, folder)) or _LOADED.setdefault((name, folder), fmt._wilds(name, root, folder))
+    if (name, folder) not in _LOADED:  # (a process that did not read the splits: --eval-only's Dassl engine)
+        _LOADED[(name, folder)] = fmt._wilds(name, root, folder)
+    data = _LOADED[(name, folder)]
     subset = data.get_subset(split)
     y = torch.as_tensor(data.y_array[subset.indices]).long()
     if len(predictions) != len(y):

@@ -31,7 +31,7 @@ import torch
 from torch import nn
 from torch.nn import functional as F
 
-from dael_plugin.core.baselines import ema_rate, ema_update, sigmoid_rampup
+from dael_plugin.core.baselines import ema_rate, ema_update, linear_rampup, sigmoid_rampup
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.methods.dassl_baseline import DasslBaseline
 from dael_plugin.methods.registry import register
@@ -175,7 +175,7 @@ class MixMatchBuiltin(OneModel):
         y = F.one_hot(batch_x["label"].to(dev, non_blocking=True), self.num_classes).float()
         keys = ["img"] + [f"img{k}" for k in range(2, self.k_transforms + 1)]
         views = [batch_u[k].to(dev, non_blocking=True) for k in keys]
-        weight_u = self.weight_u * min(max(self.global_step / self.rampup, 0.0), 1.0)  # Dassl's linear_rampup
+        weight_u = self.weight_u * linear_rampup(self.global_step, self.rampup)
         with torch.no_grad():  # the target's label: the draws' mean prediction, sharpened (a pass per draw)
             guess = sum(F.softmax(self.model(v).float(), 1) for v in views) / len(views)
             guess = guess.pow(self.temp)

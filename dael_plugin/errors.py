@@ -18,7 +18,15 @@ def say(line: str) -> None:
 
 
 class DAELConfigError(ValueError):
-    """Bad configuration, command line or data layout."""
+    """Bad configuration, command line or data layout. Raised in a data-loader worker, it reaches the
+    main process as torch's copy, whose message is the worker's whole traceback: the copy keeps the
+    one line the worker raised."""
+
+    def __init__(self, *args) -> None:
+        marker = f".{type(self).__name__}: "
+        if args and isinstance(args[0], str) and args[0].startswith("Caught ") and marker in args[0]:
+            args = (args[0].rsplit(marker, 1)[1].strip(),) + args[1:]  # (torch's ExceptionWrapper.reraise)
+        super().__init__(*args)
 
 
 class NonFiniteLossError(RuntimeError):

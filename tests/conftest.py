@@ -177,6 +177,7 @@ def layouts_root(tmp_path_factory):
     dassl_layouts.cifar_c(root, "cifar10")
     dassl_layouts.cifar_c(root, "cifar100")
     dassl_layouts.wilds(root)
+    dassl_layouts.ssl(root)
     return root
 
 

@@ -143,6 +143,25 @@ def cifar_c(root: str, clean: str = "cifar10", per_class: int = 2, corruptions=(
                 _image(os.path.join(root, f"{clean}_c", kind, str(level), c, f"{k:05d}.png"), label, k + 7 * n)
 
 
+def ssl(root: str, per_class: int = 6) -> None:
+    """Dassl's semi-supervised sets as its scripts write them: ``svhn/{train,test}/<NNN>/<NNNNN>.jpg``;
+    ``test/`` beside :func:`cifar_c`'s ``cifar10/train`` and ``cifar100/train``; and
+    ``stl10/{train,test,unlabeled}/<NNNNNN>_<label|none>.jpg`` with ``stl10_binary/fold_indices.txt``
+    (fold 0 lists images out of order, fold 1 one past 255, which Dassl's uint8 parse wraps)."""
+    for label in range(3):
+        for k in range(per_class):
+            _image(os.path.join(root, "svhn", "train", f"{label:03d}", f"{label * per_class + k + 1:05d}.jpg"), label, k)
+        for k in range(2):
+            _image(os.path.join(root, "svhn", "test", f"{label:03d}", f"{k + 1:05d}.jpg"), label, k)
+        for clean in ("cifar10", "cifar100"):
+            _image(os.path.join(root, clean, "test", CLASSES[label], f"{k:05d}.png"), label, 3)
+    for split, n in (("train", 9), ("test", 4), ("unlabeled", 5)):
+        for i in range(n):
+            label = "none" if split == "unlabeled" else str(i % 3)
+            _image(os.path.join(root, "stl10", split, f"{i:06d}_{label}.jpg"), i % 3, i)
+    _write_lines(os.path.join(root, "stl10", "stl10_binary", "fold_indices.txt"), ["7 2 4 0 5 1", "3 260"])
+
+
 def _csv(path: str, header: Sequence[str], rows: Sequence[Sequence]) -> None:
     _write_lines(path, [",".join(header)] + [",".join(str(v) for v in row) for row in rows])
 

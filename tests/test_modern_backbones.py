@@ -392,7 +392,8 @@ def test_every_shipped_configs_backbone_builds_at_its_size(tmp_path):
         "timm_vit_small_patch16_224.augreg_in21k_ft_in1k",
         CLIP,
     }
-    assert not any(k[0] in DASSL_CNNS and k[1] != (32, 32) for k in built)
+    # Dassl's digit networks at their 32x32; its WideResNet (global pooling) also at STL-10's 96x96, as Dassl's config
+    assert not any(k[0] in DASSL_CNNS and k[1] != (32, 32) and k != ("wide_resnet_28_2", (96, 96)) for k in built)
 
 
 FAMILIES = [

@@ -252,14 +252,14 @@ def test_a_value_the_loop_cannot_honour_is_one_line_naming_the_values_it_takes(t
 
 
 def test_a_dataset_only_dassl_reads_says_so(tmp_path, tiny_root, capsys):
-    ds = tmp_path / "stl10.yaml"  # Dassl's semi-supervised STL-10
-    ds.write_text('DATASET:\n  NAME: "STL10"\n')
+    ds = tmp_path / "mine.yaml"  # a dataset class of the user's own in Dassl's registry
+    ds.write_text('DATASET:\n  NAME: "MyDasslSet"\n')
     argv = args_for(tiny_root, tmp_path / "o")
     argv[argv.index("--dataset-config-file") + 1] = str(ds)
     code, _, err = cli(argv, capsys)
     line = one_error_line(err)
-    assert code == 2 and "dataset 'STL10' is not one the built-in engine reads" in line, err
-    assert "'PACS'" in line and "Dassl's other datasets need --engine dassl" in line
+    assert code == 2 and "dataset 'MyDasslSet' is not one the built-in engine reads" in line, err
+    assert "'PACS'" in line and "'STL10'" in line and "Dassl's registry needs --engine dassl" in line
 
 
 # -- every write survives a full disk ----------------------------------------------------------

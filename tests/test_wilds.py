@@ -115,7 +115,7 @@ def test_what_cannot_be_read_is_one_line(wilds_root, tmp_path, monkeypatch):
     apply_official_split(ds)
     assert (ds.SOURCE_DOMAINS, ds.TARGET_DOMAINS) == (["train"], ["test"])
     ds.SOURCE_DOMAINS, ds.TARGET_DOMAINS = ["test"], ["train"]
-    with pytest.raises(DAELConfigError, match=r"brings its own split: source \['train'\] .* not \['test'\]"):
+    with pytest.raises(DAELConfigError, match=r"brings its own split, source \['train'\] .* not \['test'\]"):
         apply_official_split(ds)
 
 

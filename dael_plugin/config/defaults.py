@@ -52,6 +52,10 @@ def get_builtin_cfg() -> CN:
     _C.DATASET.TARGET_DOMAINS = ()
     _C.DATASET.CIFAR_C_TYPE = ""  # CIFAR10C / CIFAR100C: the corruption of the test images
     _C.DATASET.CIFAR_C_LEVEL = 1  # and its severity, 1 to 5
+    _C.DATASET.NUM_LABELED = -1  # CIFAR10 / CIFAR100 / SVHN: labeled training images, over all classes
+    _C.DATASET.VAL_PERCENT = 0.1  # and the share of each class held out as val
+    _C.DATASET.STL10_FOLD = -1  # STL10: its labeled fold, 0 to 4
+    _C.DATASET.ALL_AS_UNLABELED = False  # semi-supervised sets: the labeled images are unlabeled ones too
 
     _C.DATALOADER = CN()
     _C.DATALOADER.NUM_WORKERS = 4

@@ -187,6 +187,14 @@ DATASET_KEYS: Tuple[Key, ...] = (
         "classes are recorded (TRAINER.DAEL.CLASS_MASKS uses them); False: such data is refused; every format, "
         "on the Dassl engine through the plugin's readers",
     ),
+    Key(
+        "STL10_FOLD_AS_WRITTEN",
+        False,
+        "data",
+        legacy=False,
+        doc="STL10: read fold_indices.txt's indices as written (STL-10's protocol); False: Dassl's reading, which "
+        "parses them as uint8 and wraps those past 255, refused where it differs (data/ssl_formats.py)",
+    ),
 )
 
 # The SELECTION node (per-epoch records for model selection, engine/selection.py), for every trainer.

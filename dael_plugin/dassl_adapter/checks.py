@@ -96,11 +96,12 @@ def check_domains_named(cfg: CN, trainer: type) -> None:
     from dael_plugin.data.folders import official_split
 
     if trainer.__module__.startswith("dassl.") and trainer.__name__ in DASSL_PER_SOURCE_DOMAIN:
-        if official_split(cfg.DATASET.NAME) is not None:
+        split = official_split(cfg.DATASET.NAME)
+        if split is not None:
             raise DAELConfigError(
-                f"Dassl's {cfg.TRAINER.NAME} learns one output per source domain, and {cfg.DATASET.NAME} names one "
-                "source domain of many metadata domains (its train split), whose numbers would index past them: "
-                "train a method without per-domain outputs on it (Vanilla, DomainMix)"
+                f"Dassl's {cfg.TRAINER.NAME} learns one output per source domain, and {cfg.DATASET.NAME} brings its "
+                f"own split of one source, {list(split[0])} (a WILDS train split's metadata domains would index past "
+                "it): train a method without per-domain outputs on it (Vanilla, DomainMix; SourceOnly, FixMatch)"
             )
 
 

@@ -64,19 +64,25 @@ def _make(name: str):
     return type(name, (DatasetBase,), attrs)
 
 
+# The plugin's DATASET keys that read the files otherwise than Dassl's readers can
+PLUGIN_READINGS = ("CATEGORY_SHIFT", "STL10_FOLD_AS_WRITTEN")
+
+
 def _category_shift_aware(name: str, dassl_cls: type) -> type:
-    """Dassl's own reader of ``name``, or, under ``DATASET.CATEGORY_SHIFT``, the plugin's reader of
-    the same files (data/folders.py, data/dassl_formats.py). Dassl's readers of class folders number
-    each domain's folders on their own, so a domain that lacks a class would shift its labels; the
-    plugin's number every domain by the union. Without the key this is Dassl's class, unchanged."""
+    """Dassl's own reader of ``name``, or, under one of :data:`PLUGIN_READINGS`, the plugin's reader
+    of the same files (data/folders.py, data/dassl_formats.py, data/ssl_formats.py). Dassl's readers
+    of class folders number each domain's folders on their own, so a domain that lacks a class would
+    shift its labels; the plugin's number every domain by the union. Dassl's STL10 reader wraps the
+    fold's indices past 255; the plugin's reads them as written. Without the keys this is Dassl's
+    class, unchanged."""
 
     def __init__(self, cfg: CN):
-        if not bool(cfg.DATASET.get("CATEGORY_SHIFT", False)):
+        if not any(bool(cfg.DATASET.get(key, False)) for key in PLUGIN_READINGS):
             dassl_cls.__init__(self, cfg)
         else:
             _read_into(self, name, cfg, max(int(cfg.SEED), 0))  # Digit-5: the plugin's draw, not Dassl's
 
-    doc = f"{dassl_cls.__doc__ or name}\n\nUnder DATASET.CATEGORY_SHIFT read by dael_plugin (the union of the classes)."
+    doc = f"{dassl_cls.__doc__ or name}\n\nUnder DATASET.{'/'.join(PLUGIN_READINGS)} read by dael_plugin."
     return type(name, (dassl_cls,), {"__init__": __init__, "__doc__": doc, "_dael_dassl_reader": dassl_cls})
 
 

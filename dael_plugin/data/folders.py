@@ -16,6 +16,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 from dael_plugin.data import (
     dassl_formats,  # noqa: F401 (registers Dassl's formats)
     embedded,
+    ssl_formats,  # noqa: F401 (registers Dassl's semi-supervised datasets)
     wilds_formats,  # noqa: F401 (registers Dassl's WILDS datasets)
 )
 from dael_plugin.data.items import Item
@@ -117,7 +118,8 @@ def check_dataset_names(name: str, sources: Sequence[str], targets: Sequence[str
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise DAELConfigError(
             f"dataset {name!r} is not one the built-in engine reads{hint}; it reads {builtin_datasets()} "
-            "(see README, 'Which datasets run where'); Dassl's other datasets need --engine dassl"
+            "(every dataset of Dassl 0.6.3; see README, 'Which datasets run where'); a dataset of your own in "
+            "Dassl's registry needs --engine dassl, or register_dataset (docs/internals.md)"
         ) from None
     if domains is not None:
         _check_domain_names(name, domains, sources, targets)
@@ -146,14 +148,16 @@ def dataset_options(ds) -> Dict[str, object]:
 
 def official_split(name: str):
     """``(sources, targets)`` of a dataset that brings its own split (WILDS: its train split, of many
-    metadata domains -> its out-of-distribution test split), else None."""
+    metadata domains -> its out-of-distribution test split; a semi-supervised set: its labeled
+    images -> its unlabeled ones, tested on its test split), else None."""
     entry = DATASETS.get(str(name))
     return entry.official_split if entry is not None else None
 
 
 def sources_val(name: str, val):
     """The dataset's val split where it is of the source domains (a source validation split), else
-    None: a WILDS val is of other domains than its train split's (its out-of-distribution val)."""
+    None: a WILDS val is of other domains than its train split's (its out-of-distribution val); a
+    semi-supervised set's is held out of its labeled and unlabeled images alike."""
     return None if official_split(name) is not None else val
 
 
@@ -170,9 +174,8 @@ def apply_official_split(ds) -> None:
         ds.SOURCE_DOMAINS, ds.TARGET_DOMAINS = list(split[0]), list(split[1])
     elif (sources, targets) != split:
         raise DAELConfigError(
-            f"{ds.NAME} brings its own split: source {list(split[0])} (its train split) -> target "
-            f"{list(split[1])} (its out-of-distribution test split), not {list(sources)} -> {list(targets)}; "
-            "leave --source-domains and --target-domains out"
+            f"{ds.NAME} brings its own split, source {list(split[0])} -> target {list(split[1])} (its reader reads "
+            f"that, Dassl's too), not {list(sources)} -> {list(targets)}; leave --source-domains and --target-domains out"
         )
 
 

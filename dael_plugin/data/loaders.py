@@ -28,6 +28,7 @@ from dael_plugin.data.sampling import (
     seeded_draw,
     source_batch_sampler,
 )
+from dael_plugin.errors import DAELConfigError
 
 Transform = Callable[[Image.Image], torch.Tensor]
 
@@ -88,7 +89,14 @@ class ImageList(Dataset):
             img = Image.new("RGB", (8, 8))
         with seeded_draw(int(seed)):
             for k, tfm in enumerate(self.transforms):
-                out["img" if k == 0 else f"img{k + 1}"] = self._view(k, idx, img) if valid else tfm(img)
+                try:
+                    out["img" if k == 0 else f"img{k + 1}"] = self._view(k, idx, img) if valid else tfm(img)
+                except ValueError as exc:  # torchvision's crops of an image smaller than the crop
+                    raise DAELConfigError(
+                        f"{item.impath} ({img.size[0]}x{img.size[1]}): the transforms cannot take it ({exc}); "
+                        "random_crop and center_crop do not resize first: set INPUT.SIZE to the images' size, or "
+                        "put random_resized_crop in INPUT.TRANSFORMS"
+                    ) from None
         return out
 
     def __getitems__(self, keys: Sequence) -> List[dict]:

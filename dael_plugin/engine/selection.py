@@ -12,6 +12,7 @@ After every ``SELECTION.EVAL_FREQ`` epochs (and the last), a run appends one JSO
   target's train split. They never receive a target label;
 - ``target_val_accuracy``: the same subsample's labels, read by the ``oracle`` alone (never the
   test split; in DA those images were trained on without labels, so the oracle is an upper bound);
+  over the labeled ones (``target_val_size``), None where none is (STL-10's unlabeled images);
 - ``target_test_accuracy``, ``target_test_mean_class_accuracy`` (the mean over the test classes of
   each one's accuracy, VisDA's figure), ``target_test_macro_f1`` (of each one's F1, iWildCam's) and
   ``target_test_accuracy_per_expert``: for reporting only.
@@ -404,8 +405,11 @@ def epoch_record(epoch: int, outs: Dict[str, Optional[Outputs]], scoring: Scorin
             rec["validators"] = validator_scores(
                 target, sc.num_classes, sc.conf_thre, sc.seed, sc.validators, source_val, outs.get("source_train")
             )
-        rec["target_val_accuracy"] = round(float(_accuracy(target.ensemble, target.labels)), 4)
-        rec["target_val_size"] = int(target.labels.numel())
+        known = target.labels >= 0  # STL-10's unlabeled images are labeled -1: no oracle figure from them
+        n_known = int(known.sum())
+        accuracy = _accuracy(target.ensemble[known], target.labels[known]) if n_known else None
+        rec["target_val_accuracy"] = None if accuracy is None else round(float(accuracy), 4)
+        rec["target_val_size"] = n_known
     if test is not None:
         rec["target_test_accuracy"] = round(float(_accuracy(test.ensemble, test.labels)), 4)
         pred = test.ensemble.argmax(-1)

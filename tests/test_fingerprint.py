@@ -202,7 +202,7 @@ def test_both_engines_fingerprint_the_same_images(name, request):
     random.seed(4)  # as set_random_seed(SEED) leaves it
     theirs = dataset_fingerprint(cfg, DATASET_REGISTRY.get(name)(cfg))
     ours = data_fingerprint(
-        load_splits(name, root, sources, targets, seed=4), sources, targets, root, seeded_domains(name)
+        load_splits(name, root, sources, targets, seed=4), sources, targets, root, seeded_domains(cfg.DATASET)
     )
     assert ours == theirs
     assert any(v.get("seeded") for doms in ours.values() for v in doms.values()) == (name == "Digit5")

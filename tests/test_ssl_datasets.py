@@ -204,3 +204,21 @@ def test_images_smaller_than_the_crop_are_one_line(layouts_root, tmp_path, worke
         r"error: .*stl10/train/\d+_\d\.jpg \(32x32\): the transforms cannot take it \(Required crop", lines[0]
     )
     assert "set INPUT.SIZE to the images' size" in lines[0] and not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("engine", ["builtin", pytest.param("dassl", marks=pytest.mark.dassl)])
+@pytest.mark.parametrize("key, value", [("NUM_SHOTS", "5"), ("NUM_LABELED", "4000"), ("STL10_FOLD_AS_WRITTEN", "True")])
+def test_a_readers_key_on_a_dataset_that_does_not_read_it_is_one_line(engine, key, value, tmp_path):
+    """Dassl reads NUM_SHOTS for its WILDS sets alone and NUM_LABELED for CIFAR and SVHN: on PACS it
+    would train on every image without a word. One line naming the readers, before any folder."""
+    from conftest import ROOT, run_here
+
+    args = ["--engine", engine, "--trainer", "DAELDG", "--root", str(tmp_path), "--output-dir", str(tmp_path / "o")]
+    args += ["--dataset-config-file", os.path.join(ROOT, "configs", "datasets", "dg", "pacs.yaml")]
+    args += ["--config-file", os.path.join(ROOT, "configs", "trainers", "dg", "daeldg", "pacs.yaml")]
+    args += ["--source-domains", "photo", "cartoon", "--target-domains", "sketch", "--", f"DATASET.{key}", value]
+    res = run_here(args)
+    assert res.returncode == 2 and res.stderr.count("\n") == 1, res.stderr
+    assert f"DATASET.{key} " in res.stderr and "PACS's reader does not read it" in res.stderr
+    assert ("Camelyon17, FMoW, IWildCam" in res.stderr) == (key == "NUM_SHOTS")
+    assert not (tmp_path / "o").exists()

@@ -52,6 +52,54 @@ def test_each_wilds_reader_gives_dassls_items(name, wilds_root, tmp_path):
     assert len({i.domain for i in ours["train_x"]}) > 1  # many metadata domains in the one named source
 
 
+@pytest.mark.dassl
+@pytest.mark.parametrize("name", WILDS)
+def test_num_shots_draws_dassls_few_shot_training_split(name, wilds_root, tmp_path):
+    """DATASET.NUM_SHOTS 1: the training items Dassl's WILDSBase keeps after ``set_random_seed(5)``
+    (one of each label in each metadata domain, drawn with Python's RNG), in its order."""
+    from dassl.config import get_cfg_default
+    from dassl.data.datasets import DATASET_REGISTRY
+
+    root = shutil.copytree(wilds_root, tmp_path / "r")
+    cfg = get_cfg_default()
+    cfg.DATASET.ROOT, cfg.DATASET.NUM_SHOTS = str(root), 1
+    import random
+
+    random.seed(5)  # as Dassl's set_random_seed(SEED) leaves Python's RNG before the dataset is read
+    ref = DATASET_REGISTRY.get(name)(cfg)
+    ours = load_splits(name, str(root), ["train"], ["test"], seed=5, options={"NUM_SHOTS": 1})
+    assert [tuple(i) for i in ours["train_x"]] == [(d.impath, d.label, d.domain, d.classname) for d in ref.train_x]
+    whole = load_splits(name, str(root), ["train"], ["test"])["train_x"]
+    # Camelyon17 holds 2 of a label in a hospital: a draw; the others 1: every item, grouped by domain
+    assert len(ours["train_x"]) < len(whole) if name == "Camelyon17" else sorted(ours["train_x"]) == sorted(whole)
+
+
+def test_num_shots_keeps_that_many_of_each_label_in_each_domain(wilds_root):
+    """Camelyon17's 12 training patches: hospitals (domains 2, 0, 1 in the metadata's order) of 4, 2 of
+    each label. NUM_SHOTS 1 keeps one of each label in each hospital, hospitals and labels in the order
+    they first appear, drawn from the seed; 2 keeps them all; the fingerprint marks the source seeded."""
+    from yacs.config import CfgNode as CN
+
+    from dael_plugin.data.fingerprint import seeded_domains
+
+    whole = load_splits("Camelyon17", wilds_root, ["train"], ["test"])["train_x"]
+    picks = set()
+    for seed in range(8):
+        few = load_splits("Camelyon17", wilds_root, ["train"], ["test"], seed=seed, options={"NUM_SHOTS": 1})
+        groups = [(i.domain, i.label) for i in few["train_x"]]
+        first = list(dict.fromkeys((i.domain, i.label) for i in whole))
+        assert groups == sorted(first, key=lambda g: ([2, 0, 1].index(g[0]), first.index(g)))  # one of each
+        assert set(few["train_x"]) <= set(whole)
+        picks.add(tuple(few["train_x"]))
+    assert len(picks) > 1  # drawn from the seed
+    two = load_splits("Camelyon17", wilds_root, ["train"], ["test"], seed=3, options={"NUM_SHOTS": 2})["train_x"]
+    assert sorted(two) == sorted(whole)
+    ds = CN({"NAME": "Camelyon17", "SOURCE_DOMAINS": ["train"], "TARGET_DOMAINS": ["test"], "NUM_SHOTS": -1})
+    assert seeded_domains(ds) == ()
+    ds.NUM_SHOTS = 1
+    assert seeded_domains(ds) == ("train",)
+
+
 def test_wilds_items_by_hand(wilds_root):
     """The fixture's items worked out by hand from its metadata. IWildCam's training cameras 1, 8, 9 are
     numbered in a Python set's order (8, 1, 9 -> 0, 1, 2), as Dassl's reader numbers them; sorted order

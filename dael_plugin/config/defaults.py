@@ -56,6 +56,7 @@ def get_builtin_cfg() -> CN:
     _C.DATASET.VAL_PERCENT = 0.1  # and the share of each class held out as val
     _C.DATASET.STL10_FOLD = -1  # STL10: its labeled fold, 0 to 4
     _C.DATASET.ALL_AS_UNLABELED = False  # semi-supervised sets: the labeled images are unlabeled ones too
+    _C.DATASET.NUM_SHOTS = -1  # WILDS: the training images kept of each class in each metadata domain
 
     _C.DATALOADER = CN()
     _C.DATALOADER.NUM_WORKERS = 4

@@ -29,11 +29,16 @@ def relative_path(path: str, root: str) -> str:
     return path[len(prefix) :] if path.startswith(prefix) else os.path.abspath(path)
 
 
-def seeded_domains(dataset: str) -> Tuple[str, ...]:
-    """The domains whose images a dataset draws from the seed (Digit-5's 25,000 of each)."""
+def seeded_domains(ds) -> Tuple[str, ...]:
+    """The domains whose images a dataset draws from the seed (Digit-5's 25,000 of each; the sources
+    of a WILDS set under ``NUM_SHOTS``). ``ds``: the config's ``DATASET`` node."""
     from dael_plugin.data.folders import DATASETS  # (importing folders registers every dataset)
 
-    return DATASETS[dataset].seeded if dataset in DATASETS else ()
+    entry = DATASETS.get(str(ds.NAME))
+    if entry is None:
+        return ()
+    few_shot = "NUM_SHOTS" in entry.options and int(ds.get("NUM_SHOTS", -1)) > 0
+    return tuple(entry.seeded) + (tuple(ds.SOURCE_DOMAINS) if few_shot else ())
 
 
 def split_names(sources: Sequence[str], targets: Sequence[str], dataset: Optional[str] = None) -> Dict[str, list]:
@@ -89,9 +94,7 @@ def dataset_fingerprint(cfg, dataset) -> Fingerprint:
     """The fingerprint of a Dassl ``DatasetBase`` (its ``train_x``, ``train_u``, ``val``, ``test``)."""
     splits = {k: getattr(dataset, k, None) for k in SPLIT_DOMAINS}
     ds = cfg.DATASET
-    return data_fingerprint(
-        splits, ds.SOURCE_DOMAINS, ds.TARGET_DOMAINS, ds.ROOT, seeded_domains(ds.NAME), dataset=ds.NAME
-    )
+    return data_fingerprint(splits, ds.SOURCE_DOMAINS, ds.TARGET_DOMAINS, ds.ROOT, seeded_domains(ds), dataset=ds.NAME)
 
 
 def fingerprint_changes(saved: Fingerprint, now: Fingerprint) -> list:

@@ -161,6 +161,32 @@ def sources_val(name: str, val):
     return None if official_split(name) is not None else val
 
 
+# Dassl's DATASET keys that some readers read (an entry's ``options``), with their defaults
+READER_KEYS = {
+    "CIFAR_C_TYPE": "",
+    "CIFAR_C_LEVEL": 1,
+    "NUM_LABELED": -1,
+    "VAL_PERCENT": 0.1,
+    "ALL_AS_UNLABELED": False,
+    "STL10_FOLD": -1,
+    "STL10_FOLD_AS_WRITTEN": False,
+    "NUM_SHOTS": -1,
+}
+
+
+def check_unread_keys(ds) -> None:
+    """A reader's key set for a dataset whose reader does not read it (``NUM_SHOTS`` on PACS): Dassl
+    ignores it and trains on what it would have read without it; one line instead."""
+    entry = DATASETS.get(str(ds.NAME))
+    for key, default in READER_KEYS.items():
+        if entry is not None and key not in entry.options and key in ds and ds[key] != default:
+            readers = [name for name, e in DATASETS.items() if key in e.options]
+            raise DAELConfigError(
+                f"DATASET.{key} {ds[key]!r}: {ds.NAME}'s reader does not read it (nor does Dassl's), so the run "
+                f"would be the same without it; only {', '.join(readers)} read it: leave it at {default!r}"
+            )
+
+
 def apply_official_split(ds) -> None:
     """A dataset that brings its own split (WILDS) names its parts as the run's domains: left out
     (Dassl's dataset configs set none), they become the split's; any others are refused, in one

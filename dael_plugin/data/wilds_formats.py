@@ -85,7 +85,7 @@ class WildsFormat:
     domains: Tuple[str, ...] = WILDS_SPLIT[0] + WILDS_SPLIT[1]
     unlabeled_target: bool = False  # DG
     seeded: Tuple[str, ...] = ()
-    options: Tuple[str, ...] = ()
+    options: Tuple[str, ...] = ("NUM_SHOTS",)  # Dassl's few-shot training split
     official_split: Optional[Tuple[Tuple[str, ...], Tuple[str, ...]]] = WILDS_SPLIT
 
     @property
@@ -104,6 +104,11 @@ class WildsFormat:
         _LOADED[(name, folder)] = data  # (the run's last test reads the same metadata: official_metrics)
         label_to_name = self.names(folder)
         splits = {k: self._read(data, k, folder, label_to_name, name) for k in ("train", "val", "test")}
+        shots = (options or {}).get("NUM_SHOTS", -1)
+        if isinstance(shots, bool) or not isinstance(shots, int):
+            raise DAELConfigError(f"DATASET.NUM_SHOTS {shots!r}: the training images of each class and domain, an int")
+        if shots > 0:
+            splits["train"] = few_shot(splits["train"], shots, seed)
         # Dassl's number of classes: the largest training label + 1 (DatasetBase.get_num_classes)
         n = max(it.label for it in splits["train"]) + 1 if splits["train"] else 0
         return {
@@ -154,6 +159,24 @@ class WildsFormat:
         # Dassl's relabel_domain: a split's domains numbered in the order of a set of them
         mapping = {domain: i for i, domain in enumerate(set([it.domain for it in items]))}
         return [it._replace(domain=mapping[it.domain]) for it in items]
+
+
+def few_shot(items: List[Item], shots: int, seed: int) -> List[Item]:
+    """Dassl's ``NUM_SHOTS`` (``WILDSBase``, ``DatasetBase.generate_fewshot_dataset``): per domain and,
+    within it, per label (each in the order it first appears), ``shots`` items drawn with
+    ``random.sample`` from the seed (Python's RNG, which Dassl's ``set_random_seed`` seeds), or every
+    item where there are no more."""
+    import random
+
+    rng = random.Random(seed)
+    by_domain: Dict[int, Dict[int, List[Item]]] = {}
+    for it in items:
+        by_domain.setdefault(it.domain, {}).setdefault(it.label, []).append(it)
+    out: List[Item] = []
+    for by_label in by_domain.values():
+        for group in by_label.values():
+            out += rng.sample(group, shots) if len(group) >= shots else group
+    return out
 
 
 def is_wilds(name: str) -> bool:

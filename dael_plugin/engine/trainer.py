@@ -138,7 +138,7 @@ class BuiltinTrainer(TrainerFacts):
         # which images were read, per split and domain: in results.json and the checkpoint (resume compares)
         ds = cfg.DATASET
         self.data_fingerprint = data_fingerprint(
-            self.splits, self.sources, ds.TARGET_DOMAINS, ds.ROOT, seeded_domains(ds.NAME), dataset=ds.NAME
+            self.splits, self.sources, ds.TARGET_DOMAINS, ds.ROOT, seeded_domains(ds), dataset=ds.NAME
         )
         distributed.check_same_run(cfg, self.data_fingerprint)  # every rank: rank 0's settings and data
         self.check_domains_named()

@@ -201,9 +201,10 @@ def setup_cfg(args: argparse.Namespace, engine: str, said: Optional[List[str]] =
         raise DAELConfigError(key_error(exc, engine, "the command line", cfg)) from None
     except ValueError as exc:
         raise DAELConfigError(f"the command line: {value_error(exc)}") from None
-    from dael_plugin.data.folders import apply_official_split
+    from dael_plugin.data.folders import apply_official_split, check_unread_keys
 
     apply_official_split(cfg.DATASET)
+    check_unread_keys(cfg.DATASET)
     if not cfg.TRAINER.NAME:
         raise DAELConfigError("no trainer given; pass --trainer DAEL (or DAELDG, SourceOnly, M3SDA, MME, ...)")
     if not str(cfg.DATASET.ROOT).strip():

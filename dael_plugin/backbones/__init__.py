@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from dael_plugin.backbones import mixstyle
+from dael_plugin.backbones import dynamic_resnet, mixstyle
 from dael_plugin.backbones.dassl_cnns import (
     IMAGENET_URLS,
     VGG16,
@@ -39,7 +39,11 @@ DASSL_CNNS = {
 }
 # Dassl's backbones with torchvision's ImageNet weights (MODEL.BACKBONE.PRETRAINED, Dassl's default:
 # the file Dassl reads, from the torch hub cache), rebuilt key for key; built from ``pretrained``
-DASSL_IMAGENET = {"alexnet": lambda pretrained: alexnet(), "vgg16": lambda pretrained: VGG16(not pretrained)}
+DASSL_IMAGENET = {
+    "alexnet": lambda pretrained: alexnet(),
+    "vgg16": lambda pretrained: VGG16(not pretrained),
+    **{n: (lambda pretrained, n=n: dynamic_resnet.DynamicResNet(n)) for n in dynamic_resnet.names()},
+}
 
 # Dassl names whose architecture timm builds identically (the built-in engine
 # maps them; under Dassl, Dassl's own builders are used). Dassl's pretrained
@@ -97,9 +101,9 @@ def build_backbone(name: str, pretrained: bool = False, weights_file: str = "", 
         return mixstyle.MixingResNet(name, pretrained=pretrained, weights_file=weights_file, img_size=img_size)
     raise DAELConfigError(
         f"MODEL.BACKBONE.NAME={name!r} is not available without Dassl; use one of "
-        f"{sorted(OWN_BACKBONES) + sorted(DASSL_CNNS) + sorted(DASSL_IMAGENET) + sorted(TIMM_ALIASES)}, Dassl's "
-        "MixStyle and EFDMix "
-        "ResNets (resnet{18,50,101}_{ms,efdmix}_l{1,12,123}) or timm_<any timm model>, or run with --engine dassl"
+        f"{sorted(OWN_BACKBONES) + sorted(DASSL_CNNS) + ['alexnet', 'vgg16'] + sorted(TIMM_ALIASES)}, Dassl's "
+        "MixStyle and EFDMix ResNets (resnet{18,50,101}_{ms,efdmix}_l{1,12,123}), its Dynamic ResNets "
+        "(resnet{18,50,101}_dynamic[_ms_l{1,12,123}]) or timm_<any timm model>, or run with --engine dassl"
     )
 
 

@@ -262,6 +262,11 @@ class VGG16(nn.Module):
 IMAGENET_URLS = {
     "alexnet": "https://download.pytorch.org/models/alexnet-owt-4df8aa71.pth",
     "vgg16": "https://download.pytorch.org/models/vgg16-397923af.pth",
+    **{  # Dassl's Dynamic ResNets (backbones/dynamic_resnet.py): the DDG authors' ImageNet files, by depth
+        f"resnet{d}_dynamic{ms}": f"https://csip.fzu.edu.cn/files/models/resnet{d}_dynamic-{h}.pth"
+        for d, h in (("18", "074db766"), ("50", "2c3b0201"), ("101", "c5f15780"))
+        for ms in ("", "_ms_l1", "_ms_l12", "_ms_l123")
+    },
 }
 
 

@@ -1,0 +1,75 @@
+"""Dassl's Dynamic ResNets rebuilt without Dassl (dael_plugin/backbones/dynamic_resnet.py): Dassl's
+state dict and initial weights from a seed, its outputs and MixStyle draws, its pretrained file."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from dael_plugin.backbones import build_backbone
+from dael_plugin.errors import DAELConfigError
+
+NAMES = ["resnet18_dynamic", "resnet18_dynamic_ms_l12", "resnet50_dynamic_ms_l1", "resnet101_dynamic_ms_l123"]
+
+
+@pytest.mark.dassl
+@pytest.mark.parametrize("name", NAMES)
+def test_each_dynamic_resnet_equals_dassls(name):
+    """From one seed: the same keys in the same order and the same initial values; then the same
+    output in evaluation and, from the same random states, in training (MixStyle's draws), bit for bit."""
+    from dassl.modeling.backbone import build_backbone as dassl_build
+
+    torch.manual_seed(3)
+    ref = dassl_build(name, pretrained=False)
+    torch.manual_seed(3)
+    ours = build_backbone(name)
+    a, b = ref.state_dict(), ours.state_dict()
+    assert list(a) == list(b) and all(torch.equal(a[k], b[k]) for k in a)
+    assert ours.out_features == ref.out_features
+    x = torch.randn(4, 3, 48, 48)
+    for seed in range(3):  # MixStyle mixes on some draws and not on others
+        random.seed(seed), torch.manual_seed(seed)
+        want = ref.train()(x)
+        random.seed(seed), torch.manual_seed(seed)
+        assert torch.equal(ours.train()(x), want), (name, seed)
+    assert torch.equal(ours.eval()(x), ref.eval()(x))
+
+
+def test_dynamic_resnets_without_dassl(tmp_path, monkeypatch):
+    """Every name builds; a 3x3 convolution is a static kernel and four templates weighted per sample
+    (the attention's softmax sums to 1); features 512 or 2048. PRETRAINED reads the DDG authors' file
+    Dassl reads from the torch hub cache (its fc left out), and the record names it; offline without
+    it, one line."""
+    from dael_plugin.backbones import DASSL_IMAGENET
+    from dael_plugin.backbones.record import weights_record
+
+    assert sorted(n for n in DASSL_IMAGENET if "dynamic" in n) == sorted(
+        f"resnet{d}_dynamic{m}" for d in (18, 50, 101) for m in ("", "_ms_l1", "_ms_l12", "_ms_l123")
+    )
+    net = build_backbone("resnet18_dynamic").eval()
+    conv = net.layer2[0].conv1
+    assert list(conv.kernel_templates) == ["conv_nn", "conv_11", "conv_n1", "conv_1n"]
+    x = torch.randn(3, 64, 16, 16)
+    weights = conv.attention(x)
+    assert weights.shape == (3, 4) and torch.allclose(weights.sum(1), torch.ones(3))
+    static = conv.conv(x) + sum(
+        t(x) * weights[:, i].view(-1, 1, 1, 1) for i, t in enumerate(conv.kernel_templates.values())
+    )
+    assert torch.allclose(conv(x, x), static, atol=1e-6)
+    assert net(torch.randn(2, 3, 32, 32)).shape == (2, 512) and build_backbone("resnet50_dynamic").out_features == 2048
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setattr("dael_plugin.backbones.timm_backbone.host_resolves", lambda url: False)
+    with pytest.raises(DAELConfigError, match=r"resnet18_dynamic-074db766.pth\) are not in the torch hub cache"):
+        build_backbone("resnet18_dynamic_ms_l1", pretrained=True)
+    torch.manual_seed(5)
+    file = {**build_backbone("resnet18_dynamic").state_dict(), "fc.weight": torch.zeros(1000, 512)}
+    cache = tmp_path / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+    torch.save(file, cache / "resnet18_dynamic-074db766.pth")
+    torch.manual_seed(6)
+    net = build_backbone("resnet18_dynamic_ms_l1", pretrained=True)
+    assert all(torch.equal(v, file[k]) for k, v in net.state_dict().items())
+    record = weights_record("resnet18_dynamic_ms_l1", True, "", "builtin")
+    assert record["source"] == "cache" and record["file"].endswith("resnet18_dynamic-074db766.pth")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from dael_plugin.backbones import dynamic_resnet, mixstyle
+from dael_plugin.backbones import dynamic_resnet, efficientnet, mixstyle
 from dael_plugin.backbones.dassl_cnns import (
     IMAGENET_URLS,
     VGG16,
@@ -43,6 +43,7 @@ DASSL_IMAGENET = {
     "alexnet": lambda pretrained: alexnet(),
     "vgg16": lambda pretrained: VGG16(not pretrained),
     **{n: (lambda pretrained, n=n: dynamic_resnet.DynamicResNet(n)) for n in dynamic_resnet.names()},
+    **{n: (lambda pretrained, n=n: efficientnet.EfficientNet(n)) for n in efficientnet.names()},
 }
 
 # Dassl names whose architecture timm builds identically (the built-in engine
@@ -103,7 +104,8 @@ def build_backbone(name: str, pretrained: bool = False, weights_file: str = "", 
         f"MODEL.BACKBONE.NAME={name!r} is not available without Dassl; use one of "
         f"{sorted(OWN_BACKBONES) + sorted(DASSL_CNNS) + ['alexnet', 'vgg16'] + sorted(TIMM_ALIASES)}, Dassl's "
         "MixStyle and EFDMix ResNets (resnet{18,50,101}_{ms,efdmix}_l{1,12,123}), its Dynamic ResNets "
-        "(resnet{18,50,101}_dynamic[_ms_l{1,12,123}]) or timm_<any timm model>, or run with --engine dassl"
+        "(resnet{18,50,101}_dynamic[_ms_l{1,12,123}]), its efficientnet_b0 to _b7 or timm_<any timm model>, or run "
+        "with --engine dassl"
     )
 
 

@@ -267,6 +267,10 @@ IMAGENET_URLS = {
         for d, h in (("18", "074db766"), ("50", "2c3b0201"), ("101", "c5f15780"))
         for ms in ("", "_ms_l1", "_ms_l12", "_ms_l123")
     },
+    **{  # Dassl's EfficientNets (backbones/efficientnet.py): EfficientNet-PyTorch's release files
+        f"efficientnet_b{k}": f"https://github.com/lukemelas/EfficientNet-PyTorch/releases/download/1.0/efficientnet-b{k}-{h}.pth"
+        for k, h in enumerate("355c32eb f1951068 8bb594d6 5fb5a3c3 6ed6700e b6417697 c76e70fd dcc49843".split())
+    },
 }
 
 

@@ -24,7 +24,7 @@ from dael_plugin.errors import DAELConfigError
 # Prefixes a backbone's keys carry in other files: DDP's, a wrapper's, a DAEL checkpoint's F.
 PREFIXES = ("", "module.", "backbone.", "encoder.", "model.", "F.", "F.model.", "module.backbone.", "module.model.")
 # Keys a timm model built with num_classes=0 lacks: its ImageNet classifier.
-CLASSIFIER_PREFIXES = ("fc.", "head.", "head.fc.", "classifier.", "last_linear.", "heads.")
+CLASSIFIER_PREFIXES = ("fc.", "head.", "head.fc.", "classifier.", "last_linear.", "heads.", "_fc.")
 
 
 _HASHED: Dict[Tuple[str, int, int], str] = {}  # (real path, size, mtime) -> sha256, for this process

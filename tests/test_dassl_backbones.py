@@ -1,5 +1,6 @@
-"""Dassl's Dynamic ResNets rebuilt without Dassl (dael_plugin/backbones/dynamic_resnet.py): Dassl's
-state dict and initial weights from a seed, its outputs and MixStyle draws, its pretrained file."""
+"""Dassl's Dynamic ResNets and EfficientNets rebuilt without Dassl (dael_plugin/backbones/
+dynamic_resnet.py, efficientnet.py): Dassl's state dict and initial weights from a seed, its outputs,
+gradients and draws, its pretrained file."""
 
 from __future__ import annotations
 
@@ -73,3 +74,56 @@ def test_dynamic_resnets_without_dassl(tmp_path, monkeypatch):
     assert all(torch.equal(v, file[k]) for k, v in net.state_dict().items())
     record = weights_record("resnet18_dynamic_ms_l1", True, "", "builtin")
     assert record["source"] == "cache" and record["file"].endswith("resnet18_dynamic-074db766.pth")
+
+
+EFFICIENTNET_FEATURES = {0: 1280, 1: 1280, 2: 1408, 3: 1536, 4: 1792, 5: 2048, 6: 2304, 7: 2560}
+
+
+@pytest.mark.dassl
+@pytest.mark.parametrize("name", ["efficientnet_b0", "efficientnet_b3"])
+def test_each_efficientnet_equals_dassls(name):
+    """From one seed: Dassl's keys, order and initial values; from the same random states (drop
+    connect, dropout), its features and gradients in training, then its batch-norm running
+    statistics and evaluation output, bit for bit, at an input size other than
+    the one its padding was computed for."""
+    from dassl.modeling.backbone import build_backbone as dassl_build
+
+    torch.manual_seed(3)
+    ref = dassl_build(name, pretrained=False)
+    torch.manual_seed(3)
+    ours = build_backbone(name)
+    assert list(ref.state_dict()) == list(ours.state_dict())
+    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), ours.state_dict().values()))
+    x = torch.randn(4, 3, 40, 40)
+    for net in (ref, ours):
+        torch.manual_seed(1)
+        net.train()(x).square().sum().backward()
+    assert all(torch.equal(a.grad, b.grad) for a, b in zip(ref.parameters(), ours.parameters()))
+    assert all(torch.equal(a, b) for a, b in zip(ref.state_dict().values(), ours.state_dict().values()))
+    assert torch.equal(ours.eval()(x), ref.eval()(x)) and ours.out_features == ref.out_features
+
+
+def test_efficientnets_without_dassl(tmp_path, monkeypatch):
+    """b0 to b7 build with Dassl's feature sizes; b0 has EfficientNet-B0's 4,007,548 parameters; its
+    padding is computed for 224 (the stem pads 0 left, 1 right). PRETRAINED reads the release file
+    Dassl reads from the torch hub cache, its classifier _fc left out."""
+    from dael_plugin.backbones.record import weights_record
+
+    for k, features in EFFICIENTNET_FEATURES.items():
+        assert build_backbone(f"efficientnet_b{k}").out_features == features
+    net = build_backbone("efficientnet_b0").eval()
+    assert sum(p.numel() for p in net.parameters()) == 4_007_548
+    assert net._conv_stem.static_padding.padding == (0, 1, 0, 1)
+    assert net(torch.randn(2, 3, 32, 32)).shape == (2, 1280)
+    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
+    monkeypatch.setattr("dael_plugin.backbones.timm_backbone.host_resolves", lambda url: False)
+    with pytest.raises(DAELConfigError, match=r"efficientnet-b0-355c32eb.pth\) are not in the torch hub cache"):
+        build_backbone("efficientnet_b0", pretrained=True)
+    torch.manual_seed(5)
+    file = {**build_backbone("efficientnet_b0").state_dict(), "_fc.weight": torch.zeros(1000, 1280)}
+    cache = tmp_path / "hub" / "checkpoints"
+    cache.mkdir(parents=True)
+    torch.save(file, cache / "efficientnet-b0-355c32eb.pth")
+    net = build_backbone("efficientnet_b0", pretrained=True)
+    assert all(torch.equal(v, file[k]) for k, v in net.state_dict().items())
+    assert weights_record("efficientnet_b0", True, "", "builtin")["source"] == "cache"

@@ -150,7 +150,9 @@ def ssl(root: str, per_class: int = 6) -> None:
     (fold 0 lists images out of order, fold 1 one past 255, which Dassl's uint8 parse wraps)."""
     for label in range(3):
         for k in range(per_class):
-            _image(os.path.join(root, "svhn", "train", f"{label:03d}", f"{label * per_class + k + 1:05d}.jpg"), label, k)
+            _image(
+                os.path.join(root, "svhn", "train", f"{label:03d}", f"{label * per_class + k + 1:05d}.jpg"), label, k
+            )
         for k in range(2):
             _image(os.path.join(root, "svhn", "test", f"{label:03d}", f"{k + 1:05d}.jpg"), label, k)
         for clean in ("cifar10", "cifar100"):

@@ -177,8 +177,10 @@ def test_unknown_backbones_are_one_line_errors():
         DAELConfigError, match=r"no weights tag 'x' for botnet50ts_256 \(it has none; use timm_botnet50ts_256\)"
     ):
         build_backbone("timm_botnet50ts_256.x")
-    with pytest.raises(DAELConfigError, match="not available without Dassl"):
-        build_backbone("efficientnet_b0")  # a Dassl backbone not rebuilt here
+    with pytest.raises(
+        DAELConfigError, match="'efficientnet_b8' is not available without Dassl.*efficientnet_b0 to _b7"
+    ):
+        build_backbone("efficientnet_b8")  # (EfficientNet-PyTorch's b8: Dassl registers b0 to b7)
     with pytest.raises(DAELConfigError, match="is not a file"):
         build_backbone("timm_resnet18", pretrained=True, weights_file="/nonexistent.pth")
 

@@ -5,6 +5,7 @@ gradients and draws, its pretrained file."""
 from __future__ import annotations
 
 import random
+import re
 
 import pytest
 import torch
@@ -44,7 +45,6 @@ def test_dynamic_resnets_without_dassl(tmp_path, monkeypatch):
     Dassl reads from the torch hub cache (its fc left out), and the record names it; offline without
     it, one line."""
     from dael_plugin.backbones import DASSL_IMAGENET
-    from dael_plugin.backbones.record import weights_record
 
     assert sorted(n for n in DASSL_IMAGENET if "dynamic" in n) == sorted(
         f"resnet{d}_dynamic{m}" for d in (18, 50, 101) for m in ("", "_ms_l1", "_ms_l12", "_ms_l123")
@@ -60,20 +60,31 @@ def test_dynamic_resnets_without_dassl(tmp_path, monkeypatch):
     )
     assert torch.allclose(conv(x, x), static, atol=1e-6)
     assert net(torch.randn(2, 3, 32, 32)).shape == (2, 512) and build_backbone("resnet50_dynamic").out_features == 2048
+    _reads_dassls_file_from_the_cache(
+        "resnet18_dynamic_ms_l1", "resnet18_dynamic-074db766.pth", "fc.", tmp_path, monkeypatch
+    )
+
+
+def _reads_dassls_file_from_the_cache(name, file_name, classifier, tmp_path, monkeypatch):
+    """Pretrained ``name``: offline without ``file_name`` in the torch hub cache, one line; with it there
+    (a classifier under ``classifier`` beside the backbone's keys), every key read from it, and recorded."""
+    from dael_plugin.backbones.record import weights_record
+
     monkeypatch.setenv("TORCH_HOME", str(tmp_path))
     monkeypatch.setattr("dael_plugin.backbones.timm_backbone.host_resolves", lambda url: False)
-    with pytest.raises(DAELConfigError, match=r"resnet18_dynamic-074db766.pth\) are not in the torch hub cache"):
-        build_backbone("resnet18_dynamic_ms_l1", pretrained=True)
+    with pytest.raises(DAELConfigError, match=re.escape(file_name) + r"\) are not in the torch hub cache"):
+        build_backbone(name, pretrained=True)
     torch.manual_seed(5)
-    file = {**build_backbone("resnet18_dynamic").state_dict(), "fc.weight": torch.zeros(1000, 512)}
+    net = build_backbone(name)
+    file = {**net.state_dict(), f"{classifier}weight": torch.zeros(1000, net.out_features)}
     cache = tmp_path / "hub" / "checkpoints"
     cache.mkdir(parents=True)
-    torch.save(file, cache / "resnet18_dynamic-074db766.pth")
+    torch.save(file, cache / file_name)
     torch.manual_seed(6)
-    net = build_backbone("resnet18_dynamic_ms_l1", pretrained=True)
+    net = build_backbone(name, pretrained=True)
     assert all(torch.equal(v, file[k]) for k, v in net.state_dict().items())
-    record = weights_record("resnet18_dynamic_ms_l1", True, "", "builtin")
-    assert record["source"] == "cache" and record["file"].endswith("resnet18_dynamic-074db766.pth")
+    record = weights_record(name, True, "", "builtin")
+    assert record["source"] == "cache" and record["file"].endswith(file_name)
 
 
 EFFICIENTNET_FEATURES = {0: 1280, 1: 1280, 2: 1408, 3: 1536, 4: 1792, 5: 2048, 6: 2304, 7: 2560}
@@ -107,7 +118,6 @@ def test_efficientnets_without_dassl(tmp_path, monkeypatch):
     """b0 to b7 build with Dassl's feature sizes; b0 has EfficientNet-B0's 4,007,548 parameters; its
     padding is computed for 224 (the stem pads 0 left, 1 right). PRETRAINED reads the release file
     Dassl reads from the torch hub cache, its classifier _fc left out."""
-    from dael_plugin.backbones.record import weights_record
 
     for k, features in EFFICIENTNET_FEATURES.items():
         assert build_backbone(f"efficientnet_b{k}").out_features == features
@@ -115,15 +125,4 @@ def test_efficientnets_without_dassl(tmp_path, monkeypatch):
     assert sum(p.numel() for p in net.parameters()) == 4_007_548
     assert net._conv_stem.static_padding.padding == (0, 1, 0, 1)
     assert net(torch.randn(2, 3, 32, 32)).shape == (2, 1280)
-    monkeypatch.setenv("TORCH_HOME", str(tmp_path))
-    monkeypatch.setattr("dael_plugin.backbones.timm_backbone.host_resolves", lambda url: False)
-    with pytest.raises(DAELConfigError, match=r"efficientnet-b0-355c32eb.pth\) are not in the torch hub cache"):
-        build_backbone("efficientnet_b0", pretrained=True)
-    torch.manual_seed(5)
-    file = {**build_backbone("efficientnet_b0").state_dict(), "_fc.weight": torch.zeros(1000, 1280)}
-    cache = tmp_path / "hub" / "checkpoints"
-    cache.mkdir(parents=True)
-    torch.save(file, cache / "efficientnet-b0-355c32eb.pth")
-    net = build_backbone("efficientnet_b0", pretrained=True)
-    assert all(torch.equal(v, file[k]) for k, v in net.state_dict().items())
-    assert weights_record("efficientnet_b0", True, "", "builtin")["source"] == "cache"
+    _reads_dassls_file_from_the_cache("efficientnet_b0", "efficientnet-b0-355c32eb.pth", "_fc.", tmp_path, monkeypatch)

@@ -222,3 +222,19 @@ def test_a_readers_key_on_a_dataset_that_does_not_read_it_is_one_line(engine, ke
     assert f"DATASET.{key} " in res.stderr and "PACS's reader does not read it" in res.stderr
     assert ("Camelyon17, FMoW, IWildCam" in res.stderr) == (key == "NUM_SHOTS")
     assert not (tmp_path / "o").exists()
+
+
+def test_a_sweep_finds_the_ssl_trainer_configs_and_names_the_two_parts(tmp_path):
+    """sweep.py on configs/datasets/ssl/: the run's domains labeled -> unlabeled, FixMatch's config
+    from configs/trainers/ssl/ (the folder the dataset config is in)."""
+    from conftest import ROOT
+    from dael_plugin.tools.sweep import build_parser, plan
+
+    ds = os.path.join(ROOT, "configs", "datasets", "ssl", "cifar10.yaml")
+    args = build_parser().parse_args(["--root", str(tmp_path), "--output-dir", str(tmp_path / "s")] + [
+        "--dataset-config-file", ds, "--trainers", "FixMatch", "--seeds", "1"
+    ])  # fmt: skip
+    args.opts = []
+    (run,) = plan(args)
+    assert run.sources == ("labeled",) and run.target == "unlabeled"
+    assert run.config_file == os.path.join(ROOT, "configs", "trainers", "ssl", "fix_match", "cifar10.yaml")

@@ -99,7 +99,8 @@ def _snake(name: str) -> str:
 
 
 def read_dataset(path: str) -> Tuple[str, str, List[str]]:
-    """``(DATASET.NAME, setting da|dg, its domains)`` from a dataset config file."""
+    """``(DATASET.NAME, setting da|dg|ssl, its domains)`` from a dataset config file (the setting: the
+    folder it is in, where that is one of them, else the dataset's kind)."""
     import yaml
 
     from dael_plugin.data.folders import known_dataset
@@ -111,7 +112,7 @@ def read_dataset(path: str) -> Tuple[str, str, List[str]]:
     except (OSError, yaml.YAMLError, KeyError, TypeError):
         raise DAELConfigError(f"--dataset-config-file {path}: not a dataset config with DATASET.NAME") from None
     parts = os.path.normpath(os.path.abspath(path)).split(os.sep)
-    setting = "dg" if "dg" in parts else "da" if "da" in parts else None
+    setting = next((s for s in ("dg", "da", "ssl") if s in parts), None)
     domains: Optional[List[str]] = None
     try:
         known, unlabeled_target = known_dataset(name)
@@ -131,7 +132,7 @@ def read_dataset(path: str) -> Tuple[str, str, List[str]]:
 
 def method_config(trainer: str, setting: str, dataset_cfg: str) -> str:
     """A trainer's method config, found in the dataset config's own tree: for
-    ``<tree>/datasets/<da|dg>/<name>.yaml`` it is ``<tree>/trainers/<da|dg>/<trainer>/<name>.yaml``
+    ``<tree>/datasets/<da|dg|ssl>/<name>.yaml`` it is ``<tree>/trainers/<da|dg|ssl>/<trainer>/<name>.yaml``
     (the layout of this project's ``configs/``, and of Dassl's)."""
     base = os.path.splitext(os.path.basename(dataset_cfg))[0]
     here = os.path.dirname(os.path.abspath(dataset_cfg))

@@ -126,3 +126,16 @@ def test_efficientnets_without_dassl(tmp_path, monkeypatch):
     assert net._conv_stem.static_padding.padding == (0, 1, 0, 1)
     assert net(torch.randn(2, 3, 32, 32)).shape == (2, 1280)
     _reads_dassls_file_from_the_cache("efficientnet_b0", "efficientnet-b0-355c32eb.pth", "_fc.", tmp_path, monkeypatch)
+
+
+@pytest.mark.parametrize("name", ["resnet18_dynamic", "efficientnet_b0"])
+def test_rebuilt_backbones_train_on_fake_cuda_tensors_mixing_no_cpu_tensor(name):
+    """Built and run in training on fake CUDA tensors (FakeTensorMode raises on a CPU/CUDA mix): the
+    templates' attention and EfficientNet's drop connect draw on the input's device. Not seen: the
+    backward (it needs a CUDA context) and MixStyle's Beta draws (made on the host, then moved)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True), torch.device("cuda"):
+        net = build_backbone(name).train()
+        out = net(torch.randn(4, 3, 32, 32))
+        assert out.is_cuda and out.shape == (4, net.out_features)

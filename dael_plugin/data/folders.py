@@ -161,29 +161,22 @@ def sources_val(name: str, val):
     return None if official_split(name) is not None else val
 
 
-# Dassl's DATASET keys that some readers read (an entry's ``options``), with their defaults
-READER_KEYS = {
-    "CIFAR_C_TYPE": "",
-    "CIFAR_C_LEVEL": 1,
-    "NUM_LABELED": -1,
-    "VAL_PERCENT": 0.1,
-    "ALL_AS_UNLABELED": False,
-    "STL10_FOLD": -1,
-    "STL10_FOLD_AS_WRITTEN": False,
-    "NUM_SHOTS": -1,
-}
-
-
 def check_unread_keys(ds) -> None:
-    """A reader's key set for a dataset whose reader does not read it (``NUM_SHOTS`` on PACS): Dassl
-    ignores it and trains on what it would have read without it; one line instead."""
+    """A key some reader reads (an entry's ``options``) set off its default for a dataset whose
+    reader does not read it (``NUM_SHOTS`` on PACS): Dassl ignores it and trains on what it would
+    have read without it; one line instead."""
+    from dael_plugin.config.defaults import get_builtin_cfg  # (the defaults, Dassl's for its keys)
+
     entry = DATASETS.get(str(ds.NAME))
-    for key, default in READER_KEYS.items():
-        if entry is not None and key not in entry.options and key in ds and ds[key] != default:
+    if entry is None:
+        return
+    defaults = get_builtin_cfg().DATASET
+    for key in sorted({k for e in DATASETS.values() for k in e.options} - set(entry.options)):
+        if key in ds and key in defaults and ds[key] != defaults[key]:
             readers = [name for name, e in DATASETS.items() if key in e.options]
             raise DAELConfigError(
                 f"DATASET.{key} {ds[key]!r}: {ds.NAME}'s reader does not read it (nor does Dassl's), so the run "
-                f"would be the same without it; only {', '.join(readers)} read it: leave it at {default!r}"
+                f"would be the same without it; only {', '.join(readers)} read it: leave it at {defaults[key]!r}"
             )
 
 

@@ -23,6 +23,7 @@ error naming the missing release file (no downloads here).
 from __future__ import annotations
 
 import os
+import random
 import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
@@ -166,8 +167,6 @@ def few_shot(items: List[Item], shots: int, seed: int) -> List[Item]:
     within it, per label (each in the order it first appears), ``shots`` items drawn with
     ``random.sample`` from the seed (Python's RNG, which Dassl's ``set_random_seed`` seeds), or every
     item where there are no more."""
-    import random
-
     rng = random.Random(seed)
     by_domain: Dict[int, Dict[int, List[Item]]] = {}
     for it in items:

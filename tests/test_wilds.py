@@ -198,6 +198,27 @@ def test_a_run_names_the_split_and_validates_on_its_own_source(engine, wilds_roo
     assert set(res["wilds_metrics"]) == {"acc_avg", "acc_wg"}
     record = json.loads((out / "epochs.jsonl").read_text().splitlines()[-1])
     assert record["source_val_size"] == held["size"] and list(record["source_val_accuracy_per_domain"]) == ["train"]
+    # WILDS's model selection: the OOD val, whole, scored every epoch for the val protocol
+    assert record["val_size"] == 6 and record["val_accuracy"] in [round(100 * k / 6, 4) for k in range(7)]
+    assert (out / "model-best-val.pth.tar").exists()
+
+
+def test_the_val_protocol_reads_the_datasets_own_val_and_nothing_else():
+    """Hand-worked: the val split's outputs 1 of 2 right, the test's 2 of 2: val_accuracy 50, read by
+    the val protocol; a dataset whose val is of its sources has no own val (source_val scores it)."""
+    from dael_plugin.data.folders import own_val
+    from dael_plugin.engine.selection import Outputs, Scoring, epoch_record, protocol_score
+
+    def outs(right):
+        probs = torch.tensor([[[0.9, 0.1]], [[0.2, 0.8]]])
+        return Outputs(torch.zeros(2, 3), probs, torch.tensor([0, 1 if right else 0]), torch.zeros(2, dtype=torch.long))
+
+    rec = epoch_record(1, {"val": outs(False), "test": outs(True)}, Scoring(["train"], 2, 0.95, 0, (), False))
+    assert (rec["val_accuracy"], rec["val_size"], rec["target_test_accuracy"]) == (50.0, 2, 100.0)
+    assert protocol_score(rec, "val") == 50.0 and protocol_score({"epoch": 1}, "val") is None
+    assert (
+        own_val("Camelyon17", ["v"]) == ["v"] and own_val("CIFAR10", ["v"]) == ["v"] and own_val("PACS", ["v"]) is None
+    )
 
 
 @pytest.mark.parametrize(

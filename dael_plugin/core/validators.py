@@ -18,9 +18,10 @@ from typing import Optional, Tuple
 import torch
 
 # The validators' names, as in epochs.jsonl and collect.py --select; and the protocols with a
-# per-epoch score (source-validation accuracy, the oracle's target validation accuracy, each validator).
+# per-epoch score (source-validation accuracy, the oracle's target validation accuracy, each
+# validator, the accuracy on a dataset's own val split of other images: WILDS's out-of-distribution val).
 NAMES = ("entropy", "im", "bnm", "snd", "classami", "dev", "devn", "agreement", "mask_rate")
-SCORED_PROTOCOLS = ("source_val", "oracle") + NAMES
+SCORED_PROTOCOLS = ("source_val", "oracle") + NAMES + ("val",)
 
 # Where a probability is 0, p log p is 0: the clamp keeps log finite without moving any other term.
 _TINY = 1e-30

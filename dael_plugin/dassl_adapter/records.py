@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch import nn
 from torch.utils.data import DataLoader
 
-from dael_plugin.data.folders import sources_val
+from dael_plugin.data.folders import own_val, sources_val
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, hooks
 from dael_plugin.engine.hooks import EpochRecords
@@ -90,6 +90,7 @@ def build_selection(
         template,
         cap,
         seed,
+        own_val(cfg.DATASET.NAME, data.val),
     )
     model = EvaluatedModel(
         encode,

@@ -161,6 +161,12 @@ def sources_val(name: str, val):
     return None if official_split(name) is not None else val
 
 
+def own_val(name: str, val):
+    """The dataset's val split where it is not of the sources (:func:`sources_val` gives it None):
+    WILDS's out-of-distribution val, a semi-supervised set's held-out images; else None."""
+    return val if official_split(name) is not None else None
+
+
 def check_unread_keys(ds) -> None:
     """A key some reader reads (an entry's ``options``) set off its default for a dataset whose
     reader does not read it (``NUM_SHOTS`` on PACS): Dassl ignores it and trains on what it would

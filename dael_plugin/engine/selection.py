@@ -13,6 +13,9 @@ After every ``SELECTION.EVAL_FREQ`` epochs (and the last), a run appends one JSO
 - ``target_val_accuracy``: the same subsample's labels, read by the ``oracle`` alone (never the
   test split; in DA those images were trained on without labels, so the oracle is an upper bound);
   over the labeled ones (``target_val_size``), None where none is (STL-10's unlabeled images);
+- ``val_accuracy`` (``val_size``): the ensemble on a dataset's own val split where it is not of
+  the sources (WILDS's out-of-distribution val, whole; a semi-supervised set's held-out images),
+  read by the ``val`` protocol, WILDS's model selection;
 - ``target_test_accuracy``, ``target_test_mean_class_accuracy`` (the mean over the test classes of
   each one's accuracy, VisDA's figure), ``target_test_macro_f1`` (of each one's F1, iWildCam's) and
   ``target_test_accuracy_per_expert``: for reporting only.
@@ -99,6 +102,8 @@ def protocol_score(record: Dict[str, Any], protocol: str) -> Optional[float]:
         value = record.get("source_val_accuracy")
     elif protocol == "oracle":
         value = record.get("target_val_accuracy")
+    elif protocol == "val":
+        value = record.get("val_accuracy")
     elif protocol == "last":
         value = record.get("epoch")
     elif protocol in EXPERT_SIGNALS and classifiers(record) == 1:
@@ -250,16 +255,19 @@ def record_loaders(
     test_loader: Any,
     cap: int,
     seed: int,
+    val: Optional[Sequence[Any]] = None,
 ) -> Dict[str, Any]:
     """The loaders a :class:`Selection` reads, the same on both engines (``make_loader`` builds an
     evaluation loader over items): the source validation split, the capped source-train and target
-    subsamples, and the test loader. DEV's source features are read only where DEV can be scored,
-    with a source validation split."""
+    subsamples, the test loader, and ``val``, a dataset's own val split of other images than the
+    sources' (WILDS's out-of-distribution val, whole). DEV's source features are read only where
+    DEV can be scored, with a source validation split."""
     return {
         "source_val": make_loader(source_val) if source_val else None,
         "source_train": make_loader(subsample(train_x, cap, seed)) if source_val else None,
         "target": make_loader(subsample(train_u, cap, seed)) if train_u else None,
         "test": test_loader,
+        "val": make_loader(val) if val else None,
     }
 
 
@@ -410,6 +418,10 @@ def epoch_record(epoch: int, outs: Dict[str, Optional[Outputs]], scoring: Scorin
         accuracy = _accuracy(target.ensemble[known], target.labels[known]) if n_known else None
         rec["target_val_accuracy"] = None if accuracy is None else round(float(accuracy), 4)
         rec["target_val_size"] = n_known
+    val = outs.get("val")
+    if val is not None:  # a dataset's own val of other images (WILDS's out-of-distribution val)
+        rec["val_accuracy"] = round(float(_accuracy(val.ensemble, val.labels)), 4)
+        rec["val_size"] = int(val.labels.numel())
     if test is not None:
         rec["target_test_accuracy"] = round(float(_accuracy(test.ensemble, test.labels)), 4)
         pred = test.ensemble.argmax(-1)
@@ -620,7 +632,11 @@ class Selection:
             rec = epoch_record(epochs_done, outs, self.scoring)
         moved = self.records.append(rec, m.save_best, self.keep)
         if distributed.world().is_main:
-            shown = {k: rec.get(k) for k in ("source_val_accuracy", "target_val_accuracy") if rec.get(k) is not None}
+            shown = {
+                k: rec.get(k)
+                for k in ("source_val_accuracy", "val_accuracy", "target_val_accuracy")
+                if rec.get(k) is not None
+            }
             scores = ", ".join(f"{k} {v:.2f}" for k, v in shown.items())
             print(
                 f"epoch record {epochs_done}: "
@@ -637,5 +653,5 @@ def keep_list(names: Sequence[str], da: bool) -> List[str]:
     protocol of this setting."""
     names = [str(n).lower() for n in names]
     if "all" in names:
-        return ["source_val", "oracle"] + (list(VALIDATORS) if da else [])
+        return ["source_val", "oracle"] + (list(VALIDATORS) if da else []) + ["val"]
     return [n for n in names if da or n not in VALIDATORS]

@@ -32,7 +32,7 @@ from dael_plugin.config.execution import PLAIN_EXECUTION, execution_from_cfg
 from dael_plugin.data import loaders
 from dael_plugin.data.classes import classes_by_domain, say_class_table
 from dael_plugin.data.fingerprint import data_fingerprint, seeded_domains
-from dael_plugin.data.folders import dataset_options, load_splits, sources_val
+from dael_plugin.data.folders import dataset_options, load_splits, own_val, sources_val
 from dael_plugin.engine import checkpoint as ckpt
 from dael_plugin.engine import distributed, hooks
 from dael_plugin.engine.evaluate import (
@@ -323,6 +323,7 @@ class BuiltinTrainer(TrainerFacts):
             self.test_loader,
             cap,
             self.seed,
+            own_val(self.cfg.DATASET.NAME, self.splits["val"]),
         )
         model = EvaluatedModel(
             self.features_and_experts,

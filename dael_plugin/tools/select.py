@@ -59,6 +59,11 @@ PROTOCOLS: Dict[str, Protocol] = {
         upper_bound=True,
     ),
     **{v: Protocol(v, f"the unsupervised validator {v!r} (no target label), every epoch") for v in NAMES},
+    "val": Protocol(
+        "val",
+        "accuracy on the dataset's own val split of other images than the sources' and the target's (WILDS's "
+        "out-of-distribution val: its model selection), every epoch",
+    ),
     "leave_one_domain_out": Protocol(
         "leave_one_domain_out",
         "DG: the mean target-test accuracy of the runs that left each source domain out, at each epoch",

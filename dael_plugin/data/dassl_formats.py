@@ -82,6 +82,17 @@ def _where(fmt_anchor: str) -> str:
     return f"{DATASETS_MD}#{fmt_anchor}"
 
 
+def dataset_folder(name: str, root: str, fmt) -> str:
+    """``<root>/<fmt.dataset_dir>``; where it is missing, one line naming the layout and the download."""
+    path = os.path.join(root, fmt.dataset_dir)
+    if not os.path.isdir(path):
+        raise DAELConfigError(
+            f"dataset folder {path} not found: {name} is read from <root>/{fmt.dataset_dir}/{fmt.layout}; "
+            f"set --root to the folder that holds {fmt.dataset_dir}/ (get the data as {_where(fmt.anchor)} says)"
+        )
+    return path
+
+
 def _listdir(path: str) -> List[str]:
     """Dassl's ``listdir_nohidden``: the folder's own order, hidden names left out."""
     return [f for f in os.listdir(path) if not f.startswith(".")]
@@ -583,12 +594,7 @@ def read_format(
     from dael_plugin.data.classes import check_union, classes_by_domain, describe
 
     fmt = DATASETS[name]
-    path = os.path.join(root, fmt.dataset_dir)
-    if not os.path.isdir(path):
-        raise DAELConfigError(
-            f"dataset folder {path} not found: {name} is read from <root>/{fmt.dataset_dir}/{fmt.layout}; "
-            f"set --root to the folder that holds {fmt.dataset_dir}/ (get the data as {_where(fmt.anchor)} says)"
-        )
+    path = dataset_folder(name, root, fmt)
     extra = (dict(options or {}),) if fmt.options else ()  # the DATASET keys it reads (CIFAR-C's)
     splits = fmt.read(path, sources, targets, seed, category_shift, *extra)
     out: Dict[str, object] = dict(splits)

@@ -41,7 +41,7 @@ import random
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional, Tuple
 
-from dael_plugin.data.dassl_formats import _class_folders, _listdir, _need_dir, _where
+from dael_plugin.data.dassl_formats import _class_folders, _listdir, _need_dir, _where, dataset_folder
 from dael_plugin.data.items import Item
 from dael_plugin.data.registry import register_dataset
 from dael_plugin.errors import DAELConfigError
@@ -71,13 +71,7 @@ class SslFormat:
         """The splits and class names, as Dassl's reader of ``name`` gives them."""
         if category_shift:
             raise DAELConfigError(f"{name} has one labeled domain: DATASET.CATEGORY_SHIFT has no domains to differ")
-        folder = os.path.join(root, self.dataset_dir)
-        if not os.path.isdir(folder):
-            raise DAELConfigError(
-                f"dataset folder {folder} not found: {name} is read from <root>/{self.dataset_dir}/{self.layout}; "
-                f"set --root to the folder that holds {self.dataset_dir}/ (get the data as {_where(self.anchor)} says)"
-            )
-        out = self.read(folder, seed, dict(options or {}), self.anchor)
+        out = self.read(dataset_folder(name, root, self), seed, dict(options or {}), self.anchor)
         if options and options.get("ALL_AS_UNLABELED"):
             out["train_u"] = out["train_u"] + out["train_x"]
         return out

@@ -128,6 +128,58 @@ def test_wilds_items_by_hand(wilds_root):
     assert {i.domain for i in camelyon["val"] + camelyon["test"]} == {0}
 
 
+def test_the_metadata_domains_named_as_sources_number_the_items_by_their_names(wilds_root):
+    """Hand-worked: named hospital_4, hospital_0, hospital_3, Camelyon17's training patches of
+    hospital 4 (slides 40, 41) are of domain 0, hospital 0's of 1, hospital 3's of 2 (Dassl's set order
+    would give 2, 0, 1). Named in sorted order they are 0, 1, 2 for hospitals 0, 3, 4. The items, in
+    their order, and the val and test splits are those of the one source ``train``; so is NUM_SHOTS's
+    draw. FMoW's and iWildCam's names, and what names a split's domains wrongly, by hand."""
+    from yacs.config import CfgNode as CN
+
+    from dael_plugin.data.folders import apply_official_split
+
+    whole = load_splits("Camelyon17", wilds_root, ["train"], ["test"])
+    named = load_splits("Camelyon17", wilds_root, ["hospital_4", "hospital_0", "hospital_3"], ["test"])
+    slide = {40: 0, 41: 0, 0: 1, 1: 1, 30: 2, 31: 2}  # hospital 4 -> 0, 0 -> 1, 3 -> 2 as named
+    assert [i.domain for i in named["train_x"]] == [
+        slide[int(i.impath.split("patient_")[1][:3])] for i in whole["train_x"]
+    ]
+    assert [i.domain for i in named["train_x"]] == [0] * 4 + [1] * 4 + [2] * 4
+    assert [i._replace(domain=0) for i in named["train_x"]] == [i._replace(domain=0) for i in whole["train_x"]]
+    assert all(named[k] == whole[k] for k in ("val", "test", "classnames"))
+    ordered = load_splits("Camelyon17", wilds_root, ["hospital_0", "hospital_3", "hospital_4"], ["test"])
+    assert [i.domain for i in ordered["train_x"]] == [2] * 4 + [0] * 4 + [1] * 4
+    for seed in (0, 1, 2):
+        shots = {"NUM_SHOTS": 1}
+        few = load_splits("Camelyon17", wilds_root, ["train"], ["test"], seed=seed, options=shots)["train_x"]
+        few_named = load_splits(
+            "Camelyon17", wilds_root, ["hospital_0", "hospital_3", "hospital_4"], ["test"], seed, options=shots
+        )
+        assert [i.impath for i in few_named["train_x"]] == [i.impath for i in few]
+    fmow = load_splits(
+        "FMoW", wilds_root, ["Asia_2003", "Europe_2010", "Asia_2010", "Europe_2011", "Other_2005"], ["test"]
+    )
+    assert [i.domain for i in fmow["train_x"]] == [0, 1, 2, 3, 0, 4]  # images 0, 1, 3, 4, 5, 11
+    cams = load_splits("IWildCam", wilds_root, ["location_9", "location_1", "location_8"], ["test"])
+    assert [i.domain for i in cams["train_x"]] == [1, 2, 0, 1, 2]  # cameras 1, 8, 9, 1, 8
+    held = r"\['hospital_0', 'hospital_3', 'hospital_4'\]"
+    with pytest.raises(
+        DAELConfigError, match=rf"holds the metadata domains {held}, not \['hospital_0', 'hospital_1'\]"
+    ):
+        load_splits("Camelyon17", wilds_root, ["hospital_0", "hospital_1"], ["test"])
+    with pytest.raises(DAELConfigError, match="not \\['hospital_0', 'hospital_3'\\]: name each of them once"):
+        load_splits("Camelyon17", wilds_root, ["hospital_0", "hospital_3"], ["test"])  # one left out
+    ds = CN({"NAME": "Camelyon17", "SOURCE_DOMAINS": ["hospital_0", "hospital_3"], "TARGET_DOMAINS": []})
+    apply_official_split(ds)
+    assert ds.TARGET_DOMAINS == ["test"]  # (the names are the reader's to check)
+    ds.SOURCE_DOMAINS = ["hospital_0", "hospital_0", "hospital_3"]
+    with pytest.raises(DAELConfigError, match=r"every metadata domain of its train split, once each"):
+        apply_official_split(ds)
+    ds = CN({"NAME": "CIFAR10", "SOURCE_DOMAINS": ["cifar10"], "TARGET_DOMAINS": []})  # not WILDS: its split alone
+    with pytest.raises(DAELConfigError, match=r"brings its own split, source \['labeled'\] -> target"):
+        apply_official_split(ds)
+
+
 def test_dassls_pickled_items_are_never_read(wilds_root, tmp_path):
     """Dassl's reader unpickles ``zhou_preloaded.pkl`` from the data folder whatever the metadata says
     by then; this reader reads the metadata. A hostile or stale pickle there changes nothing."""
@@ -223,18 +275,70 @@ def test_the_val_protocol_reads_the_datasets_own_val_and_nothing_else():
 
 @pytest.mark.parametrize(
     "engine, trainer",
-    [("builtin", "CrossGrad"), ("builtin", "DDAIG"), pytest.param("dassl", "CrossGrad", marks=pytest.mark.dassl)],
+    [("builtin", "CrossGrad"), ("builtin", "DDAIG"), pytest.param("dassl", "CrossGrad", marks=pytest.mark.dassl)]
+    + [("builtin", "DAELDG")],
 )
 def test_a_method_with_an_output_per_source_domain_is_one_line(engine, trainer, wilds_root, tmp_path, capsys):
     """Its outputs would be indexed by the hospitals' numbers, past the one named source (Dassl's
-    CrossGrad stops on ``Target 1 is out of bounds``)."""
+    CrossGrad stops on ``Target 1 is out of bounds``); the line names the way to one per hospital."""
     from test_hardening import cli, one_error_line
 
     opts = ["TRAINER.DDAIG.G_ARCH", "fcn_3x32_gctx"] if trainer == "DDAIG" else []
     code, _, err = cli(_argv(engine, wilds_root, tmp_path / "out", trainer, *opts), capsys)
     line = one_error_line(err)
+    if trainer == "DAELDG":  # (its check of the config comes first)
+        assert code == 2 and "got ['train']" in line and "name its train split's metadata domains" in line, err
+        return
     assert code == 2 and "learns one output per source domain" in line and "Vanilla, DomainMix" in line, err
+    assert "name those domains with --source-domains" in line or "metadata domains with --source-domains" in line
     assert not (tmp_path / "out" / "results.json").exists()
+
+
+@pytest.mark.parametrize(
+    "engine, trainer",
+    [("builtin", "DAELDG"), pytest.param("dassl", "DAELDG", marks=pytest.mark.dassl), ("builtin", "DDAIG")]
+    + [pytest.param("dassl", "CrossGrad", marks=pytest.mark.dassl)],  # (Dassl's own CrossGrad)
+)
+def test_a_method_with_an_output_per_source_domain_has_one_per_named_metadata_domain(
+    engine, trainer, wilds_root, tmp_path
+):
+    """Camelyon17's hospitals named as the sources: DAELDG trains three experts, one per hospital, on
+    both engines (on Dassl's loop through the plugin's reader, which numbers them as named); the records,
+    the fingerprint and results.json name the hospitals; the test split and WILDS's figures are the
+    official ones. DDAIG and Dassl's own CrossGrad train their domain classifiers on three classes."""
+    from conftest import run_here
+
+    out, hospitals = tmp_path / "out", ["hospital_4", "hospital_0", "hospital_3"]
+    opts = ["SELECTION.EVAL_FREQ", "1", "SELECTION.HOLDOUT_FRACTION", "0.5", "DATALOADER.TRAIN_X.BATCH_SIZE", "3"]
+    if trainer == "DAELDG":
+        opts += [
+            "DATALOADER.TRAIN_X.SAMPLER",
+            "RandomDomainSampler",
+            "TRAINER.DAELDG.STRONG_TRANSFORMS",
+            "['normalize']",
+        ]
+    opts += ["TRAINER.DDAIG.G_ARCH", "fcn_3x32_gctx"] if trainer == "DDAIG" else []
+    root = shutil.copytree(wilds_root, tmp_path / "r")
+    argv = _argv(engine, root, out, trainer, *opts)
+    at = argv.index("--dataset-config-file")
+    done = run_here(argv[:at] + ["--source-domains", *hospitals] + argv[at:])
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    res = json.loads((out / "results.json").read_text())
+    assert (res["source_domains"], res["target_domains"], res["setting"]) == (hospitals, ["test"], "DG")
+    assert {d: v["images"] for d, v in res["data"]["train_x"].items()} == dict.fromkeys(hospitals, 4)
+    # each hospital's own images (Dassl's reader would number hospitals 0, 3, 4 as 0, 1, 2 whatever the names)
+    from dael_plugin.data.fingerprint import data_fingerprint
+
+    own = load_splits("Camelyon17", str(root), hospitals, ["test"])["train_x"]
+    assert res["data"]["train_x"] == data_fingerprint({"train_x": own}, hospitals, ["test"], str(root))["train_x"]
+    assert list(res["data"]["test"]) == ["test"] and res["data"]["test"]["test"]["images"] == 6
+    assert res["source_val_split"]["per_domain"] == dict.fromkeys(hospitals, 2)
+    assert set(res["wilds_metrics"]) == {"acc_avg", "acc_wg"}
+    record = json.loads((out / "epochs.jsonl").read_text().splitlines()[-1])
+    assert sorted(record["source_val_accuracy_per_domain"]) == sorted(hospitals)  # (written with sorted keys)
+    if trainer == "DAELDG":
+        line = done.stdout.split("expert accuracy: ", 1)[1].splitlines()[0]  # one figure per expert, as named
+        assert [part.split()[0] for part in line.split(", ")] == hospitals, line
 
 
 def test_a_sweep_runs_the_official_split(tmp_path):
@@ -249,6 +353,19 @@ def test_a_sweep_runs_the_official_split(tmp_path):
     )
     runs = plan(args)
     assert [(dict(r.identity)["sources"], dict(r.identity)["target"]) for r in runs] == [("train", "test")] * 2
+    # Camelyon17's hospitals as the sources: DAELDG's shipped config, each run naming them
+    ds, hospitals = (
+        os.path.join(ROOT, "configs/datasets/dg/camelyon17.yaml"),
+        ["hospital_0", "hospital_3", "hospital_4"],
+    )
+    args = build_parser().parse_args(
+        ["--root", str(tmp_path), "--dataset-config-file", ds, "--trainers", "DAELDG", "--sources", *hospitals]
+        + ["--output-dir", str(tmp_path / "sweep")]
+    )
+    (run,) = plan(args)
+    config = os.path.join(ROOT, "configs/trainers/dg/daeldg/camelyon17.yaml")
+    assert (run.sources, run.target, run.config_file) == (tuple(hospitals), "test", config)
+    assert run.argv[run.argv.index("--source-domains") + 1 :][:4] == (*hospitals, "--target-domains")
 
 
 def test_one_named_source_of_many_domains_is_counted_whole():

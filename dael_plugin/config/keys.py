@@ -303,9 +303,10 @@ def check_dael_cfg(cfg: CN) -> None:
     sources = list(cfg.DATASET.SOURCE_DOMAINS)
     targets = list(cfg.DATASET.TARGET_DOMAINS)
     if len(sources) < 2:
+        wilds = " (WILDS's one source: name its train split's metadata domains, data/wilds_formats.py)"
         raise DAELConfigError(
             f"DAEL needs at least 2 source domains (one expert each), got {sources}; "
-            "pass more with --source-domains A B [C ...]"
+            f"pass more with --source-domains A B [C ...]{wilds if sources == ['train'] else ''}"
         )
     if len(set(sources)) != len(sources):
         raise DAELConfigError(f"--source-domains lists a domain twice: {sources}")

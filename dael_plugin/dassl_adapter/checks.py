@@ -94,14 +94,20 @@ def check_domains_named(cfg: CN, trainer: type) -> None:
     domain numbers and stop in a traceback (CrossGrad: ``Target 1 is out of bounds``): one line.
     The plugin's own trainers say it themselves (BuiltinTrainer.check_domains_named)."""
     from dael_plugin.data.folders import official_split
+    from dael_plugin.data.wilds_formats import is_wilds
 
     if trainer.__module__.startswith("dassl.") and trainer.__name__ in DASSL_PER_SOURCE_DOMAIN:
         split = official_split(cfg.DATASET.NAME)
-        if split is not None:
+        if split is not None and tuple(cfg.DATASET.SOURCE_DOMAINS) == tuple(split[0]):
+            hint = (
+                ", or name its train split's metadata domains with --source-domains"
+                if is_wilds(cfg.DATASET.NAME)
+                else ""
+            )
             raise DAELConfigError(
                 f"Dassl's {cfg.TRAINER.NAME} learns one output per source domain, and {cfg.DATASET.NAME} brings its "
                 f"own split of one source, {list(split[0])} (a WILDS train split's metadata domains would index past "
-                "it): train a method without per-domain outputs on it (Vanilla, DomainMix; SourceOnly, FixMatch)"
+                f"it): train a method without per-domain outputs on it (Vanilla, DomainMix; SourceOnly, FixMatch){hint}"
             )
 
 

@@ -68,16 +68,25 @@ def _make(name: str):
 PLUGIN_READINGS = ("CATEGORY_SHIFT", "STL10_FOLD_AS_WRITTEN")
 
 
+def plugin_reading(ds: CN) -> bool:
+    """Whether the run reads its files otherwise than Dassl's reader can: under one of
+    :data:`PLUGIN_READINGS`, or naming a WILDS train split's metadata domains as its sources (Dassl's
+    reader numbers them in the metadata's order, whatever the run names)."""
+    named = folders.wilds_formats.names_metadata_sources(ds.NAME, ds.SOURCE_DOMAINS)
+    return named or any(bool(ds.get(key, False)) for key in PLUGIN_READINGS)
+
+
 def _category_shift_aware(name: str, dassl_cls: type) -> type:
     """Dassl's own reader of ``name``, or, under one of :data:`PLUGIN_READINGS`, the plugin's reader
     of the same files (data/folders.py, data/dassl_formats.py, data/ssl_formats.py). Dassl's readers
     of class folders number each domain's folders on their own, so a domain that lacks a class would
     shift its labels; the plugin's number every domain by the union. Dassl's STL10 reader wraps the
-    fold's indices past 255; the plugin's reads them as written. Without the keys this is Dassl's
-    class, unchanged."""
+    fold's indices past 255; the plugin's reads them as written. Dassl's WILDS readers number the
+    metadata domains in their own order; the plugin's in the order the run names them. Without
+    these this is Dassl's class, unchanged."""
 
     def __init__(self, cfg: CN):
-        if not any(bool(cfg.DATASET.get(key, False)) for key in PLUGIN_READINGS):
+        if not plugin_reading(cfg.DATASET):
             dassl_cls.__init__(self, cfg)
         else:
             _read_into(self, name, cfg, max(int(cfg.SEED), 0))  # Digit-5: the plugin's draw, not Dassl's

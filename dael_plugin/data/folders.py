@@ -17,7 +17,7 @@ from dael_plugin.data import (
     dassl_formats,  # noqa: F401 (registers Dassl's formats)
     embedded,
     ssl_formats,  # noqa: F401 (registers Dassl's semi-supervised datasets)
-    wilds_formats,  # noqa: F401 (registers Dassl's WILDS datasets)
+    wilds_formats,  # (registers Dassl's WILDS datasets)
 )
 from dael_plugin.data.items import Item
 from dael_plugin.data.registry import DATASETS, register_dataset
@@ -121,8 +121,9 @@ def check_dataset_names(name: str, sources: Sequence[str], targets: Sequence[str
             "(every dataset of Dassl 0.6.3; see README, 'Which datasets run where'); a dataset of your own in "
             "Dassl's registry needs --engine dassl, or register_dataset (docs/internals.md)"
         ) from None
-    if domains is not None:
-        _check_domain_names(name, domains, sources, targets)
+    if domains is not None:  # (a WILDS split's metadata domains are named by its reader)
+        named = () if wilds_formats.names_metadata_sources(name, sources) else sources
+        _check_domain_names(name, domains, named, targets)
 
 
 def check_dataset_files(
@@ -195,12 +196,17 @@ def apply_official_split(ds) -> None:
     if split is None:
         return
     sources, targets = tuple(ds.SOURCE_DOMAINS), tuple(ds.TARGET_DOMAINS)
+    metadata = wilds_formats.names_metadata_sources(ds.NAME, sources) and targets in ((), split[1])
     if not sources and not targets:
         ds.SOURCE_DOMAINS, ds.TARGET_DOMAINS = list(split[0]), list(split[1])
+    elif metadata and len(set(sources)) == len(sources):  # its train split's metadata domains (its reader checks them)
+        ds.TARGET_DOMAINS = list(split[1])
     elif (sources, targets) != split:
+        also = " (or, as sources, every metadata domain of its train split, once each)" if metadata else ""
         raise DAELConfigError(
-            f"{ds.NAME} brings its own split, source {list(split[0])} -> target {list(split[1])} (its reader reads "
-            f"that, Dassl's too), not {list(sources)} -> {list(targets)}; leave --source-domains and --target-domains out"
+            f"{ds.NAME} brings its own split, source {list(split[0])}{also} -> target {list(split[1])} (its reader "
+            f"reads that, Dassl's too), not {list(sources)} -> {list(targets)}; leave --source-domains and "
+            "--target-domains out"
         )
 
 

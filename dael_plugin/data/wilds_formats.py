@@ -14,6 +14,12 @@ the items are of their one named domain (:func:`dael_plugin.data.items.named_dom
 val is of neither named domain: it is not a source validation split (``source_val`` holds part
 of ``train`` out, as for any dataset without one).
 
+Beyond Dassl, a run may name the train split's metadata domains as its sources instead
+(``--source-domains hospital_0 hospital_3 hospital_4`` on Camelyon17; FMoW's are ``<region>_<year>``,
+iWildCam's ``location_<n>``): each item is then of its own named domain, so a method with an
+output per source domain (DAELDG's experts, CrossGrad's and DDAIG's domain classifiers) trains
+with one per domain, on both engines. The items, the val and the test split are the same.
+
 Not kept from Dassl: its reader saves the items to ``zhou_preloaded.pkl`` in the data folder and
 unpickles that file on later runs, whatever the metadata says by then; this one reads the
 metadata every time and never loads a pickle. Dassl's ``download=True`` becomes a one-line
@@ -61,6 +67,18 @@ def _iwildcam(data, idx: int, folder: str) -> Tuple[str, int]:
     return os.path.join(folder, "train", data._input_array[idx]), int(data.metadata_array[idx][0])  # the camera
 
 
+def _hospital(data, domain: int) -> str:
+    return f"hospital_{domain}"
+
+
+def _region_year(data, domain: int) -> str:
+    return f"{data._metadata_map['region'][domain // 16]}_{2002 + domain % 16}"  # (wilds' region names)
+
+
+def _location(data, domain: int) -> str:
+    return f"location_{domain}"
+
+
 def _fixed_names(names: Sequence[str]) -> Callable[[str], Dict[int, str]]:
     return lambda folder: dict(enumerate(names))
 
@@ -81,6 +99,7 @@ class WildsFormat:
     wilds_name: str  # wilds.get_dataset's name
     version: str  # the release Dassl's folder names
     item: Callable  # (wilds dataset, index, folder) -> (image path, metadata domain)
+    domain_name: Callable  # (wilds dataset, metadata domain) -> its name as a source domain
     names: Callable[[str], Dict[int, str]]  # folder -> {label: class name}, Dassl's load_classnames
     layout: str
     domains: Tuple[str, ...] = WILDS_SPLIT[0] + WILDS_SPLIT[1]
@@ -105,6 +124,7 @@ class WildsFormat:
         _LOADED[(name, folder)] = data  # (the run's last test reads the same metadata: official_metrics)
         label_to_name = self.names(folder)
         splits = {k: self._read(data, k, folder, label_to_name, name) for k in ("train", "val", "test")}
+        splits = {k: self._sources(data, v, sources, name) if k == "train" else _relabel(v) for k, v in splits.items()}
         shots = (options or {}).get("NUM_SHOTS", -1)
         if isinstance(shots, bool) or not isinstance(shots, int):
             raise DAELConfigError(f"DATASET.NUM_SHOTS {shots!r}: the training images of each class and domain, an int")
@@ -144,8 +164,26 @@ class WildsFormat:
                 f"{str(exc).splitlines()[0][:160] if str(exc) else ''}); unpack the release again from {DOWNLOADS}"
             ) from None
 
+    def _sources(self, data, items: List[Item], sources: Sequence[str], name: str) -> List[Item]:
+        """The train split's items, their domains numbered as Dassl numbers them (:func:`_relabel`)
+        under the one source ``train``; where the run names the split's metadata domains instead
+        (:func:`names_metadata_sources`), each item's domain is its domain's place among them, so a
+        method with an output per source domain has one per hospital (camera, region x year)."""
+        if not names_metadata_sources(name, sources):
+            return _relabel(items)
+        names = {d: self.domain_name(data, d) for d in set(it.domain for it in items)}  # (in Dassl's order)
+        if sorted(sources) != sorted(names.values()):
+            raise DAELConfigError(
+                f"{name}'s train split holds the metadata domains {list(names.values())}, not {list(sources)}: name "
+                f"each of them once with --source-domains (their order is the order of a method's per-domain "
+                f"outputs), or leave --source-domains out to train on the one source {list(WILDS_SPLIT[0])}"
+            )
+        place = {d: list(sources).index(n) for d, n in names.items()}
+        return [it._replace(domain=place[it.domain]) for it in items]
+
     def _read(self, data, split: str, folder: str, label_to_name: Dict[int, str], name: str) -> List[Item]:
-        """Dassl's ``read_data``: one item per index of the split, then its domains renumbered."""
+        """Dassl's ``read_data``: one item per index of the split, of its metadata domain (as numbered
+        in the metadata; :func:`_relabel` renumbers them as Dassl does)."""
         subset = data.get_subset(split)
         labels = [int(y) for y in data.y_array[subset.indices]]
         items = []
@@ -157,9 +195,21 @@ class WildsFormat:
                 )
             path, domain = self.item(data, int(idx), folder)
             items.append(Item(path, label, domain, label_to_name[label]))
-        # Dassl's relabel_domain: a split's domains numbered in the order of a set of them
-        mapping = {domain: i for i, domain in enumerate(set([it.domain for it in items]))}
-        return [it._replace(domain=mapping[it.domain]) for it in items]
+        return items
+
+
+def _relabel(items: List[Item]) -> List[Item]:
+    """Dassl's ``relabel_domain``: a split's domains numbered in the order of a Python set of them."""
+    mapping = {domain: i for i, domain in enumerate(set([it.domain for it in items]))}
+    return [it._replace(domain=mapping[it.domain]) for it in items]
+
+
+def names_metadata_sources(name: str, sources: Sequence[str]) -> bool:
+    """Whether a run on WILDS dataset ``name`` names its train split's metadata domains as its source
+    domains (Camelyon17's ``hospital_0 hospital_3 hospital_4``) instead of the one source ``train``,
+    which Dassl's readers give. Not Dassl's: its reader numbers the same domains whatever the run
+    names, so its trainers' per-domain outputs would follow the metadata's order, not the names."""
+    return is_wilds(name) and bool(sources) and tuple(sources) != WILDS_SPLIT[0]
 
 
 def few_shot(items: List[Item], shots: int, seed: int) -> List[Item]:
@@ -242,15 +292,15 @@ def _worst(hit, groups) -> float:
 
 _FORMATS = {
     "Camelyon17": WildsFormat(
-        "camelyon17", "1.0", _camelyon17, _fixed_names(["healthy tissue", "tumor tissue"]),
+        "camelyon17", "1.0", _camelyon17, _hospital, _fixed_names(["healthy tissue", "tumor tissue"]),
         "RELEASE_v1.0.txt + metadata.csv + patches/patient_<p>_node_<n>/*.png",
     ),
     "FMoW": WildsFormat(
-        "fmow", "1.1", _fmow, _fixed_names(FMOW_CATEGORIES),
+        "fmow", "1.1", _fmow, _region_year, _fixed_names(FMOW_CATEGORIES),
         "RELEASE_v1.1.txt + rgb_metadata.csv + country_code_mapping.csv + images/rgb_img_<i>.png",
     ),
     "IWildCam": WildsFormat(
-        "iwildcam", "2.0", _iwildcam, _iwildcam_names, "RELEASE_v2.0.txt + metadata.csv + categories.csv + train/*.jpg"
+        "iwildcam", "2.0", _iwildcam, _location, _iwildcam_names, "RELEASE_v2.0.txt + metadata.csv + categories.csv + train/*.jpg"
     ),
 }  # fmt: skip
 for _name, _fmt in _FORMATS.items():  # into the one registry of datasets

@@ -220,7 +220,7 @@ class BuiltinTrainer(TrainerFacts):
             raise DAELConfigError(
                 f"{self.cfg.TRAINER.NAME} learns one output per source domain, and {self.cfg.DATASET.NAME}'s one source "
                 f"domain {self.sources} holds {held} domains of its metadata: train a method without per-domain "
-                "outputs on it (Vanilla, DomainMix)"
+                "outputs on it (Vanilla, DomainMix), or name those domains with --source-domains (data/wilds_formats.py)"
             )
 
     # -- to override ----------------------------------------------------

@@ -180,6 +180,31 @@ def test_collect_keeps_runs_of_other_data_out_of_one_cell(tmp_path, capsys):
     assert f"skipping {edited}: its data fingerprint is not" in cap.err and "[1 not done]" in cap.out
 
 
+def test_runs_of_other_sources_in_one_column_compare_the_domains_both_read(tmp_path, capsys):
+    """Seed 1 on sources svhn, usps and on svhn alone, for mnist: other rows (results_reader.domains_read),
+    one column, whose fingerprints agree on svhn, the one domain both read; a run on svhn alone that
+    read another svhn is one line. (Compared whole, the two rows' fingerprints always differ.)"""
+    from dael_plugin.tools.collect import main as collect
+
+    def record(folder, sources, fp):
+        path = _record(tmp_path, folder, 1, fp)
+        rec = json.loads(open(path).read())
+        rec["source_domains"] = sources
+        open(path, "w").write(json.dumps(rec))
+        return path
+
+    both = _fp("a")
+    record("Digit5/DAEL/mnist/seed1", ["svhn", "usps"], both)
+    record("Digit5/DAEL/one/mnist/seed1", ["svhn"], {"train_x": {"svhn": both["train_x"]["svhn"]}})
+    assert collect([str(tmp_path)]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("| DAEL")]
+    assert len(rows) == 2, rows
+    bad = record("Digit5/DAEL/two/mnist/seed1", ["svhn"], {"train_x": {"svhn": _fp("c")["train_x"]["svhn"]}})
+    assert collect([str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert "read different images (one column, mnist seed 1" in err and bad in err, err
+
+
 @pytest.mark.dassl
 @pytest.mark.parametrize("name", ["Digit5", "PACS"])
 def test_both_engines_fingerprint_the_same_images(name, request):

@@ -296,6 +296,32 @@ def test_collect_the_macro_f1(tmp_path, capsys):
     assert "33.00 ± 4.24" in capsys.readouterr().out
 
 
+def test_runs_of_other_sources_for_one_target_are_another_row_never_more_seeds(tmp_path, capsys):
+    """Hand-worked: PACS's leave-one-domain-out runs of seeds 1 and 2 (sketch 80 and 82), and a run
+    of seed 3 on two sources for sketch (50). Read as seeds of one cell, sketch would be 70.67 over 3
+    seeds, a figure of no one setting; here the two source sets are two rows, in the tables and under
+    --select (which would otherwise take seed 3's run as that seed's only setting)."""
+    from dael_plugin.tools.collect import main
+
+    root, every = str(tmp_path), ["art_painting", "cartoon", "photo", "sketch"]
+    for seed, acc in ((1, 80.0), (2, 82.0)):
+        for target in every:
+            d = _record(root, "PACS", "DAELDG", target, seed, acc, source_domains=[x for x in every if x != target])
+            open(os.path.join(d, "epochs.jsonl"), "w").write(
+                json.dumps({"epoch": 1, "target_test_accuracy": acc}) + "\n"
+            )
+    d = _record(root, "PACS", "DAELDG", "sketch", 3, 50.0, source_domains=["art_painting", "photo"])
+    open(os.path.join(d, "epochs.jsonl"), "w").write(json.dumps({"epoch": 1, "target_test_accuracy": 50.0}) + "\n")
+    for argv in ([], ["--select", "last"]):
+        assert main([root, *argv]) == 0, argv
+        out = capsys.readouterr().out
+        rows = {line.split(" | ")[0].strip("| "): line for line in out.splitlines() if line.startswith("| DAELDG")}
+        assert len(rows) == 2 and "70.67" not in out, (argv, out)
+        whole = rows[f"DAELDG [domains={every}]"]
+        two = rows["DAELDG [domains=['art_painting', 'photo', 'sketch']]"]
+        assert whole.split(" | ")[4].startswith("81.00 ± 1.41") and "50.00" in two.split(" | ")[4], (argv, out)
+
+
 def test_collect_table_with_missing_and_failed_runs(tmp_path, capsys):
     from dael_plugin.tools.collect import main
 

@@ -148,8 +148,8 @@ def read_runs(root: str, warn=print, metric: str = "accuracy"):
 def _same_data(slot: dict, seen: Dict[tuple, Record], table: tuple, rec: Record, row: str) -> None:
     """Runs read the same images, or they share no cell and no table column: within a cell (other
     seeds) the fingerprints agree but for the domains a seed subsamples (Digit-5); runs of one
-    seed and target (other rows, the same column) agree everywhere. Records without a fingerprint
-    (older versions) are not compared."""
+    seed and target (other rows, the same column) agree on every split and domain both read.
+    Records without a fingerprint (older versions) are not compared."""
     fp = rec.data.get("data")
     if not isinstance(fp, dict):
         return
@@ -166,8 +166,15 @@ def _same_data(slot: dict, seen: Dict[tuple, Record], table: tuple, rec: Record,
         raise say(first, f"one cell, {row} -> {rec.target}")
     key = (table, rec.target, rec.data.get("seed"))
     other = seen.setdefault(key, rec)
-    if other is not rec and one_digest(other.data["data"]) != one_digest(fp):
+    if other is not rec and one_digest(_shared(other.data["data"], fp)) != one_digest(_shared(fp, other.data["data"])):
         raise say(other, f"one column, {rec.target} seed {rec.data.get('seed')}")
+
+
+def _shared(fp: dict, other: dict) -> dict:
+    """``fp``'s entries of the splits and domains ``other`` holds too: runs of other rows in one
+    column may read other sources (another row, results_reader.domains_read), each domain they
+    both read the same images."""
+    return {s: {d: v for d, v in doms.items() if d in other.get(s, {})} for s, doms in fp.items()}
 
 
 def _metric_arg(metric: str) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from dael_plugin.core.validators import NAMES
-from dael_plugin.engine.results_reader import REPORTED, Record, read_records, row_labels
+from dael_plugin.engine.results_reader import REPORTED, Record, domains_read, read_records, row_labels
 from dael_plugin.engine.selection import EPOCHS, EXPERT_SIGNALS, EpochsFile, classifiers, protocol_score
 
 
@@ -122,15 +122,18 @@ def _table_key(rec: Record) -> Tuple[str, str]:
     return str(rec.data.get("dataset")), _setting(rec.data)
 
 
-def read_sweep(root: str, warn: Callable[[str], None] = print) -> List[Tuple[Record, Optional[List[dict]], str]]:
+def read_sweep(
+    root: str, warn: Callable[[str], None] = print, domains: bool = True
+) -> List[Tuple[Record, Optional[List[dict]], str]]:
     """Every finished run under ``root`` with its epoch records: ``[]`` when it has none, ``None``
     when they are damaged (each problem named through ``warn``: a line that is no record, an epoch
     out of order or past the run's epochs, an accuracy out of range, a FIFO). A damaged run is no
-    run to choose from: choosing among its other epochs would be a choice the protocol did not make."""
+    run to choose from: choosing among its other epochs would be a choice the protocol did not make.
+    ``domains=False``: a setting's runs on other domains share its label (results_reader.row_labels)."""
     walk = read_records(root)
     for problem in walk.problems:
         warn(problem.warning())
-    labels = row_labels(walk.records, root)  # the settings to choose between are the table's rows
+    labels = row_labels(walk.records, root, domains)  # the settings to choose between are the table's rows
     out = []
     for rec in walk.records:
         epochs, problems = EpochsFile(rec.dir).read_checked()
@@ -234,7 +237,8 @@ def select(
     if protocol_name not in PROTOCOLS:
         raise SelectError(f"unknown protocol {protocol_name!r}; choose from {', '.join(PROTOCOLS)}")
     protocol = PROTOCOLS[protocol_name]
-    all_runs = read_sweep(root, warn)
+    # leave one domain out reads each setting's runs on fewer sources, under the setting's label
+    all_runs = read_sweep(root, warn, domains=protocol.name != "leave_one_domain_out")
     # table -> row -> target -> seed -> setting -> Run
     grid: Dict[tuple, Dict[str, Dict[str, Dict[object, Dict[str, Run]]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
@@ -245,16 +249,22 @@ def select(
     def row_of(rec: Record, label: str) -> str:
         return label if per_setting else str(rec.data.get("trainer"))
 
-    engines = defaultdict(set)
+    # Likewise the runs of a row that read other domains (other sources for a target): other rows,
+    # never settings to choose between (leave one domain out reads those runs for its score).
+    engines, domains = defaultdict(set), defaultdict(set)
+    lodo = protocol.name == "leave_one_domain_out"
     for rec, _, label in all_runs:
         engines[_table_key(rec), row_of(rec, label)].add(rec.data.get("engine"))
+        domains[_table_key(rec), row_of(rec, label)].add(None if lodo else domains_read(rec))
     for rec, epochs, label in all_runs:
         table = _table_key(rec)
-        if protocol.name == "leave_one_domain_out" and table[1] != "DG":
+        if lodo and table[1] != "DG":
             continue
         row = row_of(rec, label)
         if len(engines[table, row]) > 1:
             row = f"{row} [engine={rec.data.get('engine')}]"
+        if len(domains[table, row_of(rec, label)]) > 1 and not per_setting:  # (per setting: in the label)
+            row = f"{row} [domains={list(domains_read(rec) or [])}]"
         slot = grid[table][row][rec.target][rec.data.get("seed")]
         if label in slot:
             raise SelectError(

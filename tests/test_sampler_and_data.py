@@ -247,8 +247,10 @@ def test_dassl_domain_sampler_has_dassls_epochs_drawn_per_position():
     assert indices(s) != first
     seq = DasslDomainBatchSampler(domains, batch_size=30, seed=3, sequential=True)
     assert all([domains[b[j]] for j in (0, 10, 20)] == [0, 1, 2] for b in indices(seq))
-    with pytest.raises(DAELConfigError, match="fewer than its per-batch share"):
+    with pytest.raises(DAELConfigError, match="source domain 0 has 5 training images, fewer than its per-batch share"):
         DasslDomainBatchSampler([0] * 5 + [1] * 50, batch_size=20)
+    with pytest.raises(DAELConfigError, match=r"source domain 'hospital_3' has 5 training images"):
+        DasslDomainBatchSampler([0] * 50 + [1] * 5, batch_size=20, names=["hospital_0", "hospital_3"])
 
 
 @pytest.mark.dassl

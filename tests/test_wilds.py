@@ -341,6 +341,49 @@ def test_a_method_with_an_output_per_source_domain_has_one_per_named_metadata_do
         assert [part.split()[0] for part in line.split(", ")] == hospitals, line
 
 
+def test_a_hospital_too_small_for_its_share_of_a_batch_is_named(wilds_root, tmp_path, capsys):
+    """Dassl's RandomDomainSampler cannot fill a batch from a hospital of 4 patches at 10 a domain:
+    the line names the hospital, as the run names it, not its number."""
+    from test_hardening import cli, one_error_line
+
+    opts = ["DATALOADER.TRAIN_X.SAMPLER", "RandomDomainSampler", "DATALOADER.TRAIN_X.BATCH_SIZE", "30"]
+    opts += ["TRAINER.DAELDG.STRONG_TRANSFORMS", "['normalize']"]
+    argv = _argv("builtin", wilds_root, tmp_path / "out", "DAELDG", *opts)
+    at = argv.index("--dataset-config-file")
+    code, _, err = cli(argv[:at] + ["--source-domains", "hospital_4", "hospital_0", "hospital_3"] + argv[at:], capsys)
+    line = one_error_line(err)
+    assert code == 2 and "source domain 'hospital_4' has 4 training images" in line, err
+
+
+def test_metadata_domains_too_small_for_a_batch_are_named_under_the_one_source(wilds_root, tmp_path):
+    """Under the one source ``train`` the sampler's domains are its metadata's: the warning of a
+    cycled domain (and the line of one Dassl's sampler cannot fill) names ``train's metadata domain
+    d``. It took the run's source list by that number and stopped in an IndexError."""
+    from conftest import run_here
+
+    opts = ["DATALOADER.TRAIN_X.SAMPLER", "CyclingDomainSampler", "DATALOADER.TRAIN_X.BATCH_SIZE", "30"]
+    done = run_here(_argv("builtin", wilds_root, tmp_path / "out", "Vanilla", *opts))
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    for d in range(3):
+        assert f'warning: source domain "train\'s metadata domain {d}" has 4 training images' in done.stdout
+    opts[1] = "RandomDomainSampler"
+    done = run_here(_argv("builtin", wilds_root, tmp_path / "out2", "Vanilla", *opts))
+    assert done.returncode == 2 and 'source domain "train\'s metadata domain 0" has 4' in done.stderr, done.stderr
+
+
+@pytest.mark.dassl
+def test_dassls_own_sampler_that_cannot_fill_a_batch_is_one_line(wilds_root, tmp_path, capsys):
+    """Dassl's RandomDomainSampler draws its epoch as it is built, with ``random.sample``: 10 patches
+    of a hospital of 4 stopped Dassl's own Vanilla in a ValueError's stack."""
+    from test_hardening import cli, one_error_line
+
+    opts = ["DATALOADER.TRAIN_X.SAMPLER", "RandomDomainSampler", "DATALOADER.TRAIN_X.BATCH_SIZE", "30"]
+    code, _, err = cli(_argv("dassl", wilds_root, tmp_path / "out", "Vanilla", *opts), capsys)
+    line = one_error_line(err)
+    assert code == 2 and "Dassl's RandomDomainSampler cannot draw its first batch of 30" in line, err
+    assert "lower DATALOADER.TRAIN_X.BATCH_SIZE or N_DOMAIN" in line
+
+
 def test_a_sweep_runs_the_official_split(tmp_path):
     from conftest import ROOT
     from dael_plugin.tools.sweep import build_parser

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import difflib
+import os
 from typing import Optional
 
 from dassl.data.datasets import DATASET_REGISTRY
@@ -293,6 +294,24 @@ def check_dassl_builders(cfg: CN) -> None:
         close = difflib.get_close_matches(str(cfg.TEST.EVALUATOR), list(names), n=1)
         hint = f" (did you mean {close[0]!r}?)" if close else ""
         raise DAELConfigError(f"TEST.EVALUATOR={cfg.TEST.EVALUATOR!r} is not an evaluator Dassl has{hint}: {names}")
+
+
+def sampler_refusal(exc: ValueError, cfg: CN) -> Optional[str]:
+    """One line where Dassl's domain sampler (``dassl/data/samplers.py``) cannot draw its first
+    batch as it builds (``random.sample`` of more images than a source domain holds, or of more
+    domains than there are); None for any other ValueError, whose stack stays."""
+    import traceback
+
+    last = [f.filename.replace(os.sep, "/") for f in traceback.extract_tb(exc.__traceback__)][-2:]
+    if not any(f.endswith("dassl/data/samplers.py") for f in last):  # (then random.sample's own frame)
+        return None
+    x = cfg.DATALOADER.TRAIN_X
+    domains = f"{x.N_DOMAIN} of the" if x.N_DOMAIN > 0 else "all the"
+    return (
+        f"Dassl's {x.SAMPLER} cannot draw its first batch of {x.BATCH_SIZE}, an equal share from {domains} domains "
+        f"of the sources {list(cfg.DATASET.SOURCE_DOMAINS)}: a domain holds fewer training images than its share, "
+        f"or DATALOADER.TRAIN_X.N_DOMAIN exceeds the domains ({exc}); lower DATALOADER.TRAIN_X.BATCH_SIZE or N_DOMAIN"
+    )
 
 
 def check_cfg_refusal(exc: AssertionError, name: str) -> Optional[str]:

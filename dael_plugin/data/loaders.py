@@ -113,12 +113,14 @@ def seeded_loader(dataset, batches, num_workers: int, pin: bool, seed: int) -> D
     return _loader(dataset, num_workers, pin, seed, batch_sampler=batches)
 
 
-def train_batches(domains: Sequence[int], batch_size: int, seed: int, sampler: str = "", n_domain: int = 0):
+def train_batches(
+    domains: Sequence[int], batch_size: int, seed: int, sampler: str = "", n_domain: int = 0, names: Sequence[str] = ()
+):
     """The batch sampler of a source loader, by ``DATALOADER.TRAIN_X.SAMPLER`` ``sampler``
     (:func:`~dael_plugin.data.sampling.source_batch_sampler`; ``domains``: each image's), or with
-    ``sampler`` empty a target loader's (shuffled batches on stream 1)."""
+    ``sampler`` empty a target loader's (shuffled batches on stream 1). ``names``: the domains'."""
     if sampler:
-        return source_batch_sampler(sampler, domains, batch_size, n_domain, seed)
+        return source_batch_sampler(sampler, domains, batch_size, n_domain, seed, names)
     return SeededRandomBatchSampler(len(domains), batch_size, seed, stream=1)
 
 
@@ -145,10 +147,11 @@ def train_loader(
     seed: int,
     sampler: str = "",
     n_domain: int = 0,
+    names: Sequence[str] = (),
 ) -> DataLoader:
     """A source loader by ``DATALOADER.TRAIN_X.SAMPLER`` ``sampler``, or with ``sampler`` empty
-    the target loader (:func:`train_batches`)."""
-    batches = train_batches([i.domain for i in items], batch_size, seed, sampler, n_domain)
+    the target loader (:func:`train_batches`); ``names``: the source domains', where each is one."""
+    batches = train_batches([i.domain for i in items], batch_size, seed, sampler, n_domain, names)
     return seeded_loader(ImageList(items, transforms, replace_bad=True), batches, num_workers, pin, seed)
 
 

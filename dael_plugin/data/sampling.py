@@ -194,7 +194,13 @@ class DasslDomainBatchSampler(Shard, Sampler[List[Draw]]):
     (the target loader restarts when it runs out) draws afresh."""
 
     def __init__(
-        self, domains: Sequence[int], batch_size: int, n_domain: int = 0, seed: int = 0, sequential: bool = False
+        self,
+        domains: Sequence[int],
+        batch_size: int,
+        n_domain: int = 0,
+        seed: int = 0,
+        sequential: bool = False,
+        names: Sequence[str] = (),
     ) -> None:
         self.domains = np.asarray(domains, dtype=np.int64)
         self.domain_ids = np.unique(self.domains)
@@ -211,8 +217,9 @@ class DasslDomainBatchSampler(Shard, Sampler[List[Draw]]):
         small = [(int(d), len(m)) for d, m in zip(self.domain_ids, self.members) if len(m) < self.per_domain]
         if small:
             d, n = small[0]
+            named = repr(names[d]) if d < len(names) else str(d)  # (names: where each number is one domain)
             raise DAELConfigError(
-                f"source domain {d} has {n} training images, fewer than its per-batch share of "
+                f"source domain {named} has {n} training images, fewer than its per-batch share of "
                 f"{self.per_domain}: Dassl's sampler cannot fill one batch; lower "
                 "DATALOADER.TRAIN_X.BATCH_SIZE, or set DATALOADER.TRAIN_X.SAMPLER CyclingDomainSampler"
             )
@@ -293,11 +300,15 @@ class SeededRandomBatchSampler(Shard, Sampler[List[Draw]]):
             yield self._take(list(zip(perm[sl].tolist(), seeds[sl].tolist())))
 
 
-def source_batch_sampler(name: str, domains: Sequence[int], batch_size: int, n_domain: int, seed: int) -> Shard:
+def source_batch_sampler(
+    name: str, domains: Sequence[int], batch_size: int, n_domain: int, seed: int, names: Sequence[str] = ()
+) -> Shard:
     """The source loader's batch sampler for ``DATALOADER.TRAIN_X.SAMPLER`` ``name``, the same on
-    both engines (module docstring)."""
+    both engines (module docstring); ``names``: the domains' names, where each number is one, for
+    its error lines."""
     if name in DASSL_DOMAIN_SAMPLERS:
-        return DasslDomainBatchSampler(domains, batch_size, n_domain, seed, sequential=name == "SeqDomainSampler")
+        sequential = name == "SeqDomainSampler"
+        return DasslDomainBatchSampler(domains, batch_size, n_domain, seed, sequential=sequential, names=names)
     if name == "CyclingDomainSampler":
         return DomainBalancedBatchSampler(domains, batch_size, n_domain, seed)
     if name == "RandomSampler":

@@ -372,6 +372,7 @@ class BuiltinTrainer(TrainerFacts):
             self.seed,
             sampler=x.SAMPLER,
             n_domain=x.N_DOMAIN,
+            names=self._domain_names(),
         )
 
     def _u_loader(self, transforms):
@@ -379,11 +380,21 @@ class BuiltinTrainer(TrainerFacts):
         bs = c.TRAIN_X.BATCH_SIZE if c.TRAIN_U.SAME_AS_X else c.TRAIN_U.BATCH_SIZE
         return loaders.train_loader(self.splits["train_u"], transforms, bs, c.NUM_WORKERS, self.pin, self.seed)
 
+    def _domain_names(self) -> List[str]:
+        """Each source item's domain number's name for the log: the run's source domain, or, under one
+        named source of many metadata domains (WILDS's ``train``), ``train's metadata domain 2``."""
+        if len(self.sources) > 1:
+            return [str(s) for s in self.sources]
+        held = 1 + max((it.domain for it in self.splits["train_x"]), default=0)
+        return (
+            [str(self.sources[0])] if held == 1 else [f"{self.sources[0]}'s metadata domain {d}" for d in range(held)]
+        )
+
     def _warn_small_domains(self, loader) -> None:
-        sampler = loader.batch_sampler
+        sampler, names = loader.batch_sampler, self._domain_names()
         for d, n in sampler.small_domains():
             print(
-                f"warning: source domain {self.sources[d]!r} has {n} training images, fewer than its "
+                f"warning: source domain {names[d]!r} has {n} training images, fewer than its "
                 f"per-batch share of {sampler.per_domain}; its images repeat within each batch"
             )
 

@@ -107,10 +107,12 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
             trainer = cls(cfg, eval_only=args.eval_only)
         else:
             trainer = (with_facts if args.eval_only or eval_freq(cfg) == 0 else with_records)(cls)(cfg)
-    except AssertionError as exc:  # a trainer's check_cfg: one line (any other assertion keeps its stack)
-        from dael_plugin.dassl_adapter.checks import check_cfg_refusal
+    except (AssertionError, ValueError) as exc:  # a trainer's check_cfg, Dassl's domain sampler: one line
+        from dael_plugin.dassl_adapter.checks import check_cfg_refusal, sampler_refusal
 
-        said = check_cfg_refusal(exc, cfg.TRAINER.NAME)
+        said = (
+            check_cfg_refusal(exc, cfg.TRAINER.NAME) if isinstance(exc, AssertionError) else sampler_refusal(exc, cfg)
+        )
         if said is None:
             raise
         raise DAELConfigError(said) from None

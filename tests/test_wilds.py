@@ -162,6 +162,11 @@ def test_the_metadata_domains_named_as_sources_number_the_items_by_their_names(w
     assert [i.domain for i in fmow["train_x"]] == [0, 1, 2, 3, 0, 4]  # images 0, 1, 3, 4, 5, 11
     cams = load_splits("IWildCam", wilds_root, ["location_9", "location_1", "location_8"], ["test"])
     assert [i.domain for i in cams["train_x"]] == [1, 2, 0, 1, 2]  # cameras 1, 8, 9, 1, 8
+    # cameras that hold other classes (camera 9: house alone): category shift reads the same items
+    shift = load_splits(
+        "IWildCam", wilds_root, ["location_9", "location_1", "location_8"], ["test"], category_shift=True
+    )
+    assert shift == cams
     held = r"\['hospital_0', 'hospital_3', 'hospital_4'\]"
     with pytest.raises(
         DAELConfigError, match=rf"holds the metadata domains {held}, not \['hospital_0', 'hospital_1'\]"

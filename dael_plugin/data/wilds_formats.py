@@ -114,7 +114,7 @@ class WildsFormat:
 
     def load(self, name, root, sources, targets, seed=0, category_shift=False, options=None) -> Dict[str, object]:
         """The splits and class names, as Dassl's ``WILDSBase`` reads them."""
-        if category_shift:
+        if category_shift and not names_metadata_sources(name, sources):
             raise DAELConfigError(
                 f"{name} has one source domain (WILDS's train split): DATASET.CATEGORY_SHIFT has no domains to "
                 "differ; set it False"

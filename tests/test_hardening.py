@@ -620,7 +620,7 @@ def test_a_domain_smaller_than_its_batch_share_is_refused_by_dassls_sampler_and_
     big = ["DATALOADER.TRAIN_X.BATCH_SIZE", "192"]
     code, _, err = cli(args_for(tiny_root, tmp_path / "dassl", extra=big), capsys)
     line = one_error_line(err)
-    assert code == 2 and "source domain 0 has 60 training images, fewer than its per-batch share of 64" in line
+    assert code == 2 and "source domain 'hand' has 60 training images, fewer than its per-batch share of 64" in line
     assert "CyclingDomainSampler" in line
     cycling = big + ["DATALOADER.TRAIN_X.SAMPLER", "CyclingDomainSampler"]
     code, stdout, _ = cli(args_for(tiny_root, tmp_path / "cycling", extra=cycling), capsys)

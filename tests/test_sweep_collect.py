@@ -300,7 +300,8 @@ def test_runs_of_other_sources_for_one_target_are_another_row_never_more_seeds(t
     """Hand-worked: PACS's leave-one-domain-out runs of seeds 1 and 2 (sketch 80 and 82), and a run
     of seed 3 on two sources for sketch (50). Read as seeds of one cell, sketch would be 70.67 over 3
     seeds, a figure of no one setting; here the two source sets are two rows, in the tables and under
-    --select (which would otherwise take seed 3's run as that seed's only setting)."""
+    --select (which would otherwise take seed 3's run as that seed's only setting). Runs on fixed
+    sources for two targets stay one row (split by the domains each read, they were two)."""
     from dael_plugin.tools.collect import main
 
     root, every = str(tmp_path), ["art_painting", "cartoon", "photo", "sketch"]
@@ -312,6 +313,10 @@ def test_runs_of_other_sources_for_one_target_are_another_row_never_more_seeds(t
             )
     d = _record(root, "PACS", "DAELDG", "sketch", 3, 50.0, source_domains=["art_painting", "photo"])
     open(os.path.join(d, "epochs.jsonl"), "w").write(json.dumps({"epoch": 1, "target_test_accuracy": 50.0}) + "\n")
+    # fixed sources for two targets (another sweep's shape): one row, as ever
+    for seed, target in ((1, "cartoon"), (2, "cartoon"), (1, "sketch"), (2, "sketch")):
+        d = _record(root, "PACS", "Vanilla", target, seed, 60.0 + seed, source_domains=["art_painting", "photo"])
+        open(os.path.join(d, "epochs.jsonl"), "w").write(json.dumps({"epoch": 1, "target_test_accuracy": 60.0 + seed}))
     for argv in ([], ["--select", "last"]):
         assert main([root, *argv]) == 0, argv
         out = capsys.readouterr().out
@@ -320,6 +325,8 @@ def test_runs_of_other_sources_for_one_target_are_another_row_never_more_seeds(t
         whole = rows[f"DAELDG [domains={every}]"]
         two = rows["DAELDG [domains=['art_painting', 'photo', 'sketch']]"]
         assert whole.split(" | ")[4].startswith("81.00 ± 1.41") and "50.00" in two.split(" | ")[4], (argv, out)
+        fixed = [line.split(" | ") for line in out.splitlines() if line.startswith("| Vanilla")]
+        assert len(fixed) == 1 and fixed[0][2].startswith("61.50") and fixed[0][4].startswith("61.50"), (argv, out)
 
 
 def test_collect_table_with_missing_and_failed_runs(tmp_path, capsys):

@@ -6,8 +6,8 @@ cannot (truncated, not JSON, not a mapping, no accuracy), a :class:`Problem`
 naming it: one bad file never costs the table or the figures, and it is never
 silently dropped either. :func:`setting_key` says which runs share a
 setting: everything in the merged config that changes a result, except the
-seed and the target (and the sources that go with it: the domains a run reads,
-sources and targets together, are part of the setting).
+seed and the target (and the sources that go with it; runs of one setting on other
+sources for one target are told apart by the domains each read, :func:`row_labels`).
 """
 
 from __future__ import annotations
@@ -214,35 +214,42 @@ def weights_identity(record: Optional[dict]) -> Optional[str]:
     return "random"
 
 
-def domains_read(rec: Record) -> Optional[Tuple[str, ...]]:
-    """The domains a run read, its sources and targets together (sorted). The runs of one
-    leave-one-domain-out sweep share them, each target with the sources that go with it; a run of
-    other sources for the same target reads another set (PACS's ``art_painting photo -> sketch``
-    beside ``art_painting cartoon photo -> sketch``; WILDS's hospitals as the sources beside its one
-    source ``train``), so it is another setting, never a seed of the same cell. None where the
-    record names no sources (its target alone says nothing of the setting)."""
+def _named(rec: Record, key: str, field: str) -> list:
     ds = rec.config.get("DATASET") if isinstance(rec.config, dict) else None
-    ds = ds if isinstance(ds, dict) else {}
-    sources = ds.get("SOURCE_DOMAINS") or rec.data.get("source_domains")
-    targets = ds.get("TARGET_DOMAINS") or rec.data.get("target_domains")
+    return list((ds.get(key) if isinstance(ds, dict) else None) or rec.data.get(field) or [])
+
+
+def domains_read(rec: Record) -> Optional[Tuple[str, ...]]:
+    """The domains a run read, its sources and targets together (sorted); None where the record
+    names no sources."""
+    sources = _named(rec, "SOURCE_DOMAINS", "source_domains")
     if not sources:
         return None
-    return tuple(sorted({str(d) for d in list(sources) + list(targets or [])}))
+    return tuple(sorted({str(d) for d in sources + _named(rec, "TARGET_DOMAINS", "target_domains")}))
 
 
-def setting_items(rec: Record, domains: bool = True) -> Dict[str, object]:
+def mixed_sources(records: Sequence[Record]) -> bool:
+    """Whether runs of one setting read other sources for one target (PACS's ``art_painting photo
+    -> sketch`` beside ``art_painting cartoon photo -> sketch``; WILDS's hospitals as the sources
+    beside its one source ``train``): then they are no seeds of one cell, and each set of domains
+    they read is a row of its own. A leave-one-domain-out sweep (other sources for each target) and
+    a sweep of fixed sources for several targets mix none."""
+    seen: Dict[str, set] = defaultdict(set)
+    for rec in records:
+        seen[rec.target].add(tuple(sorted(str(d) for d in _named(rec, "SOURCE_DOMAINS", "source_domains"))))
+    return any(len(v) > 1 for v in seen.values())
+
+
+def setting_items(rec: Record) -> Dict[str, object]:
     """The config keys and values that make the run's setting (engine included; the weights the
     backbone started from, where the record names them: the same file name with other contents,
-    or timm's weights of another tag, is another setting; with ``domains``, the domains it read)."""
+    or timm's weights of another tag, is another setting)."""
     flat = {
         k: v
         for k, v in with_execution(flatten(rec.config)).items()
         if not any(k == n or (n.endswith(".") and k.startswith(n)) for n in NOT_SETTING)
     }
     flat["engine"] = rec.data.get("engine")
-    read = domains_read(rec) if domains else None
-    if read is not None:
-        flat["domains"] = list(read)
     weights = weights_identity(rec.data.get("backbone_weights"))
     if weights is not None:
         flat["weights"] = weights
@@ -250,16 +257,16 @@ def setting_items(rec: Record, domains: bool = True) -> Dict[str, object]:
     return flat
 
 
-def setting_key(rec: Record, domains: bool = True) -> str:
+def setting_key(rec: Record) -> str:
     """A short hash of :func:`setting_items` (of a record written before records kept their config:
     of what it says, the engine and the weights)."""
-    text = json.dumps(setting_items(rec, domains), sort_keys=True, default=str)
+    text = json.dumps(setting_items(rec), sort_keys=True, default=str)
     return hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
-def differing(records: List[Record], domains: bool = True) -> List[str]:
+def differing(records: List[Record]) -> List[str]:
     """The setting keys whose values differ between ``records``."""
-    items = [setting_items(r, domains) for r in records]
+    items = [setting_items(r) for r in records]
     keys = sorted(set().union(*items))
     return [k for k in keys if len({json.dumps(i.get(k), default=str) for i in items}) > 1]
 
@@ -272,14 +279,14 @@ def _row_label(rec_dir: str, root: str, trainer: str) -> str:
     return str(trainer)
 
 
-def _setting_names(label: str, by_setting: Dict[str, List[Record]], domains: bool) -> Dict[str, str]:
+def _setting_names(label: str, by_setting: Dict[str, List[Record]]) -> Dict[str, str]:
     if len(by_setting) == 1:
         return {k: label for k in by_setting}
     firsts = [recs[0] for recs in by_setting.values()]
-    keys = differing(firsts, domains)
+    keys = differing(firsts)
     # Name the rows by what a reader set: the engine first, then keys every record has (a key only
     # one engine's config holds, such as Dassl's K_TRANSFORMS, says nothing about the setting).
-    every = [setting_items(r, domains) for r in firsts]
+    every = [setting_items(r) for r in firsts]
     shared = [k for k in keys if k != "engine" and all(k in i for i in every)]
     if "engine" in keys:
         keys = ["engine"] + shared
@@ -287,7 +294,7 @@ def _setting_names(label: str, by_setting: Dict[str, List[Record]], domains: boo
         keys = shared or keys
     names = {}
     for key, recs in by_setting.items():
-        items = setting_items(recs[0], domains)
+        items = setting_items(recs[0])
         shown = ", ".join(f"{k.rsplit('.', 1)[-1]}={items.get(k)}" for k in keys[:3])
         names[key] = f"{label} [{shown}{', ...' if len(keys) > 3 else ''}]"
     return names
@@ -296,17 +303,22 @@ def _setting_names(label: str, by_setting: Dict[str, List[Record]], domains: boo
 def row_labels(records: Sequence[Record], root: str, domains: bool = True) -> Dict[int, str]:
     """Each record's row, by ``id``, as the tables and ``--select`` name it: the sweep layout's
     ``trainer[/setting]`` (else the trainer), and records of one such label with other settings
-    told apart by the keys that differ (``DAEL [MAX_EPOCH=15]``). ``domains=False``: runs of one
-    setting that read other domains share a label (leave-one-domain-out's runs on fewer sources)."""
+    told apart by the keys that differ (``DAEL [MAX_EPOCH=15]``), and runs of one setting on other
+    sources for one target (:func:`mixed_sources`) by the domains each read (``DAEL [domains=[...]]``).
+    ``domains=False``: those share their setting's label (leave-one-domain-out's runs on fewer sources)."""
     groups: Dict[tuple, Dict[str, List[Record]]] = defaultdict(lambda: defaultdict(list))
     for rec in records:
         table = (rec.data.get("dataset"), setting_of(rec.data))
-        groups[(table, _row_label(rec.dir, root, str(rec.data.get("trainer"))))][setting_key(rec, domains)].append(rec)
+        groups[(table, _row_label(rec.dir, root, str(rec.data.get("trainer"))))][setting_key(rec)].append(rec)
     out: Dict[int, str] = {}
     for (_, label), by_setting in groups.items():
-        names = _setting_names(label, by_setting, domains)
+        names = _setting_names(label, by_setting)
         for key, recs in by_setting.items():
-            out.update((id(rec), names[key]) for rec in recs)
+            split = domains and mixed_sources(recs)
+            out.update(
+                (id(rec), f"{names[key]} [domains={list(domains_read(rec) or [])}]" if split else names[key])
+                for rec in recs
+            )
     return out
 
 
@@ -314,6 +326,7 @@ __all__ = [
     "check_metric",
     "differing",
     "domains_read",
+    "mixed_sources",
     "metric_heading",
     "metric_value",
     "no_value",

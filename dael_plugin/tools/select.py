@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from dael_plugin.core.validators import NAMES
-from dael_plugin.engine.results_reader import REPORTED, Record, domains_read, read_records, row_labels
+from dael_plugin.engine.results_reader import REPORTED, Record, domains_read, mixed_sources, read_records, row_labels
 from dael_plugin.engine.selection import EPOCHS, EXPERT_SIGNALS, EpochsFile, classifiers, protocol_score
 
 
@@ -249,13 +249,15 @@ def select(
     def row_of(rec: Record, label: str) -> str:
         return label if per_setting else str(rec.data.get("trainer"))
 
-    # Likewise the runs of a row that read other domains (other sources for a target): other rows,
-    # never settings to choose between (leave one domain out reads those runs for its score).
-    engines, domains = defaultdict(set), defaultdict(set)
+    # Likewise a row's runs on other sources for one target (results_reader.mixed_sources): a row
+    # for each set of domains read, never settings to choose between (leave one domain out reads
+    # those runs for its score; per setting, the labels tell them apart already).
+    engines, records = defaultdict(set), defaultdict(list)
     lodo = protocol.name == "leave_one_domain_out"
     for rec, _, label in all_runs:
         engines[_table_key(rec), row_of(rec, label)].add(rec.data.get("engine"))
-        domains[_table_key(rec), row_of(rec, label)].add(None if lodo else domains_read(rec))
+        records[_table_key(rec), row_of(rec, label)].append(rec)
+    mixed = {key for key, recs in records.items() if not lodo and not per_setting and mixed_sources(recs)}
     for rec, epochs, label in all_runs:
         table = _table_key(rec)
         if lodo and table[1] != "DG":
@@ -263,7 +265,7 @@ def select(
         row = row_of(rec, label)
         if len(engines[table, row]) > 1:
             row = f"{row} [engine={rec.data.get('engine')}]"
-        if len(domains[table, row_of(rec, label)]) > 1 and not per_setting:  # (per setting: in the label)
+        if (table, row_of(rec, label)) in mixed:
             row = f"{row} [domains={list(domains_read(rec) or [])}]"
         slot = grid[table][row][rec.target][rec.data.get("seed")]
         if label in slot:

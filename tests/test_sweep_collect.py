@@ -352,6 +352,82 @@ def test_collect_table_with_missing_and_failed_runs(tmp_path, capsys):
     assert os.path.isfile(os.path.join(root, "results.md"))
 
 
+def _launched(run_dir, target, seed, options, sources="hand font"):
+    """The sweep_run.json a sweep writes in a run folder (its launch settings)."""
+    launch = {"trainer": "DAEL", "target": target, "seed": str(seed), "sources": sources, "options": options}
+    with open(os.path.join(run_dir, "sweep_run.json"), "w") as f:
+        json.dump(dict(launch, engine="builtin"), f)
+
+
+def test_a_run_without_a_record_is_counted_in_its_own_settings_row(tmp_path, capsys):
+    """Hand-worked: two sweeps into one root, OPTIM.MAX_EPOCH 2 (seeds 1-2) and 4 (seeds 3-4), make
+    two DAEL rows. Street seed 2 failed (MAX_EPOCH 2), blend seed 4 never finished (MAX_EPOCH 4), and
+    a third sweep's only run (MAX_EPOCH 8, blend seed 5) failed. Each is counted in its own
+    setting's cell, found by its sweep_run.json; counted in the label's first row (as before), the
+    MAX_EPOCH 2 row would read 'blend [1 not done]' and MAX_EPOCH 4's blend would look complete. In
+    PACS's leave-one-domain-out runs beside two-source runs (rows split by the domains read), a
+    failed run goes to the row of its sources."""
+    from dael_plugin.tools.collect import main
+
+    root = str(tmp_path)
+    config = "OPTIM:\n  MAX_EPOCH: {}\n"
+    for epochs, runs in (
+        (2, [("blend", 1, 70.0), ("blend", 2, 72.0), ("street", 1, 80.0)]),
+        (4, [("blend", 3, 90.0), ("street", 3, 95.0), ("street", 4, 97.0)]),
+    ):
+        for target, seed, acc in runs:
+            d = _record(root, "EmbeddedDigits", "DAEL", target, seed, acc, provenance={"config": config.format(epochs)})
+            _launched(d, target, seed, f"OPTIM.MAX_EPOCH={epochs}")
+    for target, seed, epochs, kind in (
+        ("street", 2, 2, "failed.json"),
+        ("blend", 4, 4, "sweep_log.txt"),
+        ("blend", 5, 8, "failed.json"),
+    ):
+        d = os.path.join(root, "EmbeddedDigits", "DAEL", target, f"seed{seed}")
+        os.makedirs(d)
+        open(os.path.join(d, kind), "w").write("{}")
+        _launched(d, target, seed, f"OPTIM.MAX_EPOCH={epochs}")
+    assert main([root]) == 0
+    rows = {
+        line.split(" | ")[0].strip("| "): line.split(" | ")[1:3]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| DAEL")
+    }
+    assert rows == {
+        "DAEL [MAX_EPOCH=2]": ["71.00 ± 1.41", "80.00 ± 0.00 (n=1) [1 not done]"],
+        "DAEL [MAX_EPOCH=4]": ["90.00 ± 0.00 (n=1) [1 not done]", "96.00 ± 1.41"],
+        "DAEL [runs without a record of their setting]": ["failed", "missing"],
+    }, rows
+
+    pacs, every = str(tmp_path / "pacs"), ["art_painting", "cartoon", "photo", "sketch"]
+    for seed, target, sources in (
+        (1, "sketch", every[:3]),
+        (2, "sketch", every[:3]),
+        (3, "sketch", ["art_painting", "photo"]),
+        (1, "cartoon", ["art_painting", "photo", "sketch"]),
+    ):
+        d = _record(pacs, "PACS", "DAEL", target, seed, 80.0 + seed, source_domains=sources)
+        _launched(d, target, seed, "", " ".join(sources))
+    for seed, target, sources in (
+        (4, "sketch", ["art_painting", "photo"]),
+        (4, "cartoon", ["art_painting", "photo", "sketch"]),
+    ):
+        d = os.path.join(pacs, "PACS", "DAEL", target, f"seed{seed}")
+        os.makedirs(d)
+        open(os.path.join(d, "failed.json"), "w").write("{}")
+        _launched(d, target, seed, "", " ".join(sources))
+    assert main([pacs]) == 0
+    rows = {
+        line.split(" | ")[0].strip("| "): line.split(" | ")[1:3]
+        for line in capsys.readouterr().out.splitlines()
+        if line.startswith("| DAEL")
+    }
+    assert rows == {  # cartoon, sketch
+        f"DAEL [domains={every}]": ["81.00 ± 0.00 [1 not done]", "81.50 ± 0.71 (n=2)"],
+        "DAEL [domains=['art_painting', 'photo', 'sketch']]": ["missing", "83.00 ± 0.00 [1 not done]"],
+    }, rows
+
+
 def test_collect_adds_the_papers_numbers(tmp_path, capsys):
     from dael_plugin.tools.collect import main
 

@@ -12,7 +12,9 @@ configs differ (other epochs, rates, engines, sources...) become rows of
 their own, named by the keys that differ, and two records of one seed in a
 cell are an error naming both, never an average. A run without a record is
 marked (``failed`` with a ``failed.json``, ``corrupt`` for a record that
-cannot be read, with a warning naming it, else ``missing``), never dropped.
+cannot be read, with a warning naming it, else ``missing``), never dropped,
+in the row of the finished runs its ``sweep_run.json`` was launched with (a
+row of its own where none finished).
 The tables are printed and written to ``DIR/results.md`` and
 ``DIR/results.csv``; ``--latex`` also prints LaTeX. ``--paper`` adds the
 published numbers of the DAEL paper (``dael_plugin/tools/paper_results.json``,
@@ -22,6 +24,10 @@ accuracy averaged over the test classes (VisDA-2017's figure), into
 (iWildCam-WILDS's figure), into ``DIR/results_macro_f1.*``; ``--metric wilds:acc_worst_region``: a
 figure of WILDS's own evaluation (FMoW's worst region), in percent, into
 ``DIR/results_wilds_acc_worst_region.*``.
+
+Long because a table is read, checked and written in one pass: which runs share
+a cell (settings, seeds, data fingerprints, the runs without a record) and its
+three renderings.
 """
 
 from __future__ import annotations
@@ -37,7 +43,7 @@ from collections import Counter, defaultdict
 from typing import Dict, List, Optional, Tuple
 
 from dael_plugin.data.fingerprint import one_digest
-from dael_plugin.engine.atomic import write_text
+from dael_plugin.engine.atomic import read_json_dict, write_text
 from dael_plugin.engine.results_reader import (
     WILDS_PREFIX,
     Record,
@@ -49,6 +55,7 @@ from dael_plugin.engine.results_reader import (
     row_labels,
     setting_of,
 )
+from dael_plugin.tools.sweep_plan import IDENTITY
 
 PAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_results.json")
 
@@ -69,14 +76,24 @@ class Cell:
             return self.paper[0]
         return statistics.fmean(self.values) if self.values else None
 
+    @property
+    def std(self) -> Optional[float]:
+        if self.paper is not None:
+            return self.paper[1]
+        return (statistics.stdev(self.values) if len(self.values) > 1 else 0.0) if self.values else None
+
+    @property
+    def state(self) -> str:
+        if self.paper is not None or self.values:
+            return "paper" if self.paper is not None else "done"
+        return "corrupt" if self.corrupt else ("failed" if self.failed else "missing")
+
     def text(self, usual_n: int) -> str:
         if self.paper is not None:
-            mean, std = self.paper
-            return f"{mean:.2f}" + (f" ± {std:.2f}" if std is not None else "")
+            return f"{self.mean:.2f}" + (f" ± {self.std:.2f}" if self.std is not None else "")
         if not self.values:
-            return "corrupt" if self.corrupt else ("failed" if self.failed else "missing")
-        std = statistics.stdev(self.values) if len(self.values) > 1 else 0.0
-        out = f"{self.mean:.2f} ± {std:.2f}"
+            return self.state
+        out = f"{self.mean:.2f} ± {self.std:.2f}"
         if len(self.values) != usual_n:
             out += f" (n={len(self.values)})"
         not_done = self.failed + self.missing + self.corrupt
@@ -128,6 +145,8 @@ def read_runs(root: str, warn=print, metric: str = "accuracy"):
         _same_data(slot, data_seen, table, rec, row)
     if walk.failed or walk.pending or walk.problems:
         from dael_plugin.methods import method_setting
+
+        launched = _launched_rows(walk.records, rows)
     for kind, paths in (
         ("failed", walk.failed),
         ("missing", walk.pending),
@@ -140,9 +159,48 @@ def read_runs(root: str, warn=print, metric: str = "accuracy"):
             dataset, label, target = place
             trainer = label.split("/")[0]
             key = (dataset, method_setting(trainer))  # no record to say it: the trainer's class does
-            rows = [r for r in tables[key] if r == label or r.startswith(label + " [")] or [label]
-            tables[key][rows[0]][target][kind] += 1
+            labelled = [r for r in tables[key] if r == label or r.startswith(label + " [")]
+            tables[key][_row_without_record(path, label, labelled, launched)][target][kind] += 1
     return tables
+
+
+UNPLACED = "[runs without a record of their setting]"
+
+
+def _launch(run_dir: str, drop: Tuple[str, ...]) -> Optional[str]:
+    """What a sweep launched the folder with (its ``sweep_run.json``) less the keys ``drop``."""
+    try:
+        had = read_json_dict(os.path.join(run_dir, IDENTITY))
+    except ValueError:
+        return None
+    return json.dumps({k: v for k, v in had.items() if k not in drop}, sort_keys=True) if had else None
+
+
+def _launched_rows(records: List[Record], rows: Dict[int, str]) -> Dict[str, set]:
+    """The rows of the finished runs each sweep launch leads to, by the launch less its target and
+    seed, with and without its sources (a setting split by the domains its runs read)."""
+    out: Dict[str, set] = defaultdict(set)
+    for rec in records:
+        for drop in (("target", "seed"), ("target", "seed", "sources")):
+            launch = _launch(rec.dir, drop)
+            if launch is not None:
+                out[launch].add(rows[id(rec)])
+    return out
+
+
+def _row_without_record(path: str, label: str, labelled: List[str], launched: Dict[str, set]) -> str:
+    """The row of a failed, unfinished or unreadable run: the one its launch's finished runs are
+    in (another target's or seed's); the label's one row for a run launched by hand. A run that can
+    be placed in none of several rows, or in a row that none of its setting's runs reached, is in a
+    row of its own, never counted against another setting's cell."""
+    for drop in (("target", "seed"), ("target", "seed", "sources")):
+        launch = _launch(path, drop)
+        found = launched.get(launch, set()) & set(labelled) if launch is not None else set()
+        if len(found) == 1:
+            return found.pop()
+    if _launch(path, ()) is None and len(labelled) <= 1:
+        return labelled[0] if labelled else label
+    return f"{label} {UNPLACED}"
 
 
 def _same_data(slot: dict, seen: Dict[tuple, Record], table: tuple, rec: Record, row: str) -> None:
@@ -249,30 +307,8 @@ def render(tables, latex: bool = False, metric: str = "accuracy") -> Tuple[str, 
             )
             for t in targets:
                 c = row[t]
-                std = (
-                    c.paper[1]
-                    if c.paper
-                    else (statistics.stdev(c.values) if len(c.values) > 1 else 0.0)
-                    if c.values or c.paper
-                    else None
-                )
-                state = (
-                    "paper"
-                    if c.paper
-                    else ("done" if c.values else ("corrupt" if c.corrupt else "failed" if c.failed else "missing"))
-                )
-                rows_csv.append(
-                    [
-                        dataset,
-                        setting,
-                        name,
-                        t,
-                        "" if c.mean is None else f"{c.mean:.4f}",
-                        "" if std is None else f"{std:.4f}",
-                        str(len(c.values)),
-                        state,
-                    ]
-                )
+                mean, std = ("" if v is None else f"{v:.4f}" for v in (c.mean, c.std))
+                rows_csv.append([dataset, setting, name, t, mean, std, str(len(c.values)), c.state])
         md.append("")
         if latex:
             tex.append("\\begin{tabular}{l|" + "c" * len(targets) + "|c}\n\\toprule")

@@ -128,6 +128,43 @@ def test_a_damaged_record_leaves_its_seed_out_and_says_so(sweep, capsys):
     assert "line 4: not an epoch record" in capsys.readouterr().out
 
 
+def test_a_failed_run_leaves_its_seed_out_never_a_choice_among_fewer_settings(sweep):
+    """Seed 3 of lam=1 finished (62 at its last epoch) and seed 3 of lam=0.5 failed. Chosen among the
+    settings that finished, seed 3 would be lam=1's 62 under every protocol, a choice the sweep
+    did not make: its seed is left out of the trainer's cell, named. Per setting, the failure is in
+    lam=0.5's row (found by the folders' sweep_run.json), not lam=1's."""
+    _run(sweep, "lam=1", "t", 3, [_ep(1, 30, 20, 10, im=0.3), _ep(2, 35, 40, 20, im=0.4), _ep(3, 62, 60, 50, im=0.5)])
+    failed = os.path.join(sweep, "Set", "DAEL", "lam=0.5", "t", "seed3")
+    os.makedirs(failed)
+    open(os.path.join(failed, "failed.json"), "w").write("{}")
+    for dirpath, _, _files in os.walk(sweep):
+        if dirpath.rsplit(os.sep, 1)[-1].startswith("seed"):
+            grid, seed = dirpath.split(os.sep)[-3], dirpath.rsplit("seed", 1)[-1]
+            launch = {"trainer": "DAEL", "target": "t", "seed": seed, "grid": grid, "sources": "a b c", "options": ""}
+            with open(os.path.join(dirpath, "sweep_run.json"), "w") as f:
+                json.dump(launch, f)
+    for protocol in ("last", "source_val", "oracle"):
+        cell = _cell(sweep, protocol)["DAEL"]["t"]
+        assert sorted(cell.choices) == [1, 2] and len(cell.values) == 2, (protocol, cell)
+        assert len(cell.left_out) == 1 and cell.left_out[0].startswith(f"seed 3: {failed}: failed"), cell.left_out
+        assert "1 left out" in cell.text(2)
+    per = _cell(sweep, "last", per_setting=True)
+    assert per["DAEL/lam=1"]["t"].values == [60.0, 61.0, 62.0] and not per["DAEL/lam=1"]["t"].left_out
+    assert per["DAEL/lam=0.5"]["t"].values == [45.0, 46.0] and per["DAEL/lam=0.5"]["t"].left_out[0].startswith(
+        "seed 3:"
+    )
+    # a grid setting none of whose runs finished (lam=9 diverged on seed 1) still leaves seed 1 out
+    diverged = os.path.join(sweep, "Set", "DAEL", "lam=9", "t", "seed1")
+    os.makedirs(diverged)
+    open(os.path.join(diverged, "failed.json"), "w").write("{}")
+    with open(os.path.join(diverged, "sweep_run.json"), "w") as f:
+        json.dump(
+            {"trainer": "DAEL", "target": "t", "seed": "1", "grid": "lam=9", "sources": "a b c", "options": ""}, f
+        )
+    cells = _cell(sweep, "last")
+    assert list(cells) == ["DAEL"] and sorted(cells["DAEL"]["t"].choices) == [2], cells
+
+
 HAND_EDITS = {
     "nan accuracy": ('{"epoch": 3, "target_test_accuracy": NaN}', "is not an accuracy in [0, 100]"),
     "1e5": ('{"epoch": 3, "target_test_accuracy": 1e5}', "is not an accuracy in [0, 100]"),

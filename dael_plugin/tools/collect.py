@@ -24,10 +24,6 @@ accuracy averaged over the test classes (VisDA-2017's figure), into
 (iWildCam-WILDS's figure), into ``DIR/results_macro_f1.*``; ``--metric wilds:acc_worst_region``: a
 figure of WILDS's own evaluation (FMoW's worst region), in percent, into
 ``DIR/results_wilds_acc_worst_region.*``.
-
-Long because a table is read, checked and written in one pass: which runs share
-a cell (settings, seeds, data fingerprints, the runs without a record) and its
-three renderings.
 """
 
 from __future__ import annotations
@@ -43,7 +39,7 @@ from collections import Counter, defaultdict
 from typing import Dict, List, Optional, Tuple
 
 from dael_plugin.data.fingerprint import one_digest
-from dael_plugin.engine.atomic import read_json_dict, write_text
+from dael_plugin.engine.atomic import write_text
 from dael_plugin.engine.results_reader import (
     WILDS_PREFIX,
     Record,
@@ -55,7 +51,7 @@ from dael_plugin.engine.results_reader import (
     row_labels,
     setting_of,
 )
-from dael_plugin.tools.sweep_plan import IDENTITY
+from dael_plugin.tools.unfinished import Placer, place
 
 PAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_results.json")
 
@@ -105,14 +101,6 @@ class Cell:
 _setting = setting_of  # DA or DG (engine/results_reader.py)
 
 
-def _layout(path: str, root: str):
-    """(dataset, row label, target) of a sweep run folder, from its place in the layout."""
-    rel = os.path.relpath(path, root).split(os.sep)
-    if len(rel) >= 4 and rel[-1].startswith("seed"):
-        return rel[0], "/".join(rel[1:-2]), rel[-2]
-    return None
-
-
 def read_runs(root: str, warn=print, metric: str = "accuracy"):
     """``{(dataset, setting): {row: {target: slot}}}`` from the records under ``root``, each value
     the record's ``metric``. A cell holds one setting: records of one row label with different
@@ -146,61 +134,22 @@ def read_runs(root: str, warn=print, metric: str = "accuracy"):
     if walk.failed or walk.pending or walk.problems:
         from dael_plugin.methods import method_setting
 
-        launched = _launched_rows(walk.records, rows)
+        placer = Placer({rec.dir: rows[id(rec)] for rec in walk.records})
     for kind, paths in (
         ("failed", walk.failed),
         ("missing", walk.pending),
         ("corrupt", [os.path.dirname(p.path) for p in walk.problems]),
     ):
         for path in paths:
-            place = _layout(path, root)
-            if place is None:
+            where = place(path, root)
+            if where is None:
                 continue
-            dataset, label, target = place
+            dataset, label, target, _ = where
             trainer = label.split("/")[0]
             key = (dataset, method_setting(trainer))  # no record to say it: the trainer's class does
             labelled = [r for r in tables[key] if r == label or r.startswith(label + " [")]
-            tables[key][_row_without_record(path, label, labelled, launched)][target][kind] += 1
+            tables[key][placer.row(path, label, labelled)][target][kind] += 1
     return tables
-
-
-UNPLACED = "[runs without a record of their setting]"
-
-
-def _launch(run_dir: str, drop: Tuple[str, ...]) -> Optional[str]:
-    """What a sweep launched the folder with (its ``sweep_run.json``) less the keys ``drop``."""
-    try:
-        had = read_json_dict(os.path.join(run_dir, IDENTITY))
-    except ValueError:
-        return None
-    return json.dumps({k: v for k, v in had.items() if k not in drop}, sort_keys=True) if had else None
-
-
-def _launched_rows(records: List[Record], rows: Dict[int, str]) -> Dict[str, set]:
-    """The rows of the finished runs each sweep launch leads to, by the launch less its target and
-    seed, with and without its sources (a setting split by the domains its runs read)."""
-    out: Dict[str, set] = defaultdict(set)
-    for rec in records:
-        for drop in (("target", "seed"), ("target", "seed", "sources")):
-            launch = _launch(rec.dir, drop)
-            if launch is not None:
-                out[launch].add(rows[id(rec)])
-    return out
-
-
-def _row_without_record(path: str, label: str, labelled: List[str], launched: Dict[str, set]) -> str:
-    """The row of a failed, unfinished or unreadable run: the one its launch's finished runs are
-    in (another target's or seed's); the label's one row for a run launched by hand. A run that can
-    be placed in none of several rows, or in a row that none of its setting's runs reached, is in a
-    row of its own, never counted against another setting's cell."""
-    for drop in (("target", "seed"), ("target", "seed", "sources")):
-        launch = _launch(path, drop)
-        found = launched.get(launch, set()) & set(labelled) if launch is not None else set()
-        if len(found) == 1:
-            return found.pop()
-    if _launch(path, ()) is None and len(labelled) <= 1:
-        return labelled[0] if labelled else label
-    return f"{label} {UNPLACED}"
 
 
 def _same_data(slot: dict, seen: Dict[tuple, Record], table: tuple, rec: Record, row: str) -> None:

@@ -25,8 +25,17 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 from dael_plugin.core.validators import NAMES
-from dael_plugin.engine.results_reader import REPORTED, Record, domains_read, mixed_sources, read_records, row_labels
+from dael_plugin.engine.results_reader import (
+    REPORTED,
+    Record,
+    Walk,
+    domains_read,
+    mixed_sources,
+    read_records,
+    row_labels,
+)
 from dael_plugin.engine.selection import EPOCHS, EXPERT_SIGNALS, EpochsFile, classifiers, protocol_score
+from dael_plugin.tools.unfinished import Placer, place
 
 
 # -- the protocols: each names what it may read ----------------------------------------------------
@@ -123,14 +132,14 @@ def _table_key(rec: Record) -> Tuple[str, str]:
 
 
 def read_sweep(
-    root: str, warn: Callable[[str], None] = print, domains: bool = True
+    root: str, warn: Callable[[str], None] = print, domains: bool = True, walk: Optional[Walk] = None
 ) -> List[Tuple[Record, Optional[List[dict]], str]]:
     """Every finished run under ``root`` with its epoch records: ``[]`` when it has none, ``None``
     when they are damaged (each problem named through ``warn``: a line that is no record, an epoch
     out of order or past the run's epochs, an accuracy out of range, a FIFO). A damaged run is no
     run to choose from: choosing among its other epochs would be a choice the protocol did not make.
     ``domains=False``: a setting's runs on other domains share its label (results_reader.row_labels)."""
-    walk = read_records(root)
+    walk = read_records(root) if walk is None else walk
     for problem in walk.problems:
         warn(problem.warning())
     labels = row_labels(walk.records, root, domains)  # the settings to choose between are the table's rows
@@ -238,7 +247,8 @@ def select(
         raise SelectError(f"unknown protocol {protocol_name!r}; choose from {', '.join(PROTOCOLS)}")
     protocol = PROTOCOLS[protocol_name]
     # leave one domain out reads each setting's runs on fewer sources, under the setting's label
-    all_runs = read_sweep(root, warn, domains=protocol.name != "leave_one_domain_out")
+    walk = read_records(root)
+    all_runs = read_sweep(root, warn, domains=protocol.name != "leave_one_domain_out", walk=walk)
     # table -> row -> target -> seed -> setting -> Run
     grid: Dict[tuple, Dict[str, Dict[str, Dict[object, Dict[str, Run]]]]] = defaultdict(
         lambda: defaultdict(lambda: defaultdict(lambda: defaultdict(dict)))
@@ -252,7 +262,7 @@ def select(
     # Likewise a row's runs on other sources for one target (results_reader.mixed_sources): a row
     # for each set of domains read, never settings to choose between (leave one domain out reads
     # those runs for its score; per setting, the labels tell them apart already).
-    engines, records = defaultdict(set), defaultdict(list)
+    engines, records, rows_of = defaultdict(set), defaultdict(list), {}
     lodo = protocol.name == "leave_one_domain_out"
     for rec, _, label in all_runs:
         engines[_table_key(rec), row_of(rec, label)].add(rec.data.get("engine"))
@@ -274,6 +284,8 @@ def select(
                 f"{slot[label].record.path} and {rec.path}; keep one"
             )
         slot[label] = Run(rec, epochs)
+        rows_of[rec.dir] = row
+    not_done = _not_done(walk, root, Placer(rows_of, ignore=() if per_setting else ("grid",)), grid, per_setting)
     if protocol.name == "leave_one_domain_out" and not grid:
         raise SelectError("leave_one_domain_out is a DG protocol, and the sweep holds no DG run")
     out = []
@@ -284,8 +296,10 @@ def select(
         for row in sorted(rows):
             cells[row] = {}
             for t in targets:
-                cell = CellChoice()
-                for seed, runs in sorted(rows[row].get(t, {}).items(), key=lambda kv: str(kv[0])):
+                cell, by_seed, gone = CellChoice(), rows[row].get(t, {}), not_done.get((table, row, t), {})
+                for seed, runs in sorted(by_seed.items(), key=lambda kv: str(kv[0])):
+                    if seed in gone:
+                        continue
                     why = _left_out(protocol, runs)
                     if why:
                         cell.left_out += [f"seed {seed}: {w}" for w in why]
@@ -300,8 +314,33 @@ def select(
                     cell.recorded = cell.recorded or any(run.epochs for run in runs.values())
                 if not cell.recorded and not cell.values:  # no run of the cell has records: "no records" says it
                     cell.left_out = [w for w in cell.left_out if "damaged" in w]
+                cell.left_out += [f"seed {seed}: {w}" for seed, why in sorted(gone.items(), key=str) for w in why]
                 cells[row][t] = cell
         out.append((table, targets, cells))
+    return out
+
+
+def _not_done(walk: Walk, root: str, placer: Placer, grid: dict, per_setting: bool) -> Dict[tuple, Dict]:
+    """``{(table, row, target): {seed: [why]}}``: the runs without a record, in the row of their
+    launch's finished runs (tools/unfinished.py). Their seed is left out of the cell: its choice
+    would be made among fewer settings than the sweep's (or, per setting, there is none)."""
+    from dael_plugin.methods import method_setting
+
+    out: Dict[tuple, Dict] = defaultdict(lambda: defaultdict(list))
+    failed = [(p, "failed (failed.json)") for p in walk.failed] + [(p, "not finished") for p in walk.pending]
+    for path, kind in failed + [(os.path.dirname(p.path), "its record cannot be read") for p in walk.problems]:
+        where = place(path, root)
+        if where is None:
+            continue
+        dataset, label, target, seed = where
+        name, table = label if per_setting else label.split("/")[0], (dataset, method_setting(label.split("/")[0]))
+        labelled = [r for r in grid.get(table, {}) if r == name or r.startswith(name + " [")]
+        row = placer.row(path, name, labelled)
+        grid[table][row][target]  # a row of its own where it is placed in none (the cell says why)
+        number = int(seed[4:]) if seed[4:].isdigit() else seed[4:]
+        out[table, row, target][number].append(
+            f"{path}: {kind}, no record to choose from; rerun it, or move its folder out of {root} to choose without it"
+        )
     return out
 
 

@@ -399,6 +399,18 @@ def test_a_run_without_a_record_is_counted_in_its_own_settings_row(tmp_path, cap
         "DAEL [runs without a record of their setting]": ["failed", "missing"],
     }, rows
 
+    # a DG method of the user's own (not loaded here, so its class cannot say DG): its failed run
+    # is in the DG table beside its finished ones, not a DA table of its own
+    for seed, name in ((1, "results.json"), (2, "failed.json")):
+        d = os.path.join(root, "EmbeddedDigits", "MyDG", "blend", f"seed{seed}")
+        os.makedirs(d)
+        rec = {"dataset": "EmbeddedDigits", "trainer": "MyDG", "setting": "DG", "seed": seed, "accuracy": 50.0}
+        json.dump(dict(rec, target_domains=["blend"]) if seed == 1 else {}, open(os.path.join(d, name), "w"))
+        _launched(d, "blend", seed, "")
+    assert main([root]) == 0
+    out = capsys.readouterr().out
+    assert "| MyDG | 50.00 ± 0.00 [1 not done] |" in out and out.count("### EmbeddedDigits") == 2, out
+
     pacs, every = str(tmp_path / "pacs"), ["art_painting", "cartoon", "photo", "sketch"]
     for seed, target, sources in (
         (1, "sketch", every[:3]),

@@ -134,7 +134,9 @@ def read_runs(root: str, warn=print, metric: str = "accuracy"):
     if walk.failed or walk.pending or walk.problems:
         from dael_plugin.methods import method_setting
 
-        placer = Placer({rec.dir: rows[id(rec)] for rec in walk.records})
+        placer = Placer(
+            {rec.dir: ((rec.data.get("dataset"), _setting(rec.data)), rows[id(rec)]) for rec in walk.records}
+        )
     for kind, paths in (
         ("failed", walk.failed),
         ("missing", walk.pending),
@@ -148,7 +150,8 @@ def read_runs(root: str, warn=print, metric: str = "accuracy"):
             trainer = label.split("/")[0]
             key = (dataset, method_setting(trainer))  # no record to say it: the trainer's class does
             labelled = [r for r in tables[key] if r == label or r.startswith(label + " [")]
-            tables[key][placer.row(path, label, labelled)][target][kind] += 1
+            key, row = placer.place(path, label, key, labelled)
+            tables[key][row][target][kind] += 1
     return tables
 
 

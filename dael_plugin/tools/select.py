@@ -284,7 +284,7 @@ def select(
                 f"{slot[label].record.path} and {rec.path}; keep one"
             )
         slot[label] = Run(rec, epochs)
-        rows_of[rec.dir] = row
+        rows_of[rec.dir] = (table, row)
     not_done = _not_done(walk, root, Placer(rows_of, ignore=() if per_setting else ("grid",)), grid, per_setting)
     if protocol.name == "leave_one_domain_out" and not grid:
         raise SelectError("leave_one_domain_out is a DG protocol, and the sweep holds no DG run")
@@ -335,7 +335,7 @@ def _not_done(walk: Walk, root: str, placer: Placer, grid: dict, per_setting: bo
         dataset, label, target, seed = where
         name, table = label if per_setting else label.split("/")[0], (dataset, method_setting(label.split("/")[0]))
         labelled = [r for r in grid.get(table, {}) if r == name or r.startswith(name + " [")]
-        row = placer.row(path, name, labelled)
+        table, row = placer.place(path, name, table, labelled)
         grid[table][row][target]  # a row of its own where it is placed in none (the cell says why)
         number = int(seed[4:]) if seed[4:].isdigit() else seed[4:]
         out[table, row, target][number].append(

@@ -40,30 +40,31 @@ def _launch(run_dir: str, drop: Sequence[str]) -> Optional[str]:
 
 
 class Placer:
-    """The rows of finished runs by their launch, less its target and seed (and ``ignore``: the
-    grid setting, where the rows are trainers), with and without its sources (a setting split by
-    the domains its runs read)."""
+    """The table and row of finished runs by their launch, less its target and seed (and
+    ``ignore``: the grid setting, where the rows are trainers), with and without its sources (a
+    setting split by the domains its runs read)."""
 
-    def __init__(self, rows: Dict[str, str], ignore: Tuple[str, ...] = ()) -> None:
-        """``rows``: each finished run's folder -> its row."""
+    def __init__(self, cells: Dict[str, Tuple[tuple, str]], ignore: Tuple[str, ...] = ()) -> None:
+        """``cells``: each finished run's folder -> (its table, its row)."""
         base = ("target", "seed", *ignore)
         self.drops = (base, (*base, "sources"))
-        self.launched: Dict[str, Set[str]] = defaultdict(set)
-        for run_dir, row in rows.items():
+        self.launched: Dict[str, Set[Tuple[tuple, str]]] = defaultdict(set)
+        for run_dir, cell in cells.items():
             for drop in self.drops:
                 launch = _launch(run_dir, drop)
                 if launch is not None:
-                    self.launched[launch].add(row)
+                    self.launched[launch].add(cell)
 
-    def row(self, path: str, label: str, labelled: List[str]) -> str:
-        """The row of the run without a record at ``path``, among ``labelled`` (the rows of its
-        label): its launch's; the one row for a run launched by hand. One that can be placed in none
-        of several rows, or whose setting has no finished run, is in a row of its own."""
+    def place(self, path: str, label: str, table: tuple, labelled: List[str]) -> Tuple[tuple, str]:
+        """The table and row of the run without a record at ``path``: its launch's finished runs'
+        (of its ``label``); else, for a run launched by hand, ``table`` (the trainer's class says it)
+        and its one row of the label there (``labelled``). One that can be placed in none of several
+        rows, or whose setting has no finished run, is in a row of its own."""
         for drop in self.drops:
             launch = _launch(path, drop)
-            found = self.launched.get(launch, set()) & set(labelled) if launch is not None else set()
+            found = {(t, r) for t, r in self.launched.get(launch, ()) if r == label or r.startswith(label + " [")}
             if len(found) == 1:
                 return found.pop()
         if _launch(path, ()) is None and len(labelled) <= 1:
-            return labelled[0] if labelled else label
-        return f"{label} {UNPLACED}"
+            return table, labelled[0] if labelled else label
+        return table, f"{label} {UNPLACED}"

@@ -2,6 +2,7 @@
 
 import json
 import os
+import shutil
 
 import pytest
 
@@ -41,6 +42,9 @@ def seen(monkeypatch):
         seen[name + "_suptitle"] = fig._suptitle.get_text() if fig._suptitle is not None else ""
         seen[name + "_legends"] = [[t.get_text() for t in lg.get_texts()] for lg in fig.legends]
         seen[name + "_notes"] = [[t.get_text() for t in ax.texts] for ax in fig.axes]
+        seen[name + "_bars"] = [
+            [[p.get_height() for p in c.patches] for c in ax.containers if hasattr(c, "patches")] for ax in fig.axes
+        ]
         return real(fig, out, name)
 
     from dael_plugin.tools import model_figures
@@ -118,6 +122,40 @@ def test_figures_the_sweep_cannot_support_are_skipped_with_a_reason(tmp_path, ca
     assert "loss_ablation: skipped (loss_ablation needs DAEL runs with at least two of" in out
     assert "experts: " in out and "experts.png" in out
     assert plots.main([str(tmp_path / "nothing"), "--out", str(tmp_path / "f")]) == 2
+
+
+def test_a_figure_never_averages_runs_of_other_settings_as_seeds(tmp_path, capsys, seen):
+    """Hand-worked: the loss ablation at 15 epochs (blend: ce 61 and 62, ce_cr_u 71 and 72), and
+    a seed of ce_cr_u at 30 epochs (90). Averaged as seeds, ce_cr_u's bar would be 77.67 over 3
+    'seeds'; the figure is skipped naming OPTIM.MAX_EPOCH, and drawn again once the 30-epoch run
+    is moved out. A rerun of seed 1 (another folder, the same setting) counts once."""
+    from dael_plugin.tools import plots
+
+    root = str(tmp_path / "sweep")
+    for seed in (1, 2):
+        for losses, acc in (("ce", 60.0), ("ce_cr_u", 70.0)):
+            _rec(root, "blend", seed, acc + seed, losses=losses)
+    default = os.path.dirname(os.path.dirname(_rec(root, "blend", 1, 71.0)))  # .../DAEL/L=ce_cr_u,W=0.5
+    with open(os.path.join(default, "blend", "seed1", "results.json")) as f:
+        rec = json.load(f)
+    longer = os.path.join(default + ",E=30", "blend", "seed1")
+    os.makedirs(longer)
+    with open(os.path.join(longer, "results.json"), "w") as f:
+        json.dump(
+            dict(rec, accuracy=90.0, provenance={"config": rec["provenance"]["config"] + "OPTIM:\n  MAX_EPOCH: 30\n"}),
+            f,
+        )
+    out = str(tmp_path / "f")
+    assert plots.main([root, "--out", out, "--only", "loss_ablation", "experts"]) == 0
+    said = capsys.readouterr().out
+    assert "loss_ablation: skipped (the runs of loss_ablation differ in OPTIM.MAX_EPOCH besides LOSSES" in said, said
+    assert "experts: skipped (the runs of experts differ in OPTIM.MAX_EPOCH" in said and "loss_ablation" not in seen
+    shutil.rmtree(default + ",E=30")
+    shutil.copytree(default, default + ",rerun")
+    assert plots.main([root, "--out", out, "--only", "loss_ablation", "experts"]) == 0
+    assert "skipped" not in capsys.readouterr().out
+    ((ce, full),) = seen["loss_ablation_bars"]
+    assert seen["experts"][0][2] == "target blend (2 seeds)" and (ce, full) == ([61.5], [71.5])
 
 
 def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys, seen):

@@ -19,7 +19,9 @@
   SourceOnly against DAEL (Fig. 8), from their checkpoints.
 
 A figure whose runs are not in the sweep is skipped with one line saying what
-it needs. Each is written as PNG and PDF. The last two read checkpoints of the
+it needs; so is one whose runs differ in a setting besides the one it varies
+(epochs, rates, backbone, engine, data, sources), which it would average as
+seeds. A rerun of one seed's run counts once. Each is written as PNG and PDF. The last two read checkpoints of the
 built-in engine and of the plugin's DAEL trainer on Dassl (``checkpoint.pth.tar``),
 with the dataset under the run's ``DATASET.ROOT``.
 """
@@ -39,28 +41,34 @@ from dael_plugin.tools.plots_common import design_value as _key
 from dael_plugin.tools.plots_common import others_at_default as _others_default
 from dael_plugin.tools.plots_common import records as _records
 from dael_plugin.tools.plots_common import save_figure as _save
+from dael_plugin.tools.plots_common import seeds_of_one_setting as _seeds
 
 LOSS_ORDER = ("ce", "ce_cr", "ce_cr_u")
 LOSS_LABELS = {"ce": "$L_{ce}$", "ce_cr": "$+L_{cr}$", "ce_cr_u": "$+L_u$"}
 
 
-def _by(recs, key) -> Dict[str, Dict[str, List[float]]]:
-    """``{value of key: {target: [accuracies over seeds]}}`` for DAEL runs that vary
-    ``key`` alone (every other design key at the paper's default)."""
+def _by(recs, key, figure: str) -> Tuple[Dict[str, Dict[str, List[float]]], Optional[str]]:
+    """``{value of key: {target: [accuracies over seeds]}}`` for DAEL runs that vary ``key``
+    alone (every other design key at the paper's default, every other setting the same), or
+    ``{}`` and why not (plots_common.seeds_of_one_setting)."""
     out: Dict[str, Dict[str, List[float]]] = defaultdict(lambda: defaultdict(list))
-    for r in recs:
-        if str(r.get("trainer")).upper() not in ("DAEL", "DAELDG") or not _others_default(r, key):
-            continue
-        v = _key(r, key)
-        if v is not None:
-            out[v][",".join(r["target_domains"])].append(float(r["accuracy"]))
-    return out
+    runs = [
+        r
+        for r in recs
+        if str(r.get("trainer")).upper() in ("DAEL", "DAELDG") and _others_default(r, key) and _key(r, key) is not None
+    ]
+    runs, why = _seeds(runs, key, figure)
+    for r in runs:
+        out[_key(r, key)][",".join(r["target_domains"])].append(float(r["accuracy"]))
+    return out, why
 
 
 def loss_ablation(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[str]]:
     import matplotlib.pyplot as plt
 
-    data = _by(recs, "LOSSES")
+    data, why = _by(recs, "LOSSES", "loss_ablation")
+    if why:
+        return None, why
     steps = [s for s in LOSS_ORDER if s in data]
     if len(steps) < 2:
         return None, "loss_ablation needs DAEL runs with at least two of TRAINER.DAEL.LOSSES ce, ce_cr, ce_cr_u"
@@ -83,7 +91,9 @@ def loss_ablation(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Opti
 def weight_u(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[str]]:
     import matplotlib.pyplot as plt
 
-    data = _by(recs, "WEIGHT_U")
+    data, why = _by(recs, "WEIGHT_U", "weight_u")
+    if why:
+        return None, why
     if len(data) < 2:
         return None, "weight_u needs DAEL runs with at least two values of TRAINER.DAEL.WEIGHT_U"
     values = sorted(data, key=float)
@@ -113,6 +123,9 @@ def experts(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[s
     ]
     if not rows:
         return None, "experts needs DAEL runs (K experts, every loss term) with expert_accuracy in results.json"
+    rows, why = _seeds(rows, "", "experts")
+    if why:
+        return None, why
     groups: Dict[str, List[dict]] = defaultdict(list)
     for r in rows:
         groups[",".join(r["target_domains"])].append(r)
@@ -155,12 +168,18 @@ def curves(recs: List[dict], out: str) -> Tuple[Optional[List[str]], Optional[st
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
     groups: Dict[str, List[Tuple[dict, dict]]] = defaultdict(list)  # target -> [(mask, pl)] of {step: value}
-    for r in recs:
-        if str(r.get("trainer")).upper() != "DAEL" or not _others_default(r, ""):
-            continue
+    runs = [
+        r
+        for r in recs
+        if str(r.get("trainer")).upper() == "DAEL"
+        and _others_default(r, "")
+        and os.path.isdir(os.path.join(r["_dir"], "tensorboard"))
+    ]
+    runs, why = _seeds(runs, "", "curves")
+    if why:
+        return None, why
+    for r in runs:
         tb = os.path.join(r["_dir"], "tensorboard")
-        if not os.path.isdir(tb):
-            continue
         acc = EventAccumulator(tb)
         acc.Reload()
         tags = acc.Tags().get("scalars", [])

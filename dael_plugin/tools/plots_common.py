@@ -5,7 +5,7 @@ atomic writer of a figure (PNG and PDF)."""
 from __future__ import annotations
 
 import os
-from typing import List, Optional
+from typing import Dict, List, Optional, Tuple
 
 from dael_plugin.engine.atomic import write_bytes
 from dael_plugin.engine.results_reader import read_records
@@ -30,6 +30,31 @@ def design_value(rec: dict, key: str) -> Optional[str]:
     node = yaml.safe_load(text).get("TRAINER", {}).get(str(rec.get("trainer", "")).upper(), {})
     value = node.get(key)
     return None if value is None else str(value)
+
+
+def seeds_of_one_setting(recs: List[dict], varied: str, figure: str) -> Tuple[List[dict], Optional[str]]:
+    """``recs`` as a figure's seeds: one run per value of the design key ``varied``, target and seed
+    (the first folder; another is a rerun of that run), and None. Or ``[]`` and the line that skips
+    the figure where they differ in any other setting (engine/results_reader's: epochs, rates, the
+    backbone and its weights, the engine, the trainer, the data, the sources for a target), which a
+    bar or line would average as if seeds."""
+    from dael_plugin.engine.results_reader import Record, differing, mixed_sources
+
+    one: Dict[tuple, dict] = {}
+    for r in sorted(recs, key=lambda r: r["_dir"]):
+        one.setdefault(
+            (design_value(r, varied) if varied else None, tuple(r.get("target_domains") or []), r.get("seed")), r
+        )
+    runs = [Record(os.path.join(r["_dir"], "results.json"), r) for r in one.values()]
+    keys = [k for k in differing(runs) if not (varied and k.startswith("TRAINER.") and k.endswith(f".{varied}"))]
+    keys += ["DATASET.SOURCE_DOMAINS"] if mixed_sources(runs) else []
+    if not keys:
+        return list(one.values()), None
+    return [], (
+        f"the runs of {figure} differ in {', '.join(keys[:4])}{', ...' if len(keys) > 4 else ''}"
+        f"{' besides ' + varied if varied else ''}, which it would average as seeds; pass a folder of one "
+        "setting (a sweep's <dataset>/ folder, or one with the other runs moved out)"
+    )
 
 
 def save_figure(fig, out: str, name: str) -> List[str]:

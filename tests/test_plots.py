@@ -205,6 +205,42 @@ def test_top3_and_tsne_from_real_checkpoints(tmp_path, tiny_root, capsys, seen):
     assert [y for _, y, _ in seen["top3"] if y] == ["classifier"]  # one classifier: no expert rows
 
 
+def test_fig8_sets_beside_dael_a_source_only_run_of_its_own_task_only(monkeypatch):
+    """t-SNE's SourceOnly run is of the DAEL run's dataset, target, sources, backbone and input size
+    (its seed first); it took any SourceOnly run, of another target or backbone, where none matched.
+    The checkpoints are stood in for: the choice is what is tested."""
+    from dael_plugin.tools import model_figures as mf
+
+    monkeypatch.setattr(mf, "LoadedRun", lambda rec: rec)
+
+    def rec(trainer, target, seed, backbone="small_cnn", sources=("hand", "font"), size=(32, 32)):
+        config = f"DATASET:\n  SOURCE_DOMAINS: {list(sources)}\nMODEL:\n  BACKBONE:\n    NAME: {backbone}\nINPUT:\n  SIZE: {list(size)}\n"
+        return {
+            "trainer": trainer,
+            "dataset": "Set",
+            "target_domains": [target],
+            "seed": seed,
+            "_dir": f"/r/{trainer}{target}{seed}{backbone}",
+            "provenance": {"config": config},
+        }
+
+    dael = rec("DAEL", "blend", 2)
+    others = [
+        rec("SourceOnly", "street", 2),
+        rec("SourceOnly", "blend", 2, backbone="resnet18"),
+        rec("SourceOnly", "blend", 2, size=(64, 64)),
+        rec("SourceOnly", "blend", 2, sources=("hand",)),
+    ]
+    run, why = mf._pick(others, "SourceOnly", like=dael)
+    assert (
+        run is None and "dataset=Set, target=blend, sources=font,hand, backbone=small_cnn, input size=32x32" in why
+    ), why
+    run, why = mf._pick(
+        others + [rec("SourceOnly", "blend", 1), rec("SourceOnly", "blend", 2)], "SourceOnly", like=dael
+    )
+    assert why is None and (run["target_domains"], run["seed"]) == (["blend"], 2)
+
+
 def test_a_models_figure_rebuilds_a_vit_at_the_runs_input_size(tmp_path, tiny_root, capsys):
     """A timm ViT is built for INPUT.SIZE (its position embedding depends on it): the figures'
     model is rebuilt the same way, so it loads and scores the run's own test accuracy (built at

@@ -138,9 +138,29 @@ def describe(rec: dict) -> str:
     return f"{rec.get('trainer')} ({setting}), target {','.join(rec.get('target_domains', []))}, seed {rec.get('seed')}"
 
 
+TASK = ("dataset", "target", "sources", "backbone", "input size")
+
+
+def _task(rec: dict) -> tuple:
+    """What two runs drawn side by side share: the data, target, sources, backbone and input size."""
+    from dael_plugin.engine.results_reader import Record
+
+    cfg = Record(os.path.join(rec.get("_dir", ""), "results.json"), rec).config
+    data, model = cfg.get("DATASET") or {}, (cfg.get("MODEL") or {}).get("BACKBONE") or {}
+    sources = data.get("SOURCE_DOMAINS") or rec.get("source_domains") or []
+    return (
+        rec.get("dataset"),
+        ",".join(rec.get("target_domains") or []),
+        ",".join(sorted(map(str, sources))),
+        model.get("NAME"),
+        "x".join(map(str, (cfg.get("INPUT") or {}).get("SIZE") or [])),
+    )
+
+
 def _pick(recs, trainer: str, run_dir: Optional[str] = None, like: Optional[dict] = None):
     """The run a one-run figure draws: the one named with ``--run``, else the first (in path order)
-    at the paper's defaults, preferring the target and seed of ``like``; (run or None, why not)."""
+    at the paper's defaults; with ``like``, one of its task (:func:`_task`), its seed first; (run or
+    None, why not)."""
     if run_dir is not None:
         chosen = [
             r
@@ -157,10 +177,16 @@ def _pick(recs, trainer: str, run_dir: Optional[str] = None, like: Optional[dict
             if str(r.get("trainer")).upper() == trainer.upper()
             and (trainer.upper() not in ("DAEL", "DAELDG") or _at_defaults(r))
         ]
-        if like is not None:
-            chosen.sort(
-                key=lambda r: (r.get("target_domains") != like.get("target_domains"), r.get("seed") != like.get("seed"))
+        if like is not None:  # Fig. 8 sets two runs' features side by side: runs of one task
+            chosen = sorted(
+                (r for r in chosen if _task(r) == _task(like)), key=lambda r: r.get("seed") != like.get("seed")
             )
+            if not chosen:
+                return None, (
+                    f"needs a {trainer} run of the {str(like.get('trainer'))} run's dataset, target, sources, backbone "
+                    f"and input size ({', '.join(f'{k}={v}' for k, v in zip(TASK, _task(like)))}) with its "
+                    "checkpoint.pth.tar and data"
+                )
     why = ""
     for r in chosen:
         if not (r.get("provenance") or {}).get("config"):

@@ -114,6 +114,16 @@ def test_dassl_engine_divergence_exits_3_without_a_result(tmp_path, tiny_root):
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 3 and last.startswith("error: the ") and "NaN/inf at epoch 1" in last
     assert not (out / "results.json").exists() and (out / "failed.json").exists()
+    # Dassl's own trainer: its detect_anomaly raised FloatingPointError, a stack and no failed.json
+    # (a sweep's table said 'missing', as for a run not yet done)
+    out = tmp_path / "nan_dassl"
+    source_only = os.path.join(ROOT, "configs/trainers/da/source_only/embedded_digits.yaml")
+    extra = ["DATALOADER.NUM_WORKERS", "0", "OPTIM.LR", "1e30"]
+    proc = run_here(dassl_args(tiny_root, out, trainer="SourceOnly", cfg=source_only, extra=extra))
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 3 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    assert last.startswith("error: the loss became NaN/inf at epoch 1 (by batch ") and "detect_anomaly" in last
+    assert not (out / "results.json").exists() and json.loads((out / "failed.json").read_text())["failed"]
 
 
 def _ref_cfg(root, out, trainer="DAEL", backbone="cnn_digit5_m3sda"):

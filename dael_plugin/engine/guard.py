@@ -48,16 +48,17 @@ def weights_finite(modules: Iterable[torch.nn.Module]) -> bool:
 
 
 def divergence_error(
-    epoch: int, batch: Optional[int], lr: float, output_dir: str, what: str = "loss"
+    epoch: int, batch: Optional[int], lr: float, output_dir: Optional[str], what: str = "loss"
 ) -> NonFiniteLossError:
-    """The one-line message: NaN/inf, where, the likely cause, and the last good checkpoint."""
+    """The one-line message: NaN/inf, where, the likely cause, and the last good checkpoint (of the
+    plugin's trainers; ``output_dir`` None for Dassl's own, whose checkpoints are their own)."""
     where = f"epoch {epoch}" + (f" (by batch {batch})" if batch is not None else "")
-    path = os.path.join(output_dir, LAST)
-    done = checkpoint_epoch(path) if os.path.isfile(path) else None
+    path = os.path.join(output_dir, LAST) if output_dir is not None else ""
+    done = checkpoint_epoch(path) if path and os.path.isfile(path) else None
     keep = (
         f"the last good checkpoint is {path} (epoch {done})"
         if done is not None
-        else "no checkpoint was saved before it"
+        else ("no checkpoint was saved before it" if path else "found by Dassl's own check (detect_anomaly)")
     )
     return NonFiniteLossError(
         f"the {what} became NaN/inf at {where}; likely cause: the learning rate is too high "

@@ -62,6 +62,7 @@ from dael_plugin.tools.train_engines import (
     run_setting,
     say_config,
     say_threads,
+    train_dassl,
 )
 from dael_plugin.tools.train_outdir import finished_run, prepare_output_dir, run_fingerprint
 from dael_plugin.tools.train_stops import (
@@ -257,7 +258,10 @@ def _main(args: argparse.Namespace, state: dict) -> int:
     elif not args.no_train:
         if w.is_main:
             remove_failure(cfg.OUTPUT_DIR)
-        trainer.train()
+        if engine == "dassl":
+            train_dassl(trainer, cfg)
+        else:
+            trainer.train()
         if engine == "builtin" and not cfg.TEST.NO_TEST:
             recorded["accuracy"] = trainer.last_accuracy
     else:

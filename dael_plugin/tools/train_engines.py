@@ -153,6 +153,26 @@ def run_dassl(cfg: CN, args: argparse.Namespace) -> dict:
     return {"trainer": trainer, "recorded": recorded}
 
 
+def train_dassl(trainer, cfg: CN) -> None:
+    """Dassl's ``train()``. Dassl's own trainers check each loss (``detect_anomaly``) and raise a
+    FloatingPointError with its stack at a NaN/inf: that stops the run as the plugin's divergence
+    guard does (one line, ``failed.json``, exit 3), never a stack and a folder that looks unfinished."""
+    import traceback
+
+    from dael_plugin.engine.guard import divergence_error
+
+    try:
+        trainer.train()
+    except FloatingPointError as exc:
+        frame = traceback.extract_tb(exc.__traceback__)[-1]
+        if frame.name != "detect_anomaly" or not frame.filename.replace(os.sep, "/").endswith(
+            "dassl/engine/trainer.py"
+        ):
+            raise
+        batch = getattr(trainer, "batch_idx", None)
+        raise divergence_error(trainer.epoch + 1, None if batch is None else batch + 1, cfg.OPTIM.LR, None) from None
+
+
 def dassl_wilds_metrics(trainer, split: Optional[str] = None):
     """WILDS's own evaluation of the test Dassl's evaluator last saw (engine/evaluate.report_official):
     Dassl's test loader is sequential, so its kept labels and predictions are the split's items in

@@ -337,3 +337,29 @@ def test_a_hand_edited_expert_accuracy_is_named_not_a_traceback(tmp_path, capsys
     out, err = capsys.readouterr()
     assert "expert_accuracy is not a mapping of names to percentages" in err and path in err
     assert "Traceback" not in out + err
+
+
+@pytest.mark.parametrize("bad", ["TRAINER: [1, 2\n  bad: :", "- a list", {"TRAINER": {}}, "a string"])
+def test_a_hand_edited_config_in_a_record_is_named_not_a_traceback(tmp_path, capsys, bad):
+    """provenance.config that is not YAML gave plots.py a YAMLError traceback (a YAML list or a
+    provenance that is a string, an AttributeError), and collect read it as a record without a
+    config, a setting of none of its keys: the record is named as edited, collect marks its cell
+    corrupt, the other runs still make their figures."""
+    from dael_plugin.tools import collect, plots
+
+    _rec(str(tmp_path), "blend", 1, 70.0)
+    d = _rec(str(tmp_path), "blend", 2, 72.0)
+    path = os.path.join(d, "results.json")
+    rec = json.load(open(path))
+    if bad == "a string":
+        rec["provenance"] = bad
+    else:
+        rec["provenance"]["config"] = bad
+    json.dump(rec, open(path, "w"))
+    assert plots.main([str(tmp_path), "--out", str(tmp_path / "f"), "--only", "experts"]) == 0
+    out, err = capsys.readouterr()
+    assert "is not the run's config as YAML" in err and path in err and "Traceback" not in out + err
+    assert (tmp_path / "f" / "experts.png").exists()
+    assert collect.main([str(tmp_path)]) == 0
+    out, err = capsys.readouterr()
+    assert "is not the run's config as YAML" in err and "70.00 ± 0.00 [1 not done]" in out, out

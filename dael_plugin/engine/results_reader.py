@@ -138,7 +138,20 @@ def _read(path: str):
         value = data.get(key)
         if value is not None and not _percentages(value):
             return None, f"{key} is not a mapping of names to percentages from 0 to 100 (an edited record)"
+    provenance = data.get("provenance") or {}
+    config = provenance.get("config") if isinstance(provenance, dict) else 0
+    if config is not None and not _config_mapping(config):  # a run's setting: collect's rows, the figures
+        return None, "its provenance.config is not the run's config as YAML (an edited record)"
     return data, None
+
+
+def _config_mapping(text) -> bool:
+    import yaml
+
+    try:
+        return isinstance(text, str) and isinstance(yaml.safe_load(text) or {}, dict)
+    except yaml.YAMLError:
+        return False
 
 
 def _percentages(value) -> bool:

@@ -315,7 +315,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         return 2
     recs = _records(args.sweep_dir, warn=lambda line: print(line, file=sys.stderr))
     if not recs:
-        print(f"error: no results.json under {args.sweep_dir}", file=sys.stderr)
+        print(f"error: no readable results.json under {args.sweep_dir}", file=sys.stderr)
         return 2
     for name, fn in FIGURES.items():
         if args.only and name not in args.only:

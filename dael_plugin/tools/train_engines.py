@@ -169,8 +169,8 @@ def train_dassl(trainer, cfg: CN) -> None:
             "dassl/engine/trainer.py"
         ):
             raise
-        batch = getattr(trainer, "batch_idx", None)
-        raise divergence_error(trainer.epoch + 1, None if batch is None else batch + 1, cfg.OPTIM.LR, None) from None
+        # (Dassl's TrainerX and TrainerXU count the epoch's batches in batch_idx)
+        raise divergence_error(trainer.epoch + 1, trainer.batch_idx + 1, cfg.OPTIM.LR, None) from None
 
 
 def dassl_wilds_metrics(trainer, split: Optional[str] = None):

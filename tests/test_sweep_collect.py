@@ -717,3 +717,39 @@ def test_collect_a_wilds_figure(tmp_path, capsys):
     with pytest.raises(SystemExit):
         main([root, "--metric", "worst_region"])
     assert "one of accuracy, mean_class_accuracy, macro_f1, or wilds:<figure>" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "field,value,said",
+    [
+        ("target_domains", [1], "target_domains is [1], not a list of domain names"),
+        ("dataset", None, "dataset is None, not a name"),
+        ("seed", [2], "seed is [2], not a whole number"),
+        ("trainer", 5, "trainer is 5, not a name"),
+        ("setting", "both", "setting is 'both', not DA or DG"),
+    ],
+)
+def test_a_record_with_a_field_of_the_wrong_type_is_named_never_a_traceback(tmp_path, capsys, field, value, said):
+    """A hand-edited record whose target is a number, with no dataset, or a list for a seed stopped
+    collect, --select and plots.py in a TypeError: it is named, its cell says corrupt, the other
+    runs make the table."""
+    from dael_plugin.tools.collect import main
+
+    root = str(tmp_path)
+    for seed in (1, 2):
+        d = _record(root, "Set", "DAEL", "t", seed, 50.0)
+        open(os.path.join(d, "epochs.jsonl"), "w").write(json.dumps({"epoch": 1, "target_test_accuracy": 50.0}) + "\n")
+    path = os.path.join(d, "results.json")
+    rec = json.load(open(path))
+    json.dump(
+        dict(rec, **{field: value}) if value is not None else {k: v for k, v in rec.items() if k != field},
+        open(path, "w"),
+    )
+    for argv, cell in (
+        ([], "| DAEL | 50.00 ± 0.00 [1 not done] |"),
+        (["--select", "last"], "| DAEL | 50.00 (n=1, 1 left out) |"),
+    ):
+        assert main([root, *argv]) == 0, argv
+        out, err = capsys.readouterr()
+        assert f"warning: skipping {path}: {said} (an edited or foreign record)" in err and "Traceback" not in err
+        assert cell in out, out

@@ -2,7 +2,7 @@
 
 A sweep's folders hold one record per finished run. :func:`read_records`
 walks a folder and returns the records it can read, plus, for each file it
-cannot (truncated, not JSON, not a mapping, no accuracy), a :class:`Problem`
+cannot (truncated, not JSON, not a mapping, no accuracy: engine/record_checks.py), a :class:`Problem`
 naming it: one bad file never costs the table or the figures, and it is never
 silently dropped either. :func:`setting_key` says which runs share a
 setting: everything in the merged config that changes a result, except the
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import os
-import stat
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Sequence, Tuple
+
+from dael_plugin.engine.record_checks import read_record
 
 RESULTS = "results.json"
 FAILED = "failed.json"
@@ -113,69 +113,6 @@ class Walk:
     pending: List[str] = field(default_factory=list)  # sweep run folders with neither
 
 
-def _read(path: str):
-    try:
-        if not stat.S_ISREG(os.stat(path).st_mode):  # a FIFO would block open() until a writer comes
-            return None, "not a regular file"
-        with open(path) as f:
-            data = json.load(f)
-    except json.JSONDecodeError as exc:
-        return None, f"truncated or not JSON ({exc.msg} at character {exc.pos})"
-    except (OSError, UnicodeDecodeError) as exc:
-        return None, f"unreadable ({type(exc).__name__})"
-    if not isinstance(data, dict):
-        return None, f"holds a JSON {type(data).__name__}, not a run record"
-    if "accuracy" not in data or not isinstance(data.get("target_domains"), list):
-        return None, "not a run record (no accuracy or target_domains)"
-    acc = data["accuracy"]
-    if acc is None:
-        return None, "accuracy is null (a run with TEST.NO_TEST, or an edited record): nothing to average"
-    if isinstance(acc, bool) or not isinstance(acc, (int, float)) or not math.isfinite(acc) or not 0 <= acc <= 100:
-        return None, f"accuracy {acc!r} is not a percentage from 0 to 100 (an edited or foreign record)"
-    if "data" in data and not _is_fingerprint(data["data"]):
-        return None, "its data fingerprint is not {split: {domain: {images, sha256}}} (an edited record)"
-    for key in ("expert_accuracy",):  # read by collect's expert columns and plots.py's experts figure
-        value = data.get(key)
-        if value is not None and not _percentages(value):
-            return None, f"{key} is not a mapping of names to percentages from 0 to 100 (an edited record)"
-    provenance = data.get("provenance") or {}
-    config = provenance.get("config") if isinstance(provenance, dict) else 0
-    if config is not None and not _config_mapping(config):  # a run's setting: collect's rows, the figures
-        return None, "its provenance.config is not the run's config as YAML (an edited record)"
-    return data, None
-
-
-def _config_mapping(text) -> bool:
-    import yaml
-
-    try:
-        return isinstance(text, str) and isinstance(yaml.safe_load(text) or {}, dict)
-    except yaml.YAMLError:
-        return False
-
-
-def _percentages(value) -> bool:
-    return isinstance(value, dict) and all(
-        isinstance(k, str) and is_number(v) and math.isfinite(v) and 0 <= v <= 100 for k, v in value.items()
-    )
-
-
-def is_number(v) -> bool:
-    """A JSON number (not a bool)."""
-    return isinstance(v, (int, float)) and not isinstance(v, bool)
-
-
-def _is_fingerprint(fp) -> bool:
-    return isinstance(fp, dict) and all(
-        isinstance(doms, dict)
-        and all(
-            isinstance(v, dict) and isinstance(v.get("images"), int) and isinstance(v.get("sha256"), str)
-            for v in doms.values()
-        )
-        for doms in fp.values()
-    )
-
-
 def read_records(root: str) -> Walk:
     """Every run record under ``root`` (sorted by path), the files that are not, and the sweep
     run folders without a record (failed or not finished)."""
@@ -184,7 +121,7 @@ def read_records(root: str) -> Walk:
         dirnames[:] = sorted(d for d in dirnames if not d.startswith(".") and not d.startswith("replaced-"))
         if RESULTS in filenames:
             path = os.path.join(dirpath, RESULTS)
-            data, why = _read(path)
+            data, why = read_record(path)
             if why is not None:
                 out.problems.append(Problem(path, why))
             else:

@@ -45,7 +45,7 @@ from dael_plugin.data.images import LEFT_OUT, note_unreadable
 from dael_plugin.data.items import named_domain
 from dael_plugin.engine import distributed
 from dael_plugin.engine.evaluate import macro_f1, mean_class_accuracy
-from dael_plugin.engine.results_reader import is_number
+from dael_plugin.engine.record_checks import is_number
 
 EPOCHS = "epochs.jsonl"
 VALIDATORS = V.NAMES

@@ -42,6 +42,13 @@ def read_record(path: str) -> Tuple[Optional[dict], Optional[str]]:
         value = data.get(key)
         if value is not None and not _percentages(value):
             return None, f"{key} is not a mapping of names to percentages from 0 to 100 (an edited record)"
+    for key in ("mean_class_accuracy", "macro_f1"):  # collect --metric
+        value = data.get(key)
+        if value is not None and not _percentages({key: value}):
+            return None, f"{key} {value!r} is not a percentage from 0 to 100 (an edited record)"
+    figures = data.get("wilds_metrics")  # collect --metric wilds:<figure>
+    if figures is not None and not (isinstance(figures, dict) and all(is_number(v) for v in figures.values())):
+        return None, "wilds_metrics is not a mapping of WILDS's figure names to numbers (an edited record)"
     provenance = data.get("provenance") or {}
     config = provenance.get("config") if isinstance(provenance, dict) else 0
     if config is not None and not _config_mapping(config):  # a run's setting: collect's rows, the figures

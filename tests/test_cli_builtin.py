@@ -194,6 +194,13 @@ BAD_INPUT = [
     ("unknown interpolation", {}, ["INPUT.INTERPOLATION", "cubicc"], "INPUT.INTERPOLATION='cubicc' is invalid"),
     ("unknown split", {}, ["TEST.SPLIT", "valid"], "TEST.SPLIT='valid' is invalid"),  # Dassl: test, silently
     ("a word for a number", {}, ["OPTIM.LR", "abc"], "OPTIM.LR=abc is a string; the key takes a number, as 0.05"),
+    # yacs's text of the group's default, a line per key, was cut to "... with values (ADAM_BETA1: 0.9"
+    (
+        "a number for a group",
+        {},
+        ["OPTIM", "5"],
+        "OPTIM=5 is a whole number; OPTIM is a group of keys (OPTIM.ADAM_BETA1",
+    ),
     # each stopped in a traceback: at the first batch, or as the loaders or the optimiser were built
     ("zero pixel std", {}, ["INPUT.PIXEL_STD", "[0,0,0]"], "INPUT.PIXEL_STD=[0, 0, 0] is invalid"),
     ("two pixel means", {}, ["INPUT.PIXEL_MEAN", "[0.5,0.5]"], "INPUT.PIXEL_MEAN=[0.5, 0.5] is invalid"),
@@ -217,6 +224,7 @@ DASSL_CASES = {
     "unknown interpolation",
     "unknown split",
     "a word for a number",
+    "a number for a group",
     "zero pixel std",
     "two pixel means",
     "negative crop padding",
@@ -675,3 +683,21 @@ def test_another_trainer_into_a_finished_runs_folder_is_named_in_one_line(tmp_pa
     line = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == 2 and "is a DAEL run that finished (1 epochs), not MME" in line, proc.stderr[-1500:]
     assert "--output-dir" in line and "differs" not in line
+
+
+def test_a_group_of_keys_where_a_value_goes_is_one_whole_line(tmp_path):
+    """yacs words a mismatch with a group (its keys, a line each) over several lines; the line
+    said was cut at the first (`... with values (ADAM_BETA1: 0.9`). Both ways round, one whole line."""
+    from dael_plugin.config.defaults import get_builtin_cfg
+    from dael_plugin.errors import DAELConfigError
+    from dael_plugin.tools.train_config import merge_file
+
+    for text, said in (
+        ("OPTIM: 5\n", "OPTIM=5 is a whole number; OPTIM is a group of keys (OPTIM.ADAM_BETA1, ...): set one of them"),
+        ("OPTIM:\n  LR:\n    a: 1\n    b: 2\n", "OPTIM.LR={a: 1, b: 2} is a group of keys; the key takes a number, as"),
+    ):
+        path = tmp_path / "c.yaml"
+        path.write_text(text)
+        with pytest.raises(DAELConfigError) as info:
+            merge_file(get_builtin_cfg(), str(path), "builtin")
+        assert said in str(info.value) and "\n" not in str(info.value), str(info.value)

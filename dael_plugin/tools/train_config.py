@@ -58,7 +58,8 @@ def merge_file(cfg: CN, path: str, engine: str, auto: Optional[dict] = None) -> 
 
 # yacs's words for a value of another type than the key's default
 _MISMATCH = re.compile(
-    r"Type mismatch \(<class '(\w+)'> vs\. <class '(\w+)'>\) with values \((.*) vs\. (.*)\) for config key: (\S+)"
+    r"Type mismatch \(<class '([\w.]+)'> vs\. <class '([\w.]+)'>\) with values \((.*) vs\. (.*)\) for config key: (\S+)",
+    re.DOTALL,  # a group's value is the group's keys, a line each
 )
 
 
@@ -69,16 +70,22 @@ _KINDS = {
     "bool": "True or False",
     "tuple": "a list",
     "list": "a list",
+    "yacs.config.CfgNode": "a group of keys",
 }
 
 
 def value_error(exc: Exception) -> str:
     """yacs's refusal of a value, in one line: its type mismatch as what the key takes."""
-    said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-    m = _MISMATCH.match(said)
+    m = _MISMATCH.match(str(exc))
     if m:
         takes, given, default, value, key = (_KINDS.get(g, g) for g in m.groups())
+        if takes == _KINDS["yacs.config.CfgNode"]:  # OPTIM: 5
+            first = default.split(":", 1)[0].strip()
+            return f"{key}={value} is {given}; {key} is {takes} ({key}.{first}, ...): set one of them"
+        if given == _KINDS["yacs.config.CfgNode"]:  # LR: {a: 1}
+            value = "{" + ", ".join(v.strip() for v in value.splitlines()) + "}"
         return f"{key}={value} is {given}; the key takes {takes}, as {default}"
+    said = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
     return said[:300] + (" ..." if len(said) > 300 else "")
 
 

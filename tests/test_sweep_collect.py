@@ -233,6 +233,31 @@ def test_submitit_local_sweep_and_a_failed_run(tmp_path, tiny_root, capsys):
     assert code == 0 and "(1 done, 1 to run)" in out, out
 
 
+def test_a_run_stopped_by_its_config_is_failed_in_the_table_not_still_to_come(tmp_path, tiny_root, capsys):
+    """DAEL launched with one source stops at its config (exit 2) before it trains. Its folder held no
+    failed.json, so collect called it 'missing' and --select 'not finished', a run still to come: now
+    it says failed. A folder holding another run's checkpoint is never so marked, nor is --eval-only's."""
+    from dael_plugin.tools.collect import main
+    from dael_plugin.tools.train import main as train
+
+    argv = base(tiny_root, tmp_path, "--trainers", "DAEL", "--sources", "hand", "--targets", "blend", *FAST)
+    code, out, _ = sweep(argv, capsys)
+    run = tmp_path / "EmbeddedDigits" / "DAEL" / "blend" / "seed1"
+    assert code == 1 and "exit 2: error: DAEL needs at least 2 source domains" in out, out
+    assert "DAEL needs at least 2 source domains" in json.loads((run / "failed.json").read_text())["error"]
+    assert main([str(tmp_path)]) == 0 and "| failed |" in capsys.readouterr().out
+
+    held = tmp_path / "held"
+    held.mkdir()
+    (held / "checkpoint.pth.tar").write_bytes(b"another run's")
+    one_source = ["--root", tiny_root, "--dataset-config-file", DS, "--trainer", "DAEL", "--engine", "builtin"]
+    one_source += ["--source-domains", "hand", "--target-domains", "blend"]
+    (tmp_path / "ev").mkdir()
+    for folder, flags in ((held, []), (tmp_path / "ev", ["--eval-only", "--model-dir", str(held)])):
+        assert train(one_source + ["--output-dir", str(folder), *flags]) == 2
+        assert not (folder / "failed.json").exists(), folder
+
+
 def _record(root, dataset, trainer, target, seed, acc, setting=None, **more):
     d = os.path.join(root, dataset, trainer, *([setting] if setting else []), target, f"seed{seed}")
     os.makedirs(d, exist_ok=True)

@@ -70,6 +70,7 @@ from dael_plugin.tools.train_stops import (
     oom_exit,
     oom_types,
     raise_terminated,
+    record_config_error,
     redeliver_swallowed_stops,
     say_on_rank0,
     stop_listening,
@@ -144,6 +145,7 @@ def main(argv: Optional[List[str]] = None) -> int:
         # Under torchrun every rank reads the same command line and data and stops at the same
         # line: rank 0 says it, once. The others wait for torchrun to stop them after rank 0's exit
         # (an early exit of theirs would have torchrun stop rank 0 before it speaks).
+        record_config_error(args, state, str(exc))
         say_on_rank0(distributed.from_env().rank, str(exc))
         return 2
     except NonFiniteLossError as exc:  # every rank stops at the same read; rank 0 records and says it

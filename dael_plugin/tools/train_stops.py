@@ -152,3 +152,32 @@ def where_to_resume(output_dir: Optional[str], eval_only: bool = False) -> str:
     if epoch is None:
         return f"no epoch finished, so no checkpoint was saved in {output_dir}"
     return f"the last checkpoint is {path} (epoch {epoch}); rerun the same command to resume"
+
+
+def record_config_error(args, state: dict, message: str) -> None:
+    """A run stopped by its config before it trained says so in its folder (``failed.json``): a
+    sweep's table and ``--select`` then call it failed, not a run still to come. Only in a folder
+    that holds nothing of a run (a config error also names a folder that holds another run's
+    checkpoint or record, which must not be marked) and that no live run holds; never for
+    ``--eval-only`` (its folder reads another run)."""
+    from dael_plugin.engine import distributed
+    from dael_plugin.engine.results_reader import FAILED
+    from dael_plugin.engine.runlock import LOCK, OWNER, RunLock
+    from dael_plugin.errors import DAELConfigError
+    from dael_plugin.tools.sweep_plan import IDENTITY, JOB, LOG
+
+    out = state.get("output_dir") or args.output_dir
+    if args.eval_only or args.no_train or not out or distributed.from_env().rank != 0 or not os.path.isdir(out):
+        return
+    if set(os.listdir(out)) - {LOG, IDENTITY, JOB, LOCK, OWNER, FAILED, "log.txt"}:
+        return
+    held = state.get("lock")
+    try:
+        lock = held if held is not None and held.held else RunLock(out).acquire()
+    except DAELConfigError:  # a live run holds it (then it is that run's to record), or it cannot be locked
+        return
+    try:
+        write_failure(out, message)
+    finally:
+        if lock is not held:
+            lock.release()

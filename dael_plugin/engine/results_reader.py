@@ -23,6 +23,10 @@ from dael_plugin.engine.record_checks import read_record
 
 RESULTS = "results.json"
 FAILED = "failed.json"
+# A sweep's files in each run folder (tools/sweep_plan.py, tools/launchers.py)
+LOG = "sweep_log.txt"  # a run's stdout and stderr, in its directory
+JOB = "sweep_job.txt"  # the Slurm job id a run was last submitted as
+IDENTITY = "sweep_run.json"  # everything that changes the run's result: a relaunch must match it
 
 # Config keys of where a run's files are and how it logs, never of what it computes (each draw is
 # seeded from (seed, epoch, position), so the worker count does not change a run either); the
@@ -128,7 +132,7 @@ def read_records(root: str) -> Walk:
                 out.records.append(Record(path, data))
         elif FAILED in filenames:
             out.failed.append(dirpath)
-        elif "sweep_log.txt" in filenames:
+        elif LOG in filenames:
             out.pending.append(dirpath)
     return out
 

@@ -16,8 +16,9 @@ from concurrent.futures import ThreadPoolExecutor, as_completed
 from typing import Dict, List, Optional, Sequence, Set
 
 from dael_plugin.engine.atomic import write_text
+from dael_plugin.engine.results_reader import JOB, LOG
 from dael_plugin.errors import EXIT_BUSY, EXIT_CLASH, DAELConfigError
-from dael_plugin.tools.sweep_plan import DIST_ENV, JOB, LOG, PACKAGE_PARENT, Run
+from dael_plugin.tools.sweep_plan import DIST_ENV, PACKAGE_PARENT, Run
 
 
 def _die_with_parent(parent: int):

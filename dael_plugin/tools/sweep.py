@@ -46,13 +46,11 @@ from typing import List, Optional, Tuple
 
 from dael_plugin.about import ENGINES
 from dael_plugin.engine.atomic import remove_stale_temps
+from dael_plugin.engine.results_reader import IDENTITY, JOB, LOG  # noqa: F401  (the names callers use)
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.tools.launchers import RunJob, launch_local, launch_submitit, run_one  # noqa: F401
 from dael_plugin.tools.sweep_plan import (  # noqa: F401  (the names callers use)
     DIST_ENV,
-    IDENTITY,
-    JOB,
-    LOG,
     TORCHRUN,
     TRAIN,
     Run,

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Dict, List, Optional, Tuple
 
 from dael_plugin.engine.atomic import read_json_dict, write_json
+from dael_plugin.engine.results_reader import IDENTITY, LOG
 from dael_plugin.errors import DAELConfigError
 from dael_plugin.tools.plugins import absolute, is_file, load_plugins
 
@@ -24,9 +25,6 @@ TRAIN = ("-m", "dael_plugin.tools.train")
 TORCHRUN = ("-m", "torch.distributed.run", "--standalone", "--nproc_per_node")
 DIST_ENV = "DAEL_SWEEP_DISTRIBUTED"  # set in a submitit job of N tasks: export torch.distributed's env
 PACKAGE_PARENT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-LOG = "sweep_log.txt"  # a run's stdout and stderr, in its directory
-JOB = "sweep_job.txt"  # the Slurm job id a run was last submitted as
-IDENTITY = "sweep_run.json"  # everything that changes the run's result: a relaunch must match it
 
 
 @dataclass(frozen=True)

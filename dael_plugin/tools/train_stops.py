@@ -161,10 +161,9 @@ def record_config_error(args, state: dict, message: str) -> None:
     checkpoint or record, which must not be marked) and that no live run holds; never for
     ``--eval-only`` (its folder reads another run)."""
     from dael_plugin.engine import distributed
-    from dael_plugin.engine.results_reader import FAILED
+    from dael_plugin.engine.results_reader import FAILED, IDENTITY, JOB, LOG
     from dael_plugin.engine.runlock import LOCK, OWNER, RunLock
     from dael_plugin.errors import DAELConfigError
-    from dael_plugin.tools.sweep_plan import IDENTITY, JOB, LOG
 
     out = state.get("output_dir") or args.output_dir
     if args.eval_only or args.no_train or not out or distributed.from_env().rank != 0 or not os.path.isdir(out):

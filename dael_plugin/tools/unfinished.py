@@ -16,7 +16,7 @@ from collections import defaultdict
 from typing import Dict, List, Optional, Sequence, Set, Tuple
 
 from dael_plugin.engine.atomic import read_json_dict
-from dael_plugin.tools.sweep_plan import IDENTITY
+from dael_plugin.engine.results_reader import IDENTITY
 
 UNPLACED = "[runs without a record of their setting]"
 

@@ -51,7 +51,7 @@ from dael_plugin.engine.results_reader import (
     row_labels,
     setting_of,
 )
-from dael_plugin.tools.unfinished import Placer, place
+from dael_plugin.tools.unfinished import Placer, without_record
 
 PAPER = os.path.join(os.path.dirname(os.path.abspath(__file__)), "paper_results.json")
 
@@ -131,27 +131,17 @@ def read_runs(root: str, warn=print, metric: str = "accuracy"):
             raise CollectError(no_value(rec, metric))
         slot["values"].append(value)
         _same_data(slot, data_seen, table, rec, row)
-    if walk.failed or walk.pending or walk.problems:
-        from dael_plugin.methods import method_setting
-
-        placer = Placer(
-            {rec.dir: ((rec.data.get("dataset"), _setting(rec.data)), rows[id(rec)]) for rec in walk.records}
-        )
-    for kind, paths in (
-        ("failed", walk.failed),
-        ("missing", walk.pending),
-        ("corrupt", [os.path.dirname(p.path) for p in walk.problems]),
-    ):
-        for path in paths:
-            where = place(path, root)
-            if where is None:
-                continue
-            dataset, label, target, _ = where
-            trainer = label.split("/")[0]
-            key = (dataset, method_setting(trainer))  # no record to say it: the trainer's class does
-            labelled = [r for r in tables[key] if r == label or r.startswith(label + " [")]
-            key, row = placer.place(path, label, key, labelled)
-            tables[key][row][target][kind] += 1
+    unrecorded = without_record(walk)  # (the finished runs' launch files are read only where there are some)
+    placer = (
+        Placer({r.dir: ((r.data.get("dataset"), _setting(r.data)), rows[id(r)]) for r in walk.records})
+        if unrecorded
+        else None
+    )
+    for path, kind in unrecorded:
+        where = placer.place(path, root, tables, trainer_rows=False)
+        if where is not None:
+            table, row, target, _ = where
+            tables[table][row][target][kind] += 1
     return tables
 
 

@@ -35,7 +35,7 @@ from dael_plugin.engine.results_reader import (
     row_labels,
 )
 from dael_plugin.engine.selection import EPOCHS, EXPERT_SIGNALS, EpochsFile, classifiers, protocol_score
-from dael_plugin.tools.unfinished import Placer, place
+from dael_plugin.tools.unfinished import Placer, without_record
 
 
 # -- the protocols: each names what it may read ----------------------------------------------------
@@ -285,7 +285,7 @@ def select(
             )
         slot[label] = Run(rec, epochs)
         rows_of[rec.dir] = (table, row)
-    not_done = _not_done(walk, root, Placer(rows_of, ignore=() if per_setting else ("grid",)), grid, per_setting)
+    not_done = _not_done(walk, root, rows_of, grid, per_setting)
     if protocol.name == "leave_one_domain_out" and not grid:
         raise SelectError("leave_one_domain_out is a DG protocol, and the sweep holds no DG run")
     out = []
@@ -320,26 +320,26 @@ def select(
     return out
 
 
-def _not_done(walk: Walk, root: str, placer: Placer, grid: dict, per_setting: bool) -> Dict[tuple, Dict]:
+_NOT_DONE = {"failed": "failed (failed.json)", "missing": "not finished", "corrupt": "its record cannot be read"}
+
+
+def _not_done(walk: Walk, root: str, rows_of: Dict[str, tuple], grid: dict, per_setting: bool) -> Dict[tuple, Dict]:
     """``{(table, row, target): {seed: [why]}}``: the runs without a record, in the row of their
     launch's finished runs (tools/unfinished.py). Their seed is left out of the cell: its choice
     would be made among fewer settings than the sweep's (or, per setting, there is none)."""
-    from dael_plugin.methods import method_setting
-
     out: Dict[tuple, Dict] = defaultdict(lambda: defaultdict(list))
-    failed = [(p, "failed (failed.json)") for p in walk.failed] + [(p, "not finished") for p in walk.pending]
-    for path, kind in failed + [(os.path.dirname(p.path), "its record cannot be read") for p in walk.problems]:
-        where = place(path, root)
+    unrecorded = without_record(walk)
+    placer = Placer(rows_of, ignore=() if per_setting else ("grid",)) if unrecorded else None
+    for path, kind in unrecorded:
+        where = placer.place(path, root, grid, trainer_rows=not per_setting)
         if where is None:
             continue
-        dataset, label, target, seed = where
-        name, table = label if per_setting else label.split("/")[0], (dataset, method_setting(label.split("/")[0]))
-        labelled = [r for r in grid.get(table, {}) if r == name or r.startswith(name + " [")]
-        table, row = placer.place(path, name, table, labelled)
+        table, row, target, seed = where
         grid[table][row][target]  # a row of its own where it is placed in none (the cell says why)
         number = int(seed[4:]) if seed[4:].isdigit() else seed[4:]
         out[table, row, target][number].append(
-            f"{path}: {kind}, no record to choose from; rerun it, or move its folder out of {root} to choose without it"
+            f"{path}: {_NOT_DONE[kind]}, no record to choose from; rerun it, or move its folder out of {root} to "
+            "choose without it"
         )
     return out
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 import json
 import os
 from collections import defaultdict
-from typing import Dict, List, Optional, Sequence, Set, Tuple
+from typing import Dict, List, Optional, Set, Tuple
 
 from dael_plugin.engine.atomic import read_json_dict
 from dael_plugin.engine.results_reader import IDENTITY
@@ -30,13 +30,22 @@ def place(path: str, root: str) -> Optional[Tuple[str, str, str, str]]:
     return None
 
 
-def _launch(run_dir: str, drop: Sequence[str]) -> Optional[str]:
-    """What a sweep launched the folder with (its ``sweep_run.json``) less the keys ``drop``."""
+def _launched(run_dir: str) -> Optional[dict]:
+    """What a sweep launched the folder with (its ``sweep_run.json``), read once; None without one."""
     try:
-        had = read_json_dict(os.path.join(run_dir, IDENTITY))
+        return read_json_dict(os.path.join(run_dir, IDENTITY))
     except ValueError:
         return None
-    return json.dumps({k: v for k, v in had.items() if k not in drop}, sort_keys=True) if had else None
+
+
+def without_record(walk) -> List[Tuple[str, str]]:
+    """(folder, kind) of each run of a walk (engine/results_reader.read_records) without a record:
+    ``failed`` (its failed.json), ``missing`` (not finished), ``corrupt`` (a record that cannot be read)."""
+    return (
+        [(p, "failed") for p in walk.failed]
+        + [(p, "missing") for p in walk.pending]
+        + [(os.path.dirname(p.path), "corrupt") for p in walk.problems]
+    )
 
 
 class Placer:
@@ -50,21 +59,35 @@ class Placer:
         self.drops = (base, (*base, "sources"))
         self.launched: Dict[str, Set[Tuple[tuple, str]]] = defaultdict(set)
         for run_dir, cell in cells.items():
-            for drop in self.drops:
-                launch = _launch(run_dir, drop)
-                if launch is not None:
-                    self.launched[launch].add(cell)
+            for launch in self._keys(_launched(run_dir)):
+                self.launched[launch].add(cell)
 
-    def place(self, path: str, label: str, table: tuple, labelled: List[str]) -> Tuple[tuple, str]:
-        """The table and row of the run without a record at ``path``: its launch's finished runs'
-        (of its ``label``); else, for a run launched by hand, ``table`` (the trainer's class says it)
-        and its one row of the label there (``labelled``). One that can be placed in none of several
+    def _keys(self, launched: Optional[dict]) -> List[str]:
+        if not launched:
+            return []
+        return [json.dumps({k: v for k, v in launched.items() if k not in drop}, sort_keys=True) for drop in self.drops]
+
+    def place(self, path: str, root: str, tables: dict, trainer_rows: bool) -> Optional[Tuple[tuple, str, str, str]]:
+        """(table, row, target, seed folder) of the run without a record at ``path`` (None outside
+        the sweep layout): the table and row of its launch's finished runs (of its label, or of its
+        trainer where ``trainer_rows``); else, for a run launched by hand, the table its trainer's
+        class says and its label's one row in ``tables``. One that can be placed in none of several
         rows, or whose setting has no finished run, is in a row of its own."""
-        for drop in self.drops:
-            launch = _launch(path, drop)
-            found = {(t, r) for t, r in self.launched.get(launch, ()) if r == label or r.startswith(label + " [")}
+        from dael_plugin.methods import method_setting
+
+        where = place(path, root)
+        if where is None:
+            return None
+        dataset, label, target, seed = where
+        name = label.split("/")[0] if trainer_rows else label
+        launched = _launched(path)
+        for launch in self._keys(launched):
+            found = {(t, r) for t, r in self.launched.get(launch, ()) if r == name or r.startswith(name + " [")}
             if len(found) == 1:
-                return found.pop()
-        if _launch(path, ()) is None and len(labelled) <= 1:
-            return table, labelled[0] if labelled else label
-        return table, f"{label} {UNPLACED}"
+                table, row = found.pop()
+                return table, row, target, seed
+        table = (dataset, method_setting(label.split("/")[0]))  # no record to say it: the trainer's class does
+        labelled = [r for r in tables.get(table, {}) if r == name or r.startswith(name + " [")]
+        if not launched and len(labelled) <= 1:
+            return table, labelled[0] if labelled else name, target, seed
+        return table, f"{name} {UNPLACED}", target, seed
